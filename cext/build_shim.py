@@ -1,0 +1,30 @@
+"""cffi builder for hybridmpi's private C core (API mode, out of line).
+
+The declarations come from ``cext/hm_core.h`` with its preprocessor lines
+removed; the compiled module is ``hybridmpi._core``.
+"""
+
+import os
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _cdef():
+    with open(os.path.join(HERE, "hm_core.h")) as f:
+        return "".join(line for line in f if not line.lstrip().startswith("#"))
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef())
+ffibuilder.set_source(
+    "hybridmpi._core",
+    '#include "hm_core.h"',
+    sources=[os.path.relpath(os.path.join(HERE, "hm_core.c"))],
+    include_dirs=[os.path.relpath(HERE)],
+    extra_compile_args=["-std=gnu11", "-O3"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

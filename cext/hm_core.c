@@ -1,0 +1,395 @@
+/* hybridmpi C core: epoch counters, wait policy, node barrier and allreduce.
+ * See hm_core.h for the contract of each exported function. */
+#define _GNU_SOURCE
+#include "hm_core.h"
+
+#include <sched.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+typedef _Atomic uint64_t hm_counter;
+
+#if defined(__x86_64__) || defined(__i386__)
+static inline void cpu_relax(void) { __builtin_ia32_pause(); }
+#elif defined(__aarch64__)
+static inline void cpu_relax(void) { __asm__ __volatile__("yield" ::: "memory"); }
+#else
+static inline void cpu_relax(void) { atomic_signal_fence(memory_order_seq_cst); }
+#endif
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int hm_lock_free(void)
+{
+    hm_counter probe;
+    atomic_init(&probe, 0);
+    return ATOMIC_LLONG_LOCK_FREE == 2 && atomic_is_lock_free(&probe) ? 1 : 0;
+}
+
+static inline uint64_t load_acq(const hm_counter *p, int order)
+{
+    return order == HM_SEQ_CST ? atomic_load_explicit(p, memory_order_seq_cst)
+                               : atomic_load_explicit(p, memory_order_acquire);
+}
+
+static inline void store_rel(hm_counter *p, uint64_t v, int order)
+{
+    if (order == HM_SEQ_CST)
+        atomic_store_explicit(p, v, memory_order_seq_cst);
+    else
+        atomic_store_explicit(p, v, memory_order_release);
+}
+
+uint64_t hm_load(const void *addr, int order) { return load_acq((const hm_counter *)addr, order); }
+
+void hm_publish(void *addr, uint64_t value, int order) { store_rel((hm_counter *)addr, value, order); }
+
+/* The slow part of a wait, kept out of line so the fast path stays small:
+ * yield while ranks may be sharing cores, then sleep, checking the
+ * deadline between polls. */
+static int __attribute__((noinline))
+wait_slow(const hm_counter *p, uint64_t value, const hm_wait_policy *pol, uint64_t *seen)
+{
+    int64_t start = now_ns();
+    int64_t deadline = pol->timeout_ns > 0 ? start + pol->timeout_ns : 0;
+    struct timespec nap = {0, pol->sleep_ns > 0 ? pol->sleep_ns : 50000};
+    for (;;) {
+        uint64_t v = load_acq(p, pol->order);
+        if (v >= value)
+            return HM_OK;
+        int64_t t = now_ns();
+        if (deadline && t >= deadline) {
+            *seen = v;
+            return HM_ETIMEOUT;
+        }
+        if (t - start < pol->yield_ns)
+            sched_yield();
+        else
+            nanosleep(&nap, NULL);
+    }
+}
+
+static inline int wait_geq(const hm_counter *p, uint64_t value, const hm_wait_policy *pol,
+                           uint64_t *seen)
+{
+    for (int64_t i = 0;; i++) {
+        if (load_acq(p, pol->order) >= value)
+            return HM_OK;
+        if (i >= pol->spin)
+            return wait_slow(p, value, pol, seen);
+        cpu_relax();
+    }
+}
+
+int hm_wait_geq(const void *addr, uint64_t value, const hm_wait_policy *policy, uint64_t *seen)
+{
+    uint64_t dummy;
+    return wait_geq((const hm_counter *)addr, value, policy, seen ? seen : &dummy);
+}
+
+uint64_t hm_coll_segment_bytes(uint64_t capacity)
+{
+    return HM_OFF_DATA + ((capacity + HM_LINE - 1) / HM_LINE) * HM_LINE;
+}
+
+int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t capacity)
+{
+    if (size < 1 || rank < 0 || rank >= size || radix < 2 || radix > HM_MAX_RADIX || !seg)
+        return HM_EARG;
+    memset(c, 0, sizeof *c);
+    c->rank = rank;
+    c->size = size;
+    c->radix = radix;
+    c->seg = seg;
+    c->capacity = capacity;
+    c->parent = rank == 0 ? -1 : (rank - 1) / radix;
+    for (int k = 1; k <= radix; k++) {
+        long child = (long)rank * radix + k;
+        if (child < size)
+            c->children[c->nchildren++] = (int)child;
+    }
+    c->policy.spin = 1000;
+    c->policy.yield_ns = 1000000;
+    c->policy.sleep_ns = 50000;
+    memset(seg[rank], 0, hm_coll_segment_bytes(capacity));
+    return HM_OK;
+}
+
+static inline hm_counter *counter(const hm_coll *c, int rank, int off)
+{
+    return (hm_counter *)(c->seg[rank] + off);
+}
+
+typedef struct header {
+    int64_t count, dtype, op;
+    int64_t bad_rank, bad_count, bad_dtype, bad_op;
+} header;
+
+static inline header *hdr(const hm_coll *c, int rank) { return (header *)(c->seg[rank] + HM_OFF_HEADER); }
+
+void *hm_coll_slot(hm_coll *c, int rank) { return c->seg[rank] + HM_OFF_DATA; }
+
+static int timed_out(hm_coll *c, int peer, int cnt, uint64_t epoch, uint64_t seen)
+{
+    c->err.code = HM_ETIMEOUT;
+    c->err.peer = peer;
+    c->err.counter = cnt;
+    c->err.epoch = epoch;
+    c->err.seen = seen;
+    c->err.waited_s = (double)c->policy.timeout_ns * 1e-9;
+    return HM_ETIMEOUT;
+}
+
+static inline int wait_counter(hm_coll *c, int peer, int off, int cnt, uint64_t e)
+{
+    uint64_t seen = 0;
+    if (wait_geq(counter(c, peer, off), e, &c->policy, &seen) != HM_OK)
+        return timed_out(c, peer, cnt, e, seen);
+    return HM_OK;
+}
+
+static inline void enter(hm_coll *c, uint64_t e)
+{
+    /* Diagnostic only (read after a timeout to name absent ranks). */
+    atomic_store_explicit(counter(c, c->rank, HM_OFF_ENTERED), e, memory_order_relaxed);
+}
+
+/* Tree barrier (paper Algorithm 2, with epochs): arrivals go up the tree,
+ * the release comes down it.  Every counter has a single writer. */
+static int barrier_tree(hm_coll *c, int part, uint64_t e)
+{
+    int rc, ord = c->policy.order;
+    if (part & HM_GATHER) {
+        for (int i = 0; i < c->nchildren; i++)
+            if ((rc = wait_counter(c, c->children[i], HM_OFF_ARRIVE, HM_CNT_ARRIVE, e)))
+                return rc;
+        if (c->parent >= 0) {
+            store_rel(counter(c, c->rank, HM_OFF_ARRIVE), e, ord);
+            if ((rc = wait_counter(c, c->parent, HM_OFF_RELEASE, HM_CNT_RELEASE, e)))
+                return rc;
+        }
+    }
+    if ((part & HM_RELEASE) && (c->nchildren > 0 || c->parent < 0))
+        store_rel(counter(c, c->rank, HM_OFF_RELEASE), e, ord);
+    return HM_OK;
+}
+
+/* Linear barrier (paper Algorithm 1, with epochs): every rank adds one to
+ * the root's counter, the root waits for all of them and publishes the
+ * release, which everyone else reads.  The counter only grows, so it never
+ * needs a reset. */
+static int barrier_linear(hm_coll *c, int part, uint64_t e)
+{
+    int ord = c->policy.order;
+    hm_counter *lin = counter(c, 0, HM_OFF_LINEAR);
+    if (part & HM_GATHER) {
+        uint64_t n = ++c->linear_calls;
+        if (c->rank != 0) {
+            atomic_fetch_add_explicit(lin, 1, ord == HM_SEQ_CST ? memory_order_seq_cst
+                                                                 : memory_order_acq_rel);
+            return wait_counter(c, 0, HM_OFF_RELEASE, HM_CNT_RELEASE, e);
+        }
+        uint64_t seen = 0;
+        if (wait_geq(lin, n * (uint64_t)(c->size - 1), &c->policy, &seen) != HM_OK)
+            return timed_out(c, -1, HM_CNT_LINEAR, n * (uint64_t)(c->size - 1), seen);
+    }
+    if ((part & HM_RELEASE) && c->rank == 0)
+        store_rel(counter(c, 0, HM_OFF_RELEASE), e, ord);
+    return HM_OK;
+}
+
+int hm_barrier(hm_coll *c, int method, int part)
+{
+    if (part < HM_GATHER || part > HM_BOTH || (c->rank != 0 && part != HM_BOTH))
+        return HM_EARG;
+    uint64_t e = (part & HM_GATHER) ? ++c->epoch : c->epoch;
+    if (part & HM_GATHER)
+        enter(c, e);
+    c->err.code = HM_OK;
+    if (c->size == 1)
+        return HM_OK;
+    if (method == HM_LINEAR)
+        return barrier_linear(c, part, e);
+    if (method == HM_TREE)
+        return barrier_tree(c, part, e);
+    return HM_EARG;
+}
+
+size_t hm_dtype_size(int dtype)
+{
+    switch (dtype) {
+    case HM_F64: case HM_I64: return 8;
+    case HM_F32: case HM_I32: return 4;
+    case HM_C128: return 16;
+    default: return 0;
+    }
+}
+
+#define HM_MIN_(a, b) ((b) < (a) ? (b) : (a))
+#define HM_MAX_(a, b) ((b) > (a) ? (b) : (a))
+
+#define HM_COMBINE_REAL(T)                                                      \
+    static void combine_##T(T *restrict d, const T *restrict s, uint64_t n, int op) \
+    {                                                                           \
+        switch (op) {                                                           \
+        case HM_SUM: for (uint64_t i = 0; i < n; i++) d[i] = d[i] + s[i]; break;\
+        case HM_PROD: for (uint64_t i = 0; i < n; i++) d[i] = d[i] * s[i]; break;\
+        case HM_MIN: for (uint64_t i = 0; i < n; i++) d[i] = HM_MIN_(d[i], s[i]); break;\
+        case HM_MAX: for (uint64_t i = 0; i < n; i++) d[i] = HM_MAX_(d[i], s[i]); break;\
+        }                                                                       \
+    }
+
+HM_COMBINE_REAL(double)
+HM_COMBINE_REAL(float)
+HM_COMBINE_REAL(int64_t)
+HM_COMBINE_REAL(int32_t)
+
+/* Complex numbers as (re, im) pairs; the product is the textbook formula,
+ * as MPI libraries compute it. */
+static void combine_c128(double *restrict d, const double *restrict s, uint64_t n, int op)
+{
+    if (op == HM_SUM) {
+        for (uint64_t i = 0; i < 2 * n; i++)
+            d[i] = d[i] + s[i];
+    } else {
+        for (uint64_t i = 0; i < n; i++) {
+            double a = d[2 * i], b = d[2 * i + 1], x = s[2 * i], y = s[2 * i + 1];
+            d[2 * i] = a * x - b * y;
+            d[2 * i + 1] = a * y + b * x;
+        }
+    }
+}
+
+int hm_combine(void *dst, const void *src, uint64_t n, int dtype, int op)
+{
+    if (op < 0 || op >= HM_NOPS)
+        return HM_EARG;
+    switch (dtype) {
+    case HM_F64: combine_double(dst, src, n, op); return HM_OK;
+    case HM_F32: combine_float(dst, src, n, op); return HM_OK;
+    case HM_I64: combine_int64_t(dst, src, n, op); return HM_OK;
+    case HM_I32: combine_int32_t(dst, src, n, op); return HM_OK;
+    case HM_C128:
+        if (op == HM_MIN || op == HM_MAX)
+            return HM_EARG;
+        combine_c128(dst, src, n, op);
+        return HM_OK;
+    default: return HM_EARG;
+    }
+}
+
+static inline int same_args(const header *a, const header *b)
+{
+    return a->count == b->count && a->dtype == b->dtype && a->op == b->op;
+}
+
+/* Takes a child's verdict on the arguments into this rank's header. */
+static void check_child(header *mine, const header *child, int child_rank)
+{
+    if (mine->bad_rank >= 0)
+        return;
+    if (child->bad_rank >= 0) {
+        mine->bad_rank = child->bad_rank;
+        mine->bad_count = child->bad_count;
+        mine->bad_dtype = child->bad_dtype;
+        mine->bad_op = child->bad_op;
+    } else if (!same_args(mine, child)) {
+        mine->bad_rank = child_rank;
+        mine->bad_count = child->count;
+        mine->bad_dtype = child->dtype;
+        mine->bad_op = child->op;
+    }
+}
+
+static int mismatch(hm_coll *c)
+{
+    const header *root = hdr(c, 0);
+    c->err.code = HM_EMISMATCH;
+    c->err.bad_rank = (int)root->bad_rank;
+    c->err.bad_count = root->bad_count;
+    c->err.bad_dtype = root->bad_dtype;
+    c->err.bad_op = root->bad_op;
+    c->err.root_count = root->count;
+    c->err.root_dtype = root->dtype;
+    c->err.root_op = root->op;
+    return HM_EMISMATCH;
+}
+
+/* Tree allreduce (paper Algorithm 3, with epochs).  A non-root rank's slot
+ * is read only by its parent, before the parent arrives, hence before this
+ * rank can leave the call and write the slot again.  The root's slot holds
+ * the result that everyone reads, so the root writes it only after all its
+ * children arrived for this epoch, i.e. after everyone finished reading the
+ * previous result. */
+int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
+                 int part)
+{
+    size_t esz = hm_dtype_size(dtype);
+    if (esz == 0 || op < 0 || op >= HM_NOPS || part < HM_GATHER || part > HM_BOTH ||
+        (c->rank != 0 && part != HM_BOTH) || count * esz > c->capacity)
+        return HM_EARG;
+    int rc, ord = c->policy.order;
+    uint64_t nbytes = count * esz;
+    char *slot = hm_coll_slot(c, c->rank);
+    header *mine = hdr(c, c->rank);
+    c->err.code = HM_OK;
+    if (part & HM_GATHER) {
+        uint64_t e = ++c->epoch;
+        enter(c, e);
+        if (c->rank != 0) {
+            mine->count = (int64_t)count;
+            mine->dtype = dtype;
+            mine->op = op;
+            mine->bad_rank = -1;
+            if (slot != (const char *)send)
+                memcpy(slot, send, nbytes);
+            for (int i = 0; i < c->nchildren; i++) {
+                int ch = c->children[i];
+                if ((rc = wait_counter(c, ch, HM_OFF_ARRIVE, HM_CNT_ARRIVE, e)))
+                    return rc;
+                check_child(mine, hdr(c, ch), ch);
+                if (mine->bad_rank < 0)
+                    hm_combine(slot, hm_coll_slot(c, ch), count, dtype, op);
+            }
+            store_rel(counter(c, c->rank, HM_OFF_ARRIVE), e, ord);
+            if ((rc = wait_counter(c, c->parent, HM_OFF_RELEASE, HM_CNT_RELEASE, e)))
+                return rc;
+            if (c->nchildren > 0)
+                store_rel(counter(c, c->rank, HM_OFF_RELEASE), e, ord);
+            if (hdr(c, 0)->bad_rank >= 0)
+                return mismatch(c);
+            memcpy(recv, hm_coll_slot(c, 0), nbytes);
+            return HM_OK;
+        }
+        for (int i = 0; i < c->nchildren; i++)
+            if ((rc = wait_counter(c, c->children[i], HM_OFF_ARRIVE, HM_CNT_ARRIVE, e)))
+                return rc;
+        mine->count = (int64_t)count;
+        mine->dtype = dtype;
+        mine->op = op;
+        mine->bad_rank = -1;
+        if (slot != (const char *)send)
+            memcpy(slot, send, nbytes);
+        for (int i = 0; i < c->nchildren; i++) {
+            int ch = c->children[i];
+            check_child(mine, hdr(c, ch), ch);
+            if (mine->bad_rank < 0)
+                hm_combine(slot, hm_coll_slot(c, ch), count, dtype, op);
+        }
+    }
+    if (part & HM_RELEASE) {
+        if (c->size > 1)
+            store_rel(counter(c, 0, HM_OFF_RELEASE), c->epoch, ord);
+        if (mine->bad_rank >= 0)
+            return mismatch(c);
+        if (recv != slot)
+            memcpy(recv, slot, nbytes);
+    }
+    return HM_OK;
+}

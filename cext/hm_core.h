@@ -1,0 +1,138 @@
+/* hybridmpi C core: the only header.  Every exported name starts with hm_.
+ *
+ * The core knows nothing of MPI or Python: it receives the addresses of
+ * shared segments (mapped by MPI_Win_allocate_shared on the Python side)
+ * and works on them with C11 atomics.  This header is also fed to cffi's
+ * cdef after its preprocessor lines are stripped, so it uses plain types
+ * only (no _Atomic, no macros in declarations).
+ */
+#ifndef HM_CORE_H
+#define HM_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Maximum tree arity. */
+#define HM_MAX_RADIX 16
+
+/* Byte layout of one rank's collective segment (all offsets are cache-line
+ * multiples; every counter owns a 64-byte line and is written by its owner
+ * only, except the linear-barrier counter, which is fetch_add'ed). */
+enum {
+    HM_LINE = 64,
+    HM_OFF_ARRIVE = 0,
+    HM_OFF_RELEASE = 64,
+    HM_OFF_ENTERED = 128,
+    HM_OFF_LINEAR = 192,
+    HM_OFF_HEADER = 256,
+    HM_OFF_DATA = 320
+};
+
+/* Memory orders. */
+enum { HM_ACQ_REL = 0, HM_SEQ_CST = 1 };
+
+/* Barrier methods and collective phases. */
+enum { HM_TREE = 0, HM_LINEAR = 1 };
+enum { HM_GATHER = 1, HM_RELEASE = 2, HM_BOTH = 3 };
+
+/* Element types and reduction operations. */
+enum { HM_F64 = 0, HM_F32 = 1, HM_I64 = 2, HM_I32 = 3, HM_C128 = 4, HM_NTYPES = 5 };
+enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
+
+/* Return codes. */
+enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3 };
+
+/* Which counter a timed-out wait was watching. */
+enum { HM_CNT_ARRIVE = 1, HM_CNT_RELEASE = 2, HM_CNT_LINEAR = 3 };
+
+/* Wait policy: spin `spin` polls with a pause instruction, then
+ * sched_yield until `yield_ns` have passed since the wait began, then
+ * sleep `sleep_ns` at a time.  A wait gives up at `timeout_ns` (0: never). */
+typedef struct hm_wait_policy {
+    int64_t spin;
+    int64_t yield_ns;
+    int64_t sleep_ns;
+    int64_t timeout_ns;
+    int order;
+} hm_wait_policy;
+
+/* What a failed call leaves behind for the error message. */
+typedef struct hm_error {
+    int code;
+    int peer;          /* node rank whose counter was watched, -1 if several */
+    int counter;       /* HM_CNT_* */
+    uint64_t epoch;    /* value waited for */
+    uint64_t seen;     /* value last read */
+    double waited_s;   /* seconds waited */
+    /* allreduce argument mismatch: the offending rank and what it passed,
+     * and what the node root passed */
+    int bad_rank;
+    int64_t bad_count, bad_dtype, bad_op;
+    int64_t root_count, root_dtype, root_op;
+} hm_error;
+
+/* Per-rank state of the node collectives (private memory). */
+typedef struct hm_coll {
+    int rank;                 /* rank in the node communicator */
+    int size;                 /* ranks in the node communicator */
+    int radix;
+    int parent;               /* -1 at the root */
+    int nchildren;
+    int children[16];
+    char **seg;               /* seg[r]: address of rank r's segment */
+    uint64_t capacity;        /* bytes of each rank's data slot */
+    uint64_t epoch;           /* collective calls made so far */
+    uint64_t linear_calls;    /* linear barriers made so far */
+    hm_wait_policy policy;
+    hm_error err;
+} hm_coll;
+
+/* 1 if 64-bit atomics are lock-free (required across processes). */
+int hm_lock_free(void);
+
+/* Bytes of one rank's collective segment for a data slot of `capacity`. */
+uint64_t hm_coll_segment_bytes(uint64_t capacity);
+
+/* Set up `c` for node rank `rank` of `size`, tree of arity `radix`;
+ * `seg` must stay valid while `c` is used.  Zeroes this rank's segment.
+ * Returns HM_EARG for bad sizes. */
+int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg,
+                 uint64_t capacity);
+
+/* Barrier over the node.  `part` = HM_BOTH for a whole barrier; the root
+ * may split it into HM_GATHER (returns once every rank arrived) and
+ * HM_RELEASE (lets everyone go).  Guarantees: every write made by any
+ * rank before the barrier is visible to every rank after it. */
+int hm_barrier(hm_coll *c, int method, int part);
+
+/* Allreduce of `count` elements of type `dtype` over the node with `op`,
+ * combined in a fixed order (own value, then children in rank order), so
+ * the result has the same bits on every run.  count * size(dtype) must
+ * not exceed the slot capacity.  `send` may equal `recv`.  The root may
+ * split the call as for hm_barrier: after HM_GATHER the node's reduction
+ * lies in its slot (hm_coll_slot), where it may be combined further
+ * before HM_RELEASE, which is called with send = NULL. */
+int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count,
+                 int dtype, int op, int part);
+
+/* Address of rank `rank`'s data slot. */
+void *hm_coll_slot(hm_coll *c, int rank);
+
+/* Element size of a dtype code, 0 if unknown. */
+size_t hm_dtype_size(int dtype);
+
+/* Combine src into dst elementwise: dst[i] = dst[i] op src[i]. */
+int hm_combine(void *dst, const void *src, uint64_t count, int dtype, int op);
+
+/* Wait until the 64-bit counter at `addr` is >= `value` under `policy`;
+ * HM_OK or HM_ETIMEOUT (then *seen holds the last value read). */
+int hm_wait_geq(const void *addr, uint64_t value, const hm_wait_policy *policy,
+                uint64_t *seen);
+
+/* Release-store (or seq_cst) `value` into the counter at `addr`. */
+void hm_publish(void *addr, uint64_t value, int order);
+
+/* Acquire-load (or seq_cst) the counter at `addr`. */
+uint64_t hm_load(const void *addr, int order);
+
+#endif

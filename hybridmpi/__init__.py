@@ -1,0 +1,13 @@
+"""hybridmpi: ghost updates, barriers and reductions over MPI-3 shared memory.
+
+Importing this package does not initialize MPI; the first HybridComm does.
+"""
+
+from .comm import HybridComm
+from .dropin import allreduce, barrier, hybrid
+from .errors import FreedError, SyncTimeout
+
+__version__ = "0.1.0"
+
+__all__ = ["HybridComm", "SyncTimeout", "FreedError", "allreduce", "barrier", "hybrid",
+           "__version__"]

@@ -1,0 +1,516 @@
+"""HybridComm: a node-aware communicator with shared-memory collectives.
+
+Inside a node, barrier and allreduce run in the C core over one MPI-3 shared
+window, synchronized with C11 release/acquire atomics on epoch counters.
+Across nodes, the node leaders combine with plain MPI on ``leader_comm``
+between the node's gather and release phases.
+"""
+
+import os
+import time
+
+import numpy as np
+
+from ._clib import ffi, lib
+from .errors import FreedError, SyncTimeout
+
+#: numpy dtype -> C core type code
+DTYPES = {
+    np.dtype(np.float64): lib.HM_F64,
+    np.dtype(np.float32): lib.HM_F32,
+    np.dtype(np.int64): lib.HM_I64,
+    np.dtype(np.int32): lib.HM_I32,
+    np.dtype(np.complex128): lib.HM_C128,
+}
+_F64, _I64, _C128 = lib.HM_F64, lib.HM_I64, lib.HM_C128
+_DTYPE_NAMES = {code: dt.name for dt, code in DTYPES.items()}
+_OPS = {"sum": lib.HM_SUM, "prod": lib.HM_PROD, "min": lib.HM_MIN, "max": lib.HM_MAX}
+_OP_NAMES = {code: name for name, code in _OPS.items()}
+_COUNTERS = {lib.HM_CNT_ARRIVE: "arrive", lib.HM_CNT_RELEASE: "release",
+             lib.HM_CNT_LINEAR: "linear-barrier arrival"}
+_BARRIERS = {"tree": lib.HM_TREE, "linear": lib.HM_LINEAR}
+_ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
+
+#: bytes of each rank's reduction slot; longer arrays go in chunks
+SLOT_BYTES = 256 * 1024
+DEFAULT_RADIX = 4
+_SPIN_DEDICATED = 2000
+_SPIN_SHARED = 16
+
+# Every HybridComm not yet freed, in creation order (freed at MPI finalize).
+_LIVE = {}
+_FINALIZE_HOOK = []
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+def _env_float(name):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"hybridmpi: environment variable {name}={raw!r} is not a number") from None
+
+
+def _free_all_at_finalize(*_args):
+    for hc in list(_LIVE.values()):
+        hc.free()
+    return 0
+
+
+def _install_finalize_hook(MPI):
+    # Attributes of COMM_SELF are deleted first thing in MPI_Finalize, while
+    # MPI still works: the standard place to release cached MPI objects.
+    if _FINALIZE_HOOK:
+        return
+    keyval = MPI.Comm.Create_keyval(delete_fn=_free_all_at_finalize)
+    MPI.COMM_SELF.Set_attr(keyval, True)
+    _FINALIZE_HOOK.append(keyval)
+
+
+def op_code(op, MPI=None):
+    """Return the C core code of a reduction operation.
+
+    Args:
+        op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or ``MPI.SUM``,
+            ``MPI.PROD``, ``MPI.MIN``, ``MPI.MAX``.
+
+    Raises:
+        ValueError: unknown operation name.
+        TypeError: neither a string nor one of those MPI operations.
+    """
+    if type(op) is str:
+        code = _OPS.get(op)
+        if code is None:
+            raise ValueError(f"hybridmpi: unknown op {op!r}; use one of {sorted(_OPS)}")
+        return code
+    MPI = MPI or _mpi()
+    for name, mop in (("sum", MPI.SUM), ("prod", MPI.PROD), ("min", MPI.MIN), ("max", MPI.MAX)):
+        if op == mop:
+            return _OPS[name]
+    raise TypeError(f"hybridmpi: unsupported op {op!r}; use 'sum', 'prod', 'min', 'max' "
+                    "or MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX")
+
+
+class HybridComm:
+    """A communicator split into nodes, with shared-memory collectives.
+
+    Collective over ``comm``.  The communicator is duplicated, so traffic on
+    it never mixes with the caller's.
+
+    Args:
+        comm: an intracommunicator (default ``MPI.COMM_WORLD``).
+        node_size: split each physical node into virtual nodes of this many
+            ranks (to exercise the internode path on one machine).
+        memory_order: ``"acq_rel"`` (release stores, acquire loads) or
+            ``"seq_cst"`` (sequential consistency for every atomic).
+        timeout: seconds any wait may last before :class:`SyncTimeout`;
+            default: env ``HYBRIDMPI_TIMEOUT``, else no limit.
+        radix: arity of the node tree used by barrier and allreduce.
+        spin: polls spent spinning before a wait yields the CPU; default:
+            env ``HYBRIDMPI_SPIN``, else 2000 when each rank of the node has
+            a core of its own and 16 when ranks outnumber cores.
+
+    Attributes:
+        comm, node_comm, leader_comm (``MPI.COMM_NULL`` off the leaders),
+        node_rank, node_size, node_id, num_nodes, is_leader, rank, size.
+
+    Raises:
+        TypeError: ``comm`` is not an intracommunicator.
+        ValueError: bad ``node_size``, ``memory_order``, ``timeout``,
+            ``radix`` or ``spin``, or ranks that disagree on them.
+    """
+
+    def __init__(self, comm=None, *, node_size=None, memory_order="acq_rel", timeout=None,
+                 radix=DEFAULT_RADIX, spin=None):
+        MPI = _mpi()
+        self._MPI = MPI
+        self._st = None
+        if comm is None:
+            comm = MPI.COMM_WORLD
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"hybridmpi: HybridComm needs an MPI intracommunicator, got {comm!r}")
+        # Checks that need no communication come first, then the ones that
+        # need all ranks' view, so that every rank raises the same error.
+        problem = self._check_args(node_size, memory_order, timeout, radix, spin)
+        views = comm.allgather((problem, node_size, radix))
+        problems = [p for p, _, _ in views if p]
+        if problems:
+            raise ValueError(f"hybridmpi: HybridComm(): {problems[0]}")
+        if len({(n, r) for _, n, r in views}) != 1:
+            raise ValueError("hybridmpi: HybridComm(): ranks passed different node_size or "
+                             f"radix: {[(n, r) for _, n, r in views]}")
+        if timeout is None:
+            timeout = _env_float("HYBRIDMPI_TIMEOUT")
+        if spin is None:
+            env_spin = _env_float("HYBRIDMPI_SPIN")
+            spin = None if env_spin is None else int(env_spin)
+
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        physical = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        if spin is None:
+            cores = set()
+            for mask in physical.allgather(sorted(os.sched_getaffinity(0))):
+                cores.update(mask)
+            spin = _SPIN_DEDICATED if physical.Get_size() <= len(cores) else _SPIN_SHARED
+        if node_size is not None:
+            self.node_comm = physical.Split(physical.Get_rank() // node_size, key=self.rank)
+            physical.Free()
+        else:
+            self.node_comm = physical
+        self.node_rank = self.node_comm.Get_rank()
+        self.node_size = self.node_comm.Get_size()
+        self.is_leader = self.node_rank == 0
+        self.leader_comm = self.comm.Split(0 if self.is_leader else MPI.UNDEFINED, key=self.rank)
+        ids = (self.leader_comm.Get_rank(), self.leader_comm.Get_size()) if self.is_leader else None
+        self.node_id, self.num_nodes = self.node_comm.bcast(ids, root=0)
+        self.node_ranks = self.node_comm.allgather(self.rank)
+        self.memory_order = memory_order
+        self.timeout = timeout if timeout and timeout > 0 else None
+        self.radix = radix
+
+        seg_bytes = lib.hm_coll_segment_bytes(SLOT_BYTES)
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")
+        try:
+            self._win = MPI.Win.Allocate_shared(seg_bytes, 1, info=info, comm=self.node_comm)
+        finally:
+            info.Free()
+        self._segs = ffi.new("char *[]", self.node_size)
+        for r in range(self.node_size):
+            buf, _ = self._win.Shared_query(r)
+            if buf.address % 64:
+                raise RuntimeError(f"hybridmpi: shared segment of node rank {r} is not "
+                                   "aligned to a cache line")
+            self._segs[r] = ffi.cast("char *", buf.address)
+        # Load/store access to the window is legal inside a passive epoch;
+        # the C11 atomics do the ordering.
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        st = ffi.new("hm_coll *")
+        lib.hm_coll_init(st, self.node_rank, self.node_size, radix, self._segs, SLOT_BYTES)
+        st.policy.spin = spin
+        st.policy.order = _ORDERS[memory_order]
+        st.policy.timeout_ns = int(self.timeout * 1e9) if self.timeout else 0
+        self._win.Sync()
+        self.node_comm.Barrier()
+        self._st = st
+        self._intra_only = self.num_nodes == 1
+        self._leader_multi = self.is_leader and not self._intra_only
+        self._broken = None
+        self._pending = None
+        self._scalar = {
+            _F64: ffi.new("double[1]"),
+            _I64: ffi.new("int64_t[1]"),
+            _C128: ffi.new("double[2]"),
+        }
+        self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
+        _install_finalize_hook(MPI)
+        _LIVE[id(self)] = self
+
+    @staticmethod
+    def _check_args(node_size, memory_order, timeout, radix, spin):
+        if node_size is not None and (type(node_size) is not int or node_size < 1):
+            return f"node_size must be a positive int or None, got {node_size!r}"
+        if memory_order not in _ORDERS:
+            return f"memory_order must be 'acq_rel' or 'seq_cst', got {memory_order!r}"
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            return f"timeout must be a number of seconds >= 0 or None, got {timeout!r}"
+        if type(radix) is not int or not 2 <= radix <= 16:
+            return f"radix must be an int from 2 to 16, got {radix!r}"
+        if spin is not None and (type(spin) is not int or spin < 0):
+            return f"spin must be an int >= 0 or None, got {spin!r}"
+        return None
+
+    # ------------------------------------------------------------------ life
+
+    def free(self):
+        """Release the window and communicators (collective).  Idempotent."""
+        _LIVE.pop(id(self), None)
+        if self._st is None:
+            return
+        self._st = None
+        MPI = self._MPI
+        if MPI.Is_finalized():
+            return
+        self._win.Unlock_all()
+        self._win.Free()
+        if self.leader_comm != MPI.COMM_NULL:
+            self.leader_comm.Free()
+        self.node_comm.Free()
+        self.comm.Free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    @property
+    def closed(self):
+        """True once :meth:`free` was called."""
+        return self._st is None
+
+    def _unusable(self):
+        if self._broken is not None:
+            return RuntimeError(f"hybridmpi: rank {self.rank}: this HybridComm is unusable after "
+                                f"an earlier error ({self._broken}); free it")
+        return FreedError(f"hybridmpi: rank {self.rank}: HybridComm used after free()")
+
+    def __repr__(self):
+        state = "freed" if self._st is None else f"{self.num_nodes} node(s)"
+        return (f"<HybridComm rank {self.rank}/{self.size} node {self.node_id} "
+                f"rank {self.node_rank}/{self.node_size}, {state}>")
+
+    # ------------------------------------------------------------ errors
+
+    def _fail(self, rc, what):
+        """Turn a C core return code into an exception (every rank of the node
+        reaches the same verdict for mismatches; timeouts break the comm)."""
+        st = self._st
+        err = st.err
+        if rc == lib.HM_EMISMATCH:
+            bad = self.node_ranks[err.bad_rank]
+            raise ValueError(
+                f"hybridmpi: {what}: ranks passed different arguments: rank {bad} passed "
+                f"{self._sig(err.bad_count, err.bad_dtype, err.bad_op)}, rank "
+                f"{self.node_ranks[0]} passed {self._sig(err.root_count, err.root_dtype, err.root_op)}"
+            )
+        if rc == lib.HM_ETIMEOUT:
+            missing = [self.node_ranks[r] for r in range(self.node_size)
+                       if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
+            peer = self.node_ranks[err.peer] if err.peer >= 0 else None
+            counter = _COUNTERS.get(err.counter, "?")
+            whose = f"rank {peer}'s" if peer is not None else "the node root's"
+            msg = (f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
+                   f"{whose} {counter} counter did not reach epoch {err.epoch} "
+                   f"(last seen {err.seen})")
+            if missing:
+                msg += f"; ranks that have not entered this call: {missing}"
+            raise self._timeout(msg, peer, counter, int(err.epoch), missing)
+        raise RuntimeError(f"hybridmpi: {what}: C core returned {rc}")
+
+    def _timeout(self, msg, peer, counter, epoch, missing):
+        self._broken = "SyncTimeout"
+        return SyncTimeout(msg, rank=self.rank, peer=peer, counter=counter, epoch=epoch,
+                           missing=missing)
+
+    @staticmethod
+    def _sig(count, dtype, op):
+        return (f"(count={count}, dtype={_DTYPE_NAMES.get(dtype, dtype)}, "
+                f"op={_OP_NAMES.get(op, op)})")
+
+    def _leader_wait(self, req, what):
+        """Complete an internode request, under the deadline if there is one."""
+        if self.timeout is None:
+            req.Wait()
+            return
+        deadline = time.monotonic() + self.timeout
+        while not req.Test():
+            if time.monotonic() > deadline:
+                self._pending = req
+                others = [r for r in range(self.leader_comm.Get_size())
+                          if r != self.leader_comm.Get_rank()]
+                raise self._timeout(
+                    f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
+                    f"the leaders of other nodes (node ids {others}) did not all join",
+                    None, "internode", int(self._st.epoch), [])
+            os.sched_yield()
+
+    # ------------------------------------------------------------ barrier
+
+    def barrier(self, *, method="tree"):
+        """Block until every rank of the communicator has called it.
+
+        Memory: every write that any rank made to shared memory before the
+        call is visible to every rank after it (a "barrier", not a mere sync).
+
+        Args:
+            method: ``"tree"`` (k-ary tree, paper Algorithm 2) or ``"linear"``
+                (all arrive at the node root, Algorithm 1).
+
+        Raises:
+            ValueError: unknown method.
+            SyncTimeout: a peer did not arrive within the timeout.
+        """
+        st = self._st
+        if st is None or self._broken is not None:
+            raise self._unusable()
+        m = _BARRIERS.get(method)
+        if m is None:
+            raise ValueError(f"hybridmpi: barrier method must be 'tree' or 'linear', got {method!r}")
+        if not self._leader_multi:
+            rc = lib.hm_barrier(st, m, 3)
+            if rc:
+                self._fail(rc, f"barrier({method})")
+            return
+        rc = lib.hm_barrier(st, m, lib.HM_GATHER)
+        if rc:
+            self._fail(rc, f"barrier({method})")
+        if self.timeout is None:
+            self.leader_comm.Barrier()
+        else:
+            self._leader_wait(self.leader_comm.Ibarrier(), f"barrier({method})")
+        lib.hm_barrier(st, m, lib.HM_RELEASE)
+
+    # ------------------------------------------------------------ allreduce
+
+    def _reduce(self, sptr, rptr, count, dt, opc):
+        """Reduce ``count`` elements (fitting in one slot) at raw addresses."""
+        st = self._st
+        if not self._leader_multi:
+            rc = lib.hm_allreduce(st, sptr, rptr, count, dt, opc, 3)
+            if rc:
+                self._fail(rc, "allreduce")
+            return
+        rc = lib.hm_allreduce(st, sptr, rptr, count, dt, opc, lib.HM_GATHER)
+        if rc:
+            self._fail(rc, "allreduce")
+        if count:
+            dtype = _NP_OF_CODE[dt]
+            slot = np.frombuffer(ffi.buffer(lib.hm_coll_slot(st, 0), count * dtype.itemsize),
+                                 dtype=dtype)
+            mop = self._mpi_ops[opc]
+            if self.timeout is None:
+                self.leader_comm.Allreduce(self._MPI.IN_PLACE, slot, mop)
+            else:
+                self._leader_wait(self.leader_comm.Iallreduce(self._MPI.IN_PLACE, slot, mop),
+                                  "allreduce")
+        rc = lib.hm_allreduce(st, ffi.NULL, rptr, count, dt, opc, lib.HM_RELEASE)
+        if rc:
+            self._fail(rc, "allreduce")
+
+    def _reduce_array(self, send, recv, dt, opc):
+        """Reduce contiguous arrays of equal size, in slot-sized chunks."""
+        n = recv.size
+        itemsize = recv.itemsize
+        rbuf = ffi.from_buffer("char[]", recv, require_writable=True)
+        sbuf = rbuf if send is None else ffi.from_buffer("char[]", send)
+        per = SLOT_BYTES // itemsize
+        if n <= per:
+            self._reduce(sbuf, rbuf, n, dt, opc)
+            return
+        for start in range(0, n, per):
+            k = min(per, n - start)
+            off = start * itemsize
+            self._reduce(sbuf + off, rbuf + off, k, dt, opc)
+
+    def allreduce(self, x, op="sum"):
+        """Combine ``x`` over all ranks and return the result on every rank.
+
+        The combination order is fixed (a tree over each node, then MPI
+        across node leaders), so repeated runs give the same bits.
+
+        Args:
+            x: Python int, float or complex; numpy scalar; or numpy array of
+                float64, float32, int64, int32 or complex128 (a copy is made
+                if it is not contiguous).
+            op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or the MPI ops.
+
+        Returns:
+            The result, of the same kind as ``x`` (a new array for arrays).
+
+        Raises:
+            TypeError: unsupported type or dtype, or min/max of complex.
+            ValueError: unknown op; ranks of a node passed different sizes,
+                dtypes or ops.
+            SyncTimeout: a peer did not arrive within the timeout.
+        """
+        st = self._st
+        if st is None or self._broken is not None:
+            raise self._unusable()
+        opc = _OPS.get(op) if type(op) is str else None
+        if opc is None:
+            opc = op_code(op, self._MPI)
+        tx = type(x)
+        if tx is float:
+            buf = self._scalar[_F64]
+            buf[0] = x
+            self._reduce(buf, buf, 1, _F64, opc)
+            return buf[0]
+        if tx is int:
+            buf = self._scalar[_I64]
+            try:
+                buf[0] = x
+            except OverflowError:
+                raise ValueError(f"hybridmpi: allreduce: int {x} does not fit in int64") from None
+            self._reduce(buf, buf, 1, _I64, opc)
+            return int(buf[0])
+        if tx is complex:
+            if opc >= lib.HM_MIN:
+                raise TypeError("hybridmpi: allreduce: min and max are not defined for complex")
+            buf = self._scalar[_C128]
+            buf[0] = x.real
+            buf[1] = x.imag
+            self._reduce(buf, buf, 1, _C128, opc)
+            return complex(buf[0], buf[1])
+        if isinstance(x, (np.ndarray, np.generic)):
+            arr = np.asarray(x)
+            dt = self._dtype_code(arr.dtype, opc, "allreduce")
+            out = np.array(arr, order="C", copy=True)
+            self._reduce_array(None, out, dt, opc)
+            return out if isinstance(x, np.ndarray) else out[()]
+        raise TypeError(f"hybridmpi: allreduce: unsupported type {tx.__name__}; pass an int, "
+                        "float, complex, numpy scalar or numpy array")
+
+    @staticmethod
+    def _dtype_code(dtype, opc, what):
+        dt = DTYPES.get(dtype)
+        if dt is None:
+            raise TypeError(f"hybridmpi: {what}: unsupported dtype {dtype}; use one of "
+                            f"{sorted(d.name for d in DTYPES)}")
+        if dt == lib.HM_C128 and opc >= lib.HM_MIN:
+            raise TypeError(f"hybridmpi: {what}: min and max are not defined for complex")
+        return dt
+
+    def Allreduce(self, sendbuf, recvbuf, op="sum"):
+        """Combine numpy buffers over all ranks into ``recvbuf`` (in place).
+
+        Args:
+            sendbuf: C-contiguous numpy array, or ``MPI.IN_PLACE`` to use
+                ``recvbuf`` as input.
+            recvbuf: writeable C-contiguous numpy array with the same dtype
+                and size as ``sendbuf``.
+            op: as for :meth:`allreduce`.
+
+        Raises:
+            TypeError: not numpy arrays, unsupported dtype, min/max of complex.
+            ValueError: non-contiguous or read-only buffers, size or dtype
+                mismatch, unknown op, ranks that disagree.
+            SyncTimeout: a peer did not arrive within the timeout.
+        """
+        st = self._st
+        if st is None or self._broken is not None:
+            raise self._unusable()
+        opc = _OPS.get(op) if type(op) is str else None
+        if opc is None:
+            opc = op_code(op, self._MPI)
+        if type(recvbuf) is not np.ndarray:
+            raise TypeError(f"hybridmpi: Allreduce: recvbuf must be a numpy array, "
+                            f"got {type(recvbuf).__name__}")
+        dt = self._dtype_code(recvbuf.dtype, opc, "Allreduce")
+        if not recvbuf.flags.c_contiguous:
+            raise ValueError("hybridmpi: Allreduce: recvbuf must be C-contiguous")
+        if not recvbuf.flags.writeable:
+            raise ValueError("hybridmpi: Allreduce: recvbuf is read-only")
+        if sendbuf is self._MPI.IN_PLACE:
+            sendbuf = None
+        elif type(sendbuf) is not np.ndarray:
+            raise TypeError("hybridmpi: Allreduce: sendbuf must be a numpy array or "
+                            f"MPI.IN_PLACE, got {type(sendbuf).__name__}")
+        elif sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size:
+            raise ValueError(f"hybridmpi: Allreduce: sendbuf ({sendbuf.dtype}, {sendbuf.size}) "
+                             f"and recvbuf ({recvbuf.dtype}, {recvbuf.size}) differ")
+        elif not sendbuf.flags.c_contiguous:
+            raise ValueError("hybridmpi: Allreduce: sendbuf must be C-contiguous")
+        self._reduce_array(sendbuf, recvbuf, dt, opc)
+
+
+_NP_OF_CODE = {code: dt for dt, code in DTYPES.items()}

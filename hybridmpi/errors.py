@@ -1,0 +1,25 @@
+"""Exceptions raised by hybridmpi."""
+
+
+class SyncTimeout(RuntimeError):
+    """A wait on a peer passed its deadline.
+
+    Attributes:
+        rank: rank (in the HybridComm's communicator) that timed out.
+        peer: rank whose counter was watched, or None when several could be.
+        counter: name of the watched counter (``"arrive"``, ``"release"``...).
+        epoch: value the counter had to reach.
+        missing: ranks of this node that had not entered the call.
+    """
+
+    def __init__(self, message, *, rank=None, peer=None, counter=None, epoch=None, missing=()):
+        super().__init__(message)
+        self.rank = rank
+        self.peer = peer
+        self.counter = counter
+        self.epoch = epoch
+        self.missing = tuple(missing)
+
+
+class FreedError(RuntimeError):
+    """An object that owns MPI resources was used after ``free()``."""

@@ -95,7 +95,7 @@ int hm_wait_geq(const void *addr, uint64_t value, const hm_wait_policy *policy, 
 
 uint64_t hm_coll_segment_bytes(uint64_t capacity)
 {
-    return HM_OFF_DATA + ((capacity + HM_LINE - 1) / HM_LINE) * HM_LINE;
+    return ((HM_OFF_DATA + capacity + HM_REGION - 1) / HM_REGION) * HM_REGION;
 }
 
 int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t capacity)
@@ -126,31 +126,39 @@ static inline hm_counter *counter(const hm_coll *c, int rank, int off)
     return (hm_counter *)(c->seg[rank] + off);
 }
 
+/* Allreduce arguments of a rank, and the first mismatch seen in its
+ * subtree (bad_rank >= 0).  Five 8-byte words: fits before HM_OFF_DATA. */
 typedef struct header {
-    int64_t count, dtype, op;
-    int64_t bad_rank, bad_count, bad_dtype, bad_op;
+    int64_t count;
+    int32_t dtype, op;
+    int32_t bad_rank, bad_dtype;
+    int64_t bad_count;
+    int64_t bad_op;
 } header;
+
+_Static_assert(HM_OFF_HEADER + sizeof(header) <= HM_OFF_DATA, "header overlaps data");
+_Static_assert(HM_OFF_DATA % 16 == 0, "data slot must be 16-byte aligned");
 
 static inline header *hdr(const hm_coll *c, int rank) { return (header *)(c->seg[rank] + HM_OFF_HEADER); }
 
 void *hm_coll_slot(hm_coll *c, int rank) { return c->seg[rank] + HM_OFF_DATA; }
 
-static int timed_out(hm_coll *c, int peer, int cnt, uint64_t epoch, uint64_t seen)
+static int timed_out(hm_coll *c, int peer, int cnt, uint64_t seen)
 {
     c->err.code = HM_ETIMEOUT;
     c->err.peer = peer;
     c->err.counter = cnt;
-    c->err.epoch = epoch;
+    c->err.epoch = c->epoch;
     c->err.seen = seen;
     c->err.waited_s = (double)c->policy.timeout_ns * 1e-9;
     return HM_ETIMEOUT;
 }
 
-static inline int wait_counter(hm_coll *c, int peer, int off, int cnt, uint64_t e)
+static inline int wait_counter(hm_coll *c, int peer, int cnt, uint64_t value)
 {
     uint64_t seen = 0;
-    if (wait_geq(counter(c, peer, off), e, &c->policy, &seen) != HM_OK)
-        return timed_out(c, peer, cnt, e, seen);
+    if (wait_geq(counter(c, peer, HM_OFF_SYNC), value, &c->policy, &seen) != HM_OK)
+        return timed_out(c, peer, cnt, seen);
     return HM_OK;
 }
 
@@ -161,22 +169,23 @@ static inline void enter(hm_coll *c, uint64_t e)
 }
 
 /* Tree barrier (paper Algorithm 2, with epochs): arrivals go up the tree,
- * the release comes down it.  Every counter has a single writer. */
+ * the release comes down it. */
 static int barrier_tree(hm_coll *c, int part, uint64_t e)
 {
     int rc, ord = c->policy.order;
+    hm_counter *mine = counter(c, c->rank, HM_OFF_SYNC);
     if (part & HM_GATHER) {
         for (int i = 0; i < c->nchildren; i++)
-            if ((rc = wait_counter(c, c->children[i], HM_OFF_ARRIVE, HM_CNT_ARRIVE, e)))
+            if ((rc = wait_counter(c, c->children[i], HM_CNT_ARRIVE, 2 * e - 1)))
                 return rc;
         if (c->parent >= 0) {
-            store_rel(counter(c, c->rank, HM_OFF_ARRIVE), e, ord);
-            if ((rc = wait_counter(c, c->parent, HM_OFF_RELEASE, HM_CNT_RELEASE, e)))
+            store_rel(mine, 2 * e - 1, ord);
+            if ((rc = wait_counter(c, c->parent, HM_CNT_RELEASE, 2 * e)))
                 return rc;
         }
     }
     if ((part & HM_RELEASE) && (c->nchildren > 0 || c->parent < 0))
-        store_rel(counter(c, c->rank, HM_OFF_RELEASE), e, ord);
+        store_rel(mine, 2 * e, ord);
     return HM_OK;
 }
 
@@ -193,14 +202,14 @@ static int barrier_linear(hm_coll *c, int part, uint64_t e)
         if (c->rank != 0) {
             atomic_fetch_add_explicit(lin, 1, ord == HM_SEQ_CST ? memory_order_seq_cst
                                                                  : memory_order_acq_rel);
-            return wait_counter(c, 0, HM_OFF_RELEASE, HM_CNT_RELEASE, e);
+            return wait_counter(c, 0, HM_CNT_RELEASE, 2 * e);
         }
         uint64_t seen = 0;
         if (wait_geq(lin, n * (uint64_t)(c->size - 1), &c->policy, &seen) != HM_OK)
-            return timed_out(c, -1, HM_CNT_LINEAR, n * (uint64_t)(c->size - 1), seen);
+            return timed_out(c, -1, HM_CNT_LINEAR, seen);
     }
     if ((part & HM_RELEASE) && c->rank == 0)
-        store_rel(counter(c, 0, HM_OFF_RELEASE), e, ord);
+        store_rel(counter(c, 0, HM_OFF_SYNC), 2 * e, ord);
     return HM_OK;
 }
 
@@ -351,24 +360,24 @@ int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count, int d
                 memcpy(slot, send, nbytes);
             for (int i = 0; i < c->nchildren; i++) {
                 int ch = c->children[i];
-                if ((rc = wait_counter(c, ch, HM_OFF_ARRIVE, HM_CNT_ARRIVE, e)))
+                if ((rc = wait_counter(c, ch, HM_CNT_ARRIVE, 2 * e - 1)))
                     return rc;
                 check_child(mine, hdr(c, ch), ch);
                 if (mine->bad_rank < 0)
                     hm_combine(slot, hm_coll_slot(c, ch), count, dtype, op);
             }
-            store_rel(counter(c, c->rank, HM_OFF_ARRIVE), e, ord);
-            if ((rc = wait_counter(c, c->parent, HM_OFF_RELEASE, HM_CNT_RELEASE, e)))
+            store_rel(counter(c, c->rank, HM_OFF_SYNC), 2 * e - 1, ord);
+            if ((rc = wait_counter(c, c->parent, HM_CNT_RELEASE, 2 * e)))
                 return rc;
             if (c->nchildren > 0)
-                store_rel(counter(c, c->rank, HM_OFF_RELEASE), e, ord);
-            if (hdr(c, 0)->bad_rank >= 0)
+                store_rel(counter(c, c->rank, HM_OFF_SYNC), 2 * e, ord);
+            if (hdr(c, 0)->bad_rank != -1)
                 return mismatch(c);
             memcpy(recv, hm_coll_slot(c, 0), nbytes);
             return HM_OK;
         }
         for (int i = 0; i < c->nchildren; i++)
-            if ((rc = wait_counter(c, c->children[i], HM_OFF_ARRIVE, HM_CNT_ARRIVE, e)))
+            if ((rc = wait_counter(c, c->children[i], HM_CNT_ARRIVE, 2 * e - 1)))
                 return rc;
         mine->count = (int64_t)count;
         mine->dtype = dtype;
@@ -385,11 +394,32 @@ int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count, int d
     }
     if (part & HM_RELEASE) {
         if (c->size > 1)
-            store_rel(counter(c, 0, HM_OFF_RELEASE), c->epoch, ord);
-        if (mine->bad_rank >= 0)
+            store_rel(counter(c, 0, HM_OFF_SYNC), 2 * c->epoch, ord);
+        if (mine->bad_rank != -1)
             return mismatch(c);
         if (recv != slot)
             memcpy(recv, slot, nbytes);
     }
     return HM_OK;
+}
+
+double hm_allreduce_f64(hm_coll *c, double x, int op)
+{
+    double r;
+    if (hm_allreduce(c, &x, &r, 1, HM_F64, op, HM_BOTH) != HM_OK) {
+        if (c->err.code == HM_OK)
+            c->err.code = HM_EARG;
+        return __builtin_nan("");
+    }
+    return r;
+}
+
+int hm_allreduce_verdict(hm_coll *c, int elsewhere)
+{
+    header *mine = hdr(c, c->rank);
+    if (c->rank != 0)
+        return HM_EARG;
+    if (elsewhere && mine->bad_rank == -1)
+        mine->bad_rank = HM_BAD_ELSEWHERE;
+    return (int)mine->bad_rank;
 }

@@ -15,17 +15,23 @@
 /* Maximum tree arity. */
 #define HM_MAX_RADIX 16
 
-/* Byte layout of one rank's collective segment (all offsets are cache-line
- * multiples; every counter owns a 64-byte line and is written by its owner
- * only, except the linear-barrier counter, which is fetch_add'ed). */
+/* Byte layout of one rank's collective segment.  ENTERED and LINEAR own a
+ * 128-byte region each (a pair of cache lines, which Intel's spatial
+ * prefetcher moves together).  SYNC holds the rank's one epoch counter,
+ * followed in the same line by the allreduce header and the first bytes of
+ * its data slot, so that a small reduction moves in the line that carries
+ * the signal.  The counter has a single writer, its owner: 2e-1 once the
+ * owner (and its subtree) arrived at collective call e, 2e once it released
+ * its children from call e.  It only grows, so nothing is ever reset.  The
+ * linear-barrier counter at the root is the one counter that several ranks
+ * write (fetch_add). */
 enum {
-    HM_LINE = 64,
-    HM_OFF_ARRIVE = 0,
-    HM_OFF_RELEASE = 64,
-    HM_OFF_ENTERED = 128,
-    HM_OFF_LINEAR = 192,
-    HM_OFF_HEADER = 256,
-    HM_OFF_DATA = 320
+    HM_REGION = 128,
+    HM_OFF_ENTERED = 0,
+    HM_OFF_LINEAR = 128,
+    HM_OFF_SYNC = 256,
+    HM_OFF_HEADER = 264,
+    HM_OFF_DATA = 304
 };
 
 /* Memory orders. */
@@ -41,6 +47,9 @@ enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
 
 /* Return codes. */
 enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3 };
+
+/* bad_rank of a mismatch found on another node. */
+enum { HM_BAD_ELSEWHERE = -2 };
 
 /* Which counter a timed-out wait was watching. */
 enum { HM_CNT_ARRIVE = 1, HM_CNT_RELEASE = 2, HM_CNT_LINEAR = 3 };
@@ -61,8 +70,8 @@ typedef struct hm_error {
     int code;
     int peer;          /* node rank whose counter was watched, -1 if several */
     int counter;       /* HM_CNT_* */
-    uint64_t epoch;    /* value waited for */
-    uint64_t seen;     /* value last read */
+    uint64_t epoch;    /* the collective call (1, 2, ...) that timed out */
+    uint64_t seen;     /* value of the watched counter last read */
     double waited_s;   /* seconds waited */
     /* allreduce argument mismatch: the offending rank and what it passed,
      * and what the node root passed */
@@ -114,6 +123,17 @@ int hm_barrier(hm_coll *c, int method, int part);
  * before HM_RELEASE, which is called with send = NULL. */
 int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count,
                  int dtype, int op, int part);
+
+/* hm_allreduce of one double, by value (saves the caller two buffer
+ * accesses on the hottest path).  On failure it returns NaN and sets
+ * c->err.code; a NaN result with c->err.code == HM_OK is a real NaN. */
+double hm_allreduce_f64(hm_coll *c, double x, int op);
+
+/* At the node root, between HM_GATHER and HM_RELEASE of hm_allreduce:
+ * returns the node rank that passed arguments different from the root's,
+ * -1 if none; with `elsewhere` set, first records that another node
+ * disagreed (HM_BAD_ELSEWHERE), so the release fails on every rank. */
+int hm_allreduce_verdict(hm_coll *c, int elsewhere);
 
 /* Address of rank `rank`'s data slot. */
 void *hm_coll_slot(hm_coll *c, int rank);

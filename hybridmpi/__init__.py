@@ -9,5 +9,12 @@ from .errors import FreedError, SyncTimeout
 
 __version__ = "0.1.0"
 
-__all__ = ["HybridComm", "SyncTimeout", "FreedError", "allreduce", "barrier", "hybrid",
-           "__version__"]
+__all__ = [
+           "FreedError",
+           "HybridComm",
+           "SyncTimeout",
+           "__version__",
+           "allreduce",
+           "barrier",
+           "hybrid",
+]

@@ -23,6 +23,8 @@ DTYPES = {
     np.dtype(np.complex128): lib.HM_C128,
 }
 _F64, _I64, _C128 = lib.HM_F64, lib.HM_I64, lib.HM_C128
+_barrier = lib.hm_barrier
+_allreduce_f64 = lib.hm_allreduce_f64
 _DTYPE_NAMES = {code: dt.name for dt, code in DTYPES.items()}
 _OPS = {"sum": lib.HM_SUM, "prod": lib.HM_PROD, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _OP_NAMES = {code: name for name, code in _OPS.items()}
@@ -72,6 +74,15 @@ def _install_finalize_hook(MPI):
     keyval = MPI.Comm.Create_keyval(delete_fn=_free_all_at_finalize)
     MPI.COMM_SELF.Set_attr(keyval, True)
     _FINALIZE_HOOK.append(keyval)
+
+
+def _describe(value):
+    """Say what a node counter value means (2e-1: arrived at call e, 2e: released it)."""
+    if value == 0:
+        return "no call yet"
+    if value % 2:
+        return f"arrived at call {(value + 1) // 2}"
+    return f"released call {value // 2}"
 
 
 def op_code(op, MPI=None):
@@ -177,7 +188,10 @@ class HybridComm:
         self.timeout = timeout if timeout and timeout > 0 else None
         self.radix = radix
 
-        seg_bytes = lib.hm_coll_segment_bytes(SLOT_BYTES)
+        # One region more than needed, so each segment can start on a
+        # 128-byte boundary; shared mappings are page-aligned in every
+        # process, so every process finds the same aligned offset.
+        seg_bytes = lib.hm_coll_segment_bytes(SLOT_BYTES) + lib.HM_REGION
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")
         try:
@@ -187,10 +201,7 @@ class HybridComm:
         self._segs = ffi.new("char *[]", self.node_size)
         for r in range(self.node_size):
             buf, _ = self._win.Shared_query(r)
-            if buf.address % 64:
-                raise RuntimeError(f"hybridmpi: shared segment of node rank {r} is not "
-                                   "aligned to a cache line")
-            self._segs[r] = ffi.cast("char *", buf.address)
+            self._segs[r] = ffi.cast("char *", -(-buf.address // lib.HM_REGION) * lib.HM_REGION)
         # Load/store access to the window is legal inside a passive epoch;
         # the C11 atomics do the ordering.
         self._win.Lock_all(MPI.MODE_NOCHECK)
@@ -202,15 +213,14 @@ class HybridComm:
         self._win.Sync()
         self.node_comm.Barrier()
         self._st = st
+        self._live = st  # None once freed or broken: one check on hot paths
         self._intra_only = self.num_nodes == 1
         self._leader_multi = self.is_leader and not self._intra_only
         self._broken = None
         self._pending = None
-        self._scalar = {
-            _F64: ffi.new("double[1]"),
-            _I64: ffi.new("int64_t[1]"),
-            _C128: ffi.new("double[2]"),
-        }
+        self._f64 = ffi.new("double[1]")
+        self._scalar = {_I64: ffi.new("int64_t[1]"), _C128: ffi.new("double[2]")}
+        self._sig_buf = np.zeros(7, dtype=np.int64)
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
@@ -236,7 +246,7 @@ class HybridComm:
         _LIVE.pop(id(self), None)
         if self._st is None:
             return
-        self._st = None
+        self._st = self._live = None
         MPI = self._MPI
         if MPI.Is_finalized():
             return
@@ -276,6 +286,9 @@ class HybridComm:
         reaches the same verdict for mismatches; timeouts break the comm)."""
         st = self._st
         err = st.err
+        if rc == lib.HM_EMISMATCH and err.bad_rank == lib.HM_BAD_ELSEWHERE:
+            raise ValueError(f"hybridmpi: {what}: ranks on different nodes passed different "
+                             "arguments (count, dtype or op)")
         if rc == lib.HM_EMISMATCH:
             bad = self.node_ranks[err.bad_rank]
             raise ValueError(
@@ -286,19 +299,25 @@ class HybridComm:
         if rc == lib.HM_ETIMEOUT:
             missing = [self.node_ranks[r] for r in range(self.node_size)
                        if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
-            peer = self.node_ranks[err.peer] if err.peer >= 0 else None
-            counter = _COUNTERS.get(err.counter, "?")
-            whose = f"rank {peer}'s" if peer is not None else "the node root's"
-            msg = (f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
-                   f"{whose} {counter} counter did not reach epoch {err.epoch} "
-                   f"(last seen {err.seen})")
+            call = int(err.epoch)
+            if err.counter == lib.HM_CNT_LINEAR:
+                peer, counter = None, "linear-arrival"
+                waited = (f"the arrival counter of node root rank {self.node_ranks[0]} "
+                          f"stayed at {err.seen} of {call} calls' arrivals")
+            else:
+                peer = self.node_ranks[err.peer]
+                counter = "arrive" if err.counter == lib.HM_CNT_ARRIVE else "release"
+                waited = (f"rank {peer} did not {counter} at call {call} "
+                          f"(its counter says: {_describe(int(err.seen))})")
+            msg = f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: {waited}"
             if missing:
-                msg += f"; ranks that have not entered this call: {missing}"
-            raise self._timeout(msg, peer, counter, int(err.epoch), missing)
+                msg += f"; ranks that have not entered call {call}: {missing}"
+            raise self._timeout(msg, peer, counter, call, missing)
         raise RuntimeError(f"hybridmpi: {what}: C core returned {rc}")
 
     def _timeout(self, msg, peer, counter, epoch, missing):
         self._broken = "SyncTimeout"
+        self._live = None
         return SyncTimeout(msg, rank=self.rank, peer=peer, counter=counter, epoch=epoch,
                            missing=missing)
 
@@ -340,24 +359,22 @@ class HybridComm:
             ValueError: unknown method.
             SyncTimeout: a peer did not arrive within the timeout.
         """
-        st = self._st
-        if st is None or self._broken is not None:
+        st = self._live
+        if st is None:
             raise self._unusable()
         m = _BARRIERS.get(method)
         if m is None:
             raise ValueError(f"hybridmpi: barrier method must be 'tree' or 'linear', got {method!r}")
         if not self._leader_multi:
-            rc = lib.hm_barrier(st, m, 3)
+            rc = _barrier(st, m, 3)
             if rc:
                 self._fail(rc, f"barrier({method})")
             return
         rc = lib.hm_barrier(st, m, lib.HM_GATHER)
         if rc:
             self._fail(rc, f"barrier({method})")
-        if self.timeout is None:
-            self.leader_comm.Barrier()
-        else:
-            self._leader_wait(self.leader_comm.Ibarrier(), f"barrier({method})")
+        self._leader_call(self.leader_comm.Ibarrier, self.leader_comm.Barrier, (),
+                          f"barrier({method})")
         lib.hm_barrier(st, m, lib.HM_RELEASE)
 
     # ------------------------------------------------------------ allreduce
@@ -373,19 +390,31 @@ class HybridComm:
         rc = lib.hm_allreduce(st, sptr, rptr, count, dt, opc, lib.HM_GATHER)
         if rc:
             self._fail(rc, "allreduce")
-        if count:
+        # The leaders first agree that every node passed the same arguments:
+        # combining buffers of different sizes would be erroneous MPI, and a
+        # node whose ranks disagreed must not leave the others waiting.
+        sig = self._sig_buf
+        sig[:] = (lib.hm_allreduce_verdict(st, 0) != -1, count, -count, dt, -dt, opc, -opc)
+        self._leader_call(self.leader_comm.Iallreduce, self.leader_comm.Allreduce,
+                          (self._MPI.IN_PLACE, sig, self._MPI.MAX))
+        if sig[0] or sig[1] != -sig[2] or sig[3] != -sig[4] or sig[5] != -sig[6]:
+            lib.hm_allreduce_verdict(st, 1)
+        elif count:
             dtype = _NP_OF_CODE[dt]
             slot = np.frombuffer(ffi.buffer(lib.hm_coll_slot(st, 0), count * dtype.itemsize),
                                  dtype=dtype)
-            mop = self._mpi_ops[opc]
-            if self.timeout is None:
-                self.leader_comm.Allreduce(self._MPI.IN_PLACE, slot, mop)
-            else:
-                self._leader_wait(self.leader_comm.Iallreduce(self._MPI.IN_PLACE, slot, mop),
-                                  "allreduce")
+            self._leader_call(self.leader_comm.Iallreduce, self.leader_comm.Allreduce,
+                              (self._MPI.IN_PLACE, slot, self._mpi_ops[opc]))
         rc = lib.hm_allreduce(st, ffi.NULL, rptr, count, dt, opc, lib.HM_RELEASE)
         if rc:
             self._fail(rc, "allreduce")
+
+    def _leader_call(self, nonblocking, blocking, args, what="allreduce"):
+        """Run an internode collective, under the deadline if there is one."""
+        if self.timeout is None:
+            blocking(*args)
+        else:
+            self._leader_wait(nonblocking(*args), what)
 
     def _reduce_array(self, send, recv, dt, opc):
         """Reduce contiguous arrays of equal size, in slot-sized chunks."""
@@ -423,15 +452,20 @@ class HybridComm:
                 dtypes or ops.
             SyncTimeout: a peer did not arrive within the timeout.
         """
-        st = self._st
-        if st is None or self._broken is not None:
+        st = self._live
+        if st is None:
             raise self._unusable()
         opc = _OPS.get(op) if type(op) is str else None
         if opc is None:
             opc = op_code(op, self._MPI)
         tx = type(x)
         if tx is float:
-            buf = self._scalar[_F64]
+            if not self._leader_multi:
+                r = _allreduce_f64(st, x, opc)
+                if r != r and st.err.code:
+                    self._fail(st.err.code, "allreduce")
+                return r
+            buf = self._f64
             buf[0] = x
             self._reduce(buf, buf, 1, _F64, opc)
             return buf[0]
@@ -486,8 +520,8 @@ class HybridComm:
                 mismatch, unknown op, ranks that disagree.
             SyncTimeout: a peer did not arrive within the timeout.
         """
-        st = self._st
-        if st is None or self._broken is not None:
+        st = self._live
+        if st is None:
             raise self._unusable()
         opc = _OPS.get(op) if type(op) is str else None
         if opc is None:

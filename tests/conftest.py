@@ -1,0 +1,50 @@
+"""Launch MPI test programs under mpiexec with a timeout on the launcher too."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MPIEXEC = os.environ.get("HYBRIDMPI_MPIEXEC") or shutil.which("mpiexec",
+                                                               path=os.path.dirname(sys.executable)
+                                                               + os.pathsep + os.environ["PATH"])
+
+
+def mpi_flavor():
+    """'openmpi' or 'mpich', from the launcher's own words."""
+    out = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
+    return "openmpi" if "Open MPI" in out or "OpenRTE" in out else "mpich"
+
+
+def run_mpi(script, n, *args, env=None, timeout=240):
+    """Run ``script`` on ``n`` ranks; fail the test unless every rank passed.
+
+    The program's own harness makes ranks agree; here the exit code and the
+    summary line decide, and a hang ends at ``timeout`` seconds.
+    """
+    if MPIEXEC is None:
+        pytest.fail("mpiexec not found: install the 'mpich' or 'openmpi' extra")
+    full_env = dict(os.environ)
+    full_env.setdefault("HYBRIDMPI_TIMEOUT", "60")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    full_env.update(env or {})
+    cmd = [MPIEXEC, "-n", str(n)]
+    if mpi_flavor() == "openmpi":
+        full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        cmd += ["--oversubscribe", "--timeout", str(timeout)]
+    else:
+        full_env["MPIEXEC_TIMEOUT"] = str(timeout)
+    cmd += [sys.executable, "-m", "mpi4py", os.path.join(HERE, "mpi", script), *map(str, args)]
+    try:
+        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True,
+                              timeout=timeout + 30)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{script} on {n} ranks hung past {timeout + 30} s:\n{e.stdout}\n{e.stderr}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{script} on {n} ranks failed (rc={proc.returncode}):\n{out}"
+    assert "SUMMARY:" in proc.stdout and " 0 failed" in proc.stdout, out
+    return proc.stdout

@@ -1,0 +1,312 @@
+"""Collective cases of HybridComm, run under mpiexec by tests/test_collectives.py.
+
+Usage: python -m mpi4py collectives_cases.py [--node-size K] [--memory-order O]
+       [--iters N] [--only case1,case2]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _harness import agree, run
+
+import hybridmpi
+
+DTYPES = [np.float64, np.float32, np.int64, np.int32, np.complex128]
+OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+LENGTHS = [1, 7, 1000, 100000]
+
+
+def make(rng, dtype, n, op):
+    """Random data; near 1 for prod so that products stay in range."""
+    dtype = np.dtype(dtype)
+    if op == "prod":
+        if dtype.kind == "i":
+            return rng.integers(1, 3, n).astype(dtype)
+        base = rng.uniform(0.8, 1.25, n)
+    elif dtype.kind == "i":
+        return rng.integers(-10**6, 10**6, n).astype(dtype)
+    else:
+        base = rng.standard_normal(n)
+    if dtype.kind == "c":
+        return (base + 1j * rng.uniform(-0.2, 0.2, n)).astype(dtype)
+    return base.astype(dtype)
+
+
+def close(got, want, dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "i":
+        return np.array_equal(got, want)
+    rtol = 1e-4 if dtype == np.float32 else 1e-11
+    scale = np.maximum(np.abs(want), 1.0)
+    return bool(np.all(np.abs(got - want) <= rtol * scale))
+
+
+def hc_of(comm, cfg):
+    return hybridmpi.HybridComm(comm, node_size=cfg["node_size"],
+                                memory_order=cfg["memory_order"])
+
+
+def case_layout(comm, rng, **cfg):
+    with hc_of(comm, cfg) as hc:
+        assert hc.comm.Get_size() == comm.size and hc.rank == comm.rank
+        ranks = hc.node_comm.allgather(hc.rank)
+        assert ranks == hc.node_ranks == sorted(ranks)
+        if cfg["node_size"]:
+            assert hc.node_size <= cfg["node_size"]
+        leaders = comm.allgather(hc.rank if hc.is_leader else None)
+        leaders = [r for r in leaders if r is not None]
+        assert len(leaders) == hc.num_nodes
+        assert hc.is_leader == (hc.leader_comm != MPI.COMM_NULL)
+        assert leaders[hc.node_id] == hc.node_ranks[0]
+        assert sum(comm.allgather(hc.is_leader)) == hc.num_nodes
+
+
+def case_values_match_mpi4py(comm, rng, **cfg):
+    with hc_of(comm, cfg) as hc:
+        for dtype in DTYPES:
+            for opname, mop in OPS.items():
+                complex_minmax = np.dtype(dtype).kind == "c" and opname in ("min", "max")
+                for n in LENGTHS:
+                    x = make(rng, dtype, n, opname)
+                    if complex_minmax:
+                        try:
+                            hc.allreduce(x, opname)
+                        except TypeError:
+                            continue
+                        raise AssertionError("complex min/max accepted")
+                    got = hc.allreduce(x, opname)
+                    want = np.empty_like(x)
+                    comm.Allreduce(x, want, mop)
+                    assert got.dtype == x.dtype and got.shape == x.shape
+                    assert close(got, want, dtype), (dtype, opname, n)
+                    agree(comm, got)
+                    # Same bits again on a second run with the same data.
+                    again = np.empty_like(x)
+                    hc.Allreduce(x, again, mop)
+                    assert again.tobytes() == got.tobytes(), (dtype, opname, n)
+                    inplace = x.copy()
+                    hc.Allreduce(MPI.IN_PLACE, inplace, opname)
+                    assert inplace.tobytes() == got.tobytes()
+                if complex_minmax:
+                    continue
+                # Numpy scalar of the same dtype
+                s = make(rng, dtype, 1, opname)[0]
+                got = hc.allreduce(s, opname)
+                assert type(got) is type(s), (type(got), type(s))
+                assert close(np.array([got]), np.array([comm.allreduce(s, mop)]), dtype)
+
+
+def case_python_scalars(comm, rng, **cfg):
+    with hc_of(comm, cfg) as hc:
+        for opname, mop in OPS.items():
+            i = int(rng.integers(1, 4)) if opname == "prod" else int(rng.integers(-10**9, 10**9))
+            got = hc.allreduce(i, opname)
+            assert type(got) is int and got == comm.allreduce(i, mop)
+            f = float(rng.uniform(0.5, 1.5))
+            got = hc.allreduce(f, mop)
+            assert type(got) is float and close(np.array(got), np.array(comm.allreduce(f, mop)),
+                                                np.float64)
+            agree(comm, got)
+            if opname in ("sum", "prod"):
+                z = complex(rng.uniform(0.5, 1.5), rng.uniform(-0.3, 0.3))
+                got = hc.allreduce(z, opname)
+                assert type(got) is complex
+                assert close(np.array(got), np.array(comm.allreduce(z, mop)), np.complex128)
+        assert hybridmpi.allreduce(comm.rank, "max", comm=comm) == comm.size - 1
+
+
+def case_stress_interleaved(comm, rng, **cfg):
+    """Back-to-back barriers and allreduces with random short sleeps; every value checked."""
+    iters = cfg["iters"]
+    shared_rng = np.random.default_rng(12345)
+    with hc_of(comm, cfg) as hc:
+        total = comm.size * (comm.size - 1) // 2
+        for it in range(iters):
+            if rng.random() < 0.02:
+                time.sleep(rng.uniform(0, 2e-4))
+            kind = shared_rng.integers(0, 4)
+            if kind == 0:
+                hc.barrier()
+            elif kind == 1:
+                hc.barrier(method="linear")
+            elif kind == 2:
+                got = hc.allreduce(comm.rank + it)
+                assert got == total + comm.size * it, (it, got)
+            else:
+                x = np.array([comm.rank, it, -comm.rank], dtype=np.float64)
+                got = hc.allreduce(x, "max")
+                assert got.tolist() == [comm.size - 1, it, 0], (it, got)
+
+
+def case_barrier_orders_memory(comm, rng, **cfg):
+    """After a barrier every rank sees what the others wrote to shared memory before it."""
+    with hc_of(comm, cfg) as hc:
+        win = MPI.Win.Allocate_shared(8 * 64, 8, comm=hc.node_comm)
+        try:
+            mem = [np.frombuffer(win.Shared_query(r)[0], dtype=np.int64)
+                   for r in range(hc.node_size)]
+            for it in range(1, 2001):
+                mem[hc.node_rank][0] = it * 1000 + hc.node_rank
+                hc.barrier(method="tree" if it % 2 else "linear")
+                for r in range(hc.node_size):
+                    assert mem[r][0] == it * 1000 + r, (it, r, mem[r][0])
+                hc.barrier()
+        finally:
+            win.Free()
+
+
+def case_bad_input(comm, rng, **cfg):
+    """Every rank gets the same clear exception, and the comm still works after."""
+    with hc_of(comm, cfg) as hc:
+        a = np.ones(4)
+        bad_calls = [
+            (TypeError, lambda: hc.allreduce("x")),
+            (TypeError, lambda: hc.allreduce([1.0, 2.0])),
+            (TypeError, lambda: hc.allreduce(True)),
+            (TypeError, lambda: hc.allreduce(np.ones(3, dtype=np.int16))),
+            (TypeError, lambda: hc.allreduce(1j, "min")),
+            (ValueError, lambda: hc.allreduce(1.0, "avg")),
+            (TypeError, lambda: hc.allreduce(1.0, MPI.LAND)),
+            (TypeError, lambda: hc.allreduce(1.0, 3)),
+            (ValueError, lambda: hc.allreduce(2**70)),
+            (ValueError, lambda: hc.barrier(method="fast")),
+            (ValueError, lambda: hc.Allreduce(a, np.ones(3))),
+            (ValueError, lambda: hc.Allreduce(a, np.ones(4, dtype=np.float32))),
+            (ValueError, lambda: hc.Allreduce(a, np.ones(8)[::2])),
+            (ValueError, lambda: hc.Allreduce(np.ones(8)[::2], a)),
+            (ValueError, lambda: hc.Allreduce(a, np.frombuffer(bytes(32)))),
+            (TypeError, lambda: hc.Allreduce(a, [0.0] * 4)),
+            (TypeError, lambda: hc.Allreduce(list(a), a)),
+            (TypeError, lambda: hc.Allreduce(a.astype(np.uint8), a.astype(np.uint8))),
+        ]
+        out = a.copy()
+        for exc, call in bad_calls:
+            try:
+                call()
+            except exc as e:
+                assert str(e).startswith("hybridmpi"), e
+            else:
+                raise AssertionError(f"no {exc.__name__}")
+        assert np.array_equal(out, a)
+        assert hc.allreduce(1) == comm.size
+        # Arguments that differ between ranks: every rank gets ValueError,
+        # naming the offending rank where it is on the same node.
+        if comm.size > 1:
+            odd = comm.size - 1
+            n = 5 if comm.rank == odd else 4
+            try:
+                hc.allreduce(np.ones(n))
+            except ValueError as e:
+                if odd in hc.node_ranks and hc.node_size > 1:
+                    assert f"rank {odd} passed (count=5" in str(e), e
+                else:
+                    assert "passed different arguments" in str(e), e
+            else:
+                raise AssertionError("mismatch not detected")
+            assert hc.allreduce(2) == 2 * comm.size
+    for kwargs, exc in [({"node_size": 0}, ValueError), ({"memory_order": "relaxed"}, ValueError),
+                        ({"timeout": -1}, ValueError), ({"radix": 1}, ValueError),
+                        ({"node_size": 1 + comm.rank % 2}, ValueError if comm.size > 1 else None)]:
+        try:
+            hybridmpi.HybridComm(comm, **kwargs).free()
+        except ValueError as e:
+            assert exc is ValueError and "hybridmpi" in str(e), e
+        else:
+            assert exc is None, kwargs
+    try:
+        hybridmpi.HybridComm(MPI.COMM_NULL)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("COMM_NULL accepted")
+
+
+def case_free_and_reuse(comm, rng, **cfg):
+    hc = hc_of(comm, cfg)
+    hc.free()
+    hc.free()
+    for call in (hc.barrier, lambda: hc.allreduce(1.0), lambda: hc.Allreduce(np.ones(2), np.ones(2))):
+        try:
+            call()
+        except hybridmpi.FreedError as e:
+            assert "after free" in str(e)
+        else:
+            raise AssertionError("use after free accepted")
+    # Many create/free cycles must not exhaust windows or communicators.
+    for _ in range(50):
+        with hc_of(comm, cfg) as h:
+            h.barrier()
+
+
+def case_dropins(comm, rng, **cfg):
+    hybridmpi.barrier()
+    assert hybridmpi.allreduce(1) == comm.size
+    assert hybridmpi.hybrid() is hybridmpi.hybrid(None)
+    sub = comm.Split(comm.rank % 2, comm.rank)
+    assert hybridmpi.allreduce(1.5, comm=sub) == 1.5 * sub.size
+    hc = hybridmpi.hybrid(sub)
+    assert hybridmpi.hybrid(sub) is hc
+    hybridmpi.barrier(sub)
+    sub.Free()
+    assert hc.closed, "cached HybridComm not freed with its communicator"
+
+
+def case_timeout_names_absent_rank(comm, rng, **cfg):
+    """One rank stays away; every other rank of its node gets SyncTimeout naming it."""
+    if comm.size < 2:
+        return
+    hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"],
+                              memory_order=cfg["memory_order"], timeout=0.5)
+    absent = hc.node_ranks[-1] if hc.node_size > 1 else None
+    absent = comm.bcast(absent if comm.rank == 0 else None, root=0)
+    if absent is None:
+        hc.free()
+        return
+    same_node = absent in hc.node_ranks
+    for method in ("tree", "linear", "allreduce"):
+        if comm.rank != absent:
+            try:
+                if method == "allreduce":
+                    hc.allreduce(1.0)
+                else:
+                    hc.barrier(method=method)
+            except hybridmpi.SyncTimeout as e:
+                assert e.rank == comm.rank
+                if same_node:
+                    assert absent in e.missing, (str(e), e.missing)
+                    assert f"[{absent}]" in str(e) or f"{absent}]" in str(e), str(e)
+            else:
+                raise AssertionError("no SyncTimeout")
+            try:
+                hc.barrier()
+            except RuntimeError as e:
+                assert "unusable" in str(e)
+            else:
+                raise AssertionError("broken comm still usable")
+        comm.Barrier()
+        hc.free()
+        hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"],
+                                  memory_order=cfg["memory_order"], timeout=0.5)
+    hc.free()
+
+
+CASES = [case_layout, case_values_match_mpi4py, case_python_scalars, case_stress_interleaved,
+         case_barrier_orders_memory, case_bad_input, case_free_and_reuse, case_dropins,
+         case_timeout_names_absent_rank]
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--node-size", type=int, default=None)
+    p.add_argument("--memory-order", default="acq_rel")
+    p.add_argument("--iters", type=int, default=10000)
+    p.add_argument("--only", default="")
+    a = p.parse_args()
+    run(CASES, {"node_size": a.node_size, "memory_order": a.memory_order, "iters": a.iters},
+        only=set(filter(None, a.only.split(","))))

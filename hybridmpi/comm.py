@@ -35,6 +35,9 @@ _ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
 
 #: bytes of each rank's reduction slot; longer arrays go in chunks
 SLOT_BYTES = 256 * 1024
+# cffi views of arrays up to this size are cached between calls
+_CACHE_BYTES = 64 * 1024
+_CACHE_ENTRIES = 16
 DEFAULT_RADIX = 4
 _SPIN_DEDICATED = 2000
 _SPIN_SHARED = 16
@@ -221,6 +224,7 @@ class HybridComm:
         self._f64 = ffi.new("double[1]")
         self._scalar = {_I64: ffi.new("int64_t[1]"), _C128: ffi.new("double[2]")}
         self._sig_buf = np.zeros(7, dtype=np.int64)
+        self._bufs = {}
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
@@ -247,6 +251,7 @@ class HybridComm:
         if self._st is None:
             return
         self._st = self._live = None
+        self._bufs = {}
         MPI = self._MPI
         if MPI.Is_finalized():
             return
@@ -416,15 +421,37 @@ class HybridComm:
         else:
             self._leader_wait(nonblocking(*args), what)
 
+    def _buf(self, arr):
+        """A cffi view of a contiguous array, cached for small arrays.
+
+        Making the view costs more than a small reduction, so views of up to
+        ``_CACHE_BYTES`` are kept (with their array, which then cannot be
+        resized in place) for the next call with the same array.
+        """
+        hit = self._bufs.get(id(arr))
+        if hit is not None and hit[0] is arr:
+            return hit[1]
+        buf = ffi.from_buffer("char[]", arr)
+        if arr.nbytes <= _CACHE_BYTES:
+            if len(self._bufs) >= _CACHE_ENTRIES:
+                self._bufs.pop(next(iter(self._bufs)))
+            self._bufs[id(arr)] = (arr, buf)
+        return buf
+
     def _reduce_array(self, send, recv, dt, opc):
         """Reduce contiguous arrays of equal size, in slot-sized chunks."""
         n = recv.size
         itemsize = recv.itemsize
-        rbuf = ffi.from_buffer("char[]", recv, require_writable=True)
-        sbuf = rbuf if send is None else ffi.from_buffer("char[]", send)
+        rbuf = self._buf(recv)
+        sbuf = rbuf if send is None else self._buf(send)
         per = SLOT_BYTES // itemsize
         if n <= per:
-            self._reduce(sbuf, rbuf, n, dt, opc)
+            if self._leader_multi:
+                self._reduce(sbuf, rbuf, n, dt, opc)
+            else:
+                rc = lib.hm_allreduce(self._st, sbuf, rbuf, n, dt, opc, 3)
+                if rc:
+                    self._fail(rc, "allreduce")
             return
         for start in range(0, n, per):
             k = min(per, n - start)
@@ -500,7 +527,7 @@ class HybridComm:
         if dt is None:
             raise TypeError(f"hybridmpi: {what}: unsupported dtype {dtype}; use one of "
                             f"{sorted(d.name for d in DTYPES)}")
-        if dt == lib.HM_C128 and opc >= lib.HM_MIN:
+        if dt == _C128 and opc >= lib.HM_MIN:
             raise TypeError(f"hybridmpi: {what}: min and max are not defined for complex")
         return dt
 
@@ -530,9 +557,10 @@ class HybridComm:
             raise TypeError(f"hybridmpi: Allreduce: recvbuf must be a numpy array, "
                             f"got {type(recvbuf).__name__}")
         dt = self._dtype_code(recvbuf.dtype, opc, "Allreduce")
-        if not recvbuf.flags.c_contiguous:
+        flags = recvbuf.flags
+        if not flags.c_contiguous:
             raise ValueError("hybridmpi: Allreduce: recvbuf must be C-contiguous")
-        if not recvbuf.flags.writeable:
+        if not flags.writeable:
             raise ValueError("hybridmpi: Allreduce: recvbuf is read-only")
         if sendbuf is self._MPI.IN_PLACE:
             sendbuf = None

@@ -40,7 +40,11 @@ def test_combine_kernels(dtype, code, op):
         return
     assert rc == lib.HM_OK
     want = {"sum": a + b, "prod": a * b, "min": np.minimum(a, b), "max": np.maximum(a, b)}[op]
-    assert np.array_equal(d, want)
+    if np.dtype(dtype).kind == "c" and op == "prod":
+        # the textbook formula, as MPI libraries use it; numpy may fuse
+        np.testing.assert_allclose(d, want, rtol=1e-14)
+    else:
+        assert np.array_equal(d, want)
 
 
 def test_single_process_protocol():

@@ -230,6 +230,8 @@ int hm_barrier(hm_coll *c, int method, int part)
     return HM_EARG;
 }
 
+int hm_barrier_tree(hm_coll *c) { return hm_barrier(c, HM_TREE, HM_BOTH); }
+
 size_t hm_dtype_size(int dtype)
 {
     switch (dtype) {

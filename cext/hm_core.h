@@ -114,6 +114,10 @@ int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg,
  * rank before the barrier is visible to every rank after it. */
 int hm_barrier(hm_coll *c, int method, int part);
 
+/* hm_barrier(c, HM_TREE, HM_BOTH) with one argument: every argument
+ * costs a conversion on the Python side of the hottest call. */
+int hm_barrier_tree(hm_coll *c);
+
 /* Allreduce of `count` elements of type `dtype` over the node with `op`,
  * combined in a fixed order (own value, then children in rank order), so
  * the result has the same bits on every run.  count * size(dtype) must

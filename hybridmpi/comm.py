@@ -24,6 +24,7 @@ DTYPES = {
 }
 _F64, _I64, _C128 = lib.HM_F64, lib.HM_I64, lib.HM_C128
 _barrier = lib.hm_barrier
+_barrier_tree = lib.hm_barrier_tree
 _allreduce_f64 = lib.hm_allreduce_f64
 _DTYPE_NAMES = {code: dt.name for dt, code in DTYPES.items()}
 _OPS = {"sum": lib.HM_SUM, "prod": lib.HM_PROD, "min": lib.HM_MIN, "max": lib.HM_MAX}
@@ -367,6 +368,11 @@ class HybridComm:
         st = self._live
         if st is None:
             raise self._unusable()
+        if method == "tree" and not self._leader_multi:
+            rc = _barrier_tree(st)
+            if rc:
+                self._fail(rc, "barrier(tree)")
+            return
         m = _BARRIERS.get(method)
         if m is None:
             raise ValueError(f"hybridmpi: barrier method must be 'tree' or 'linear', got {method!r}")

@@ -48,7 +48,6 @@ static inline void store_rel(hm_counter *p, uint64_t v, int order)
 
 uint64_t hm_load(const void *addr, int order) { return load_acq((const hm_counter *)addr, order); }
 
-void hm_publish(void *addr, uint64_t value, int order) { store_rel((hm_counter *)addr, value, order); }
 
 /* The slow part of a wait, kept out of line so the fast path stays small:
  * yield while ranks may be sharing cores, then sleep, checking the
@@ -85,12 +84,6 @@ static inline int wait_geq(const hm_counter *p, uint64_t value, const hm_wait_po
             return wait_slow(p, value, pol, seen);
         cpu_relax();
     }
-}
-
-int hm_wait_geq(const void *addr, uint64_t value, const hm_wait_policy *policy, uint64_t *seen)
-{
-    uint64_t dummy;
-    return wait_geq((const hm_counter *)addr, value, policy, seen ? seen : &dummy);
 }
 
 uint64_t hm_coll_segment_bytes(uint64_t capacity)

@@ -148,14 +148,6 @@ size_t hm_dtype_size(int dtype);
 /* Combine src into dst elementwise: dst[i] = dst[i] op src[i]. */
 int hm_combine(void *dst, const void *src, uint64_t count, int dtype, int op);
 
-/* Wait until the 64-bit counter at `addr` is >= `value` under `policy`;
- * HM_OK or HM_ETIMEOUT (then *seen holds the last value read). */
-int hm_wait_geq(const void *addr, uint64_t value, const hm_wait_policy *policy,
-                uint64_t *seen);
-
-/* Release-store (or seq_cst) `value` into the counter at `addr`. */
-void hm_publish(void *addr, uint64_t value, int order);
-
 /* Acquire-load (or seq_cst) the counter at `addr`. */
 uint64_t hm_load(const void *addr, int order);
 

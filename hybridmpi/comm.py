@@ -29,8 +29,6 @@ _allreduce_f64 = lib.hm_allreduce_f64
 _DTYPE_NAMES = {code: dt.name for dt, code in DTYPES.items()}
 _OPS = {"sum": lib.HM_SUM, "prod": lib.HM_PROD, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _OP_NAMES = {code: name for name, code in _OPS.items()}
-_COUNTERS = {lib.HM_CNT_ARRIVE: "arrive", lib.HM_CNT_RELEASE: "release",
-             lib.HM_CNT_LINEAR: "linear-barrier arrival"}
 _BARRIERS = {"tree": lib.HM_TREE, "linear": lib.HM_LINEAR}
 _ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
 
@@ -218,10 +216,8 @@ class HybridComm:
         self.node_comm.Barrier()
         self._st = st
         self._live = st  # None once freed or broken: one check on hot paths
-        self._intra_only = self.num_nodes == 1
-        self._leader_multi = self.is_leader and not self._intra_only
+        self._leader_multi = self.is_leader and self.num_nodes > 1
         self._broken = None
-        self._pending = None
         self._f64 = ffi.new("double[1]")
         self._scalar = {_I64: ffi.new("int64_t[1]"), _C128: ffi.new("double[2]")}
         self._sig_buf = np.zeros(7, dtype=np.int64)
@@ -340,7 +336,6 @@ class HybridComm:
         deadline = time.monotonic() + self.timeout
         while not req.Test():
             if time.monotonic() > deadline:
-                self._pending = req
                 others = [r for r in range(self.leader_comm.Get_size())
                           if r != self.leader_comm.Get_rank()]
                 raise self._timeout(

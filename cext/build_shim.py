@@ -21,7 +21,7 @@ ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "hybridmpi._core",
     '#include "hm_core.h"',
-    sources=[os.path.relpath(os.path.join(HERE, "hm_core.c"))],
+    sources=[os.path.relpath(os.path.join(HERE, f)) for f in ("hm_core.c", "hm_halo.c")],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-std=gnu11", "-O3"],
     # The limited API makes every call from Python about twice as slow.

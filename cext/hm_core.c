@@ -1,29 +1,9 @@
 /* hybridmpi C core: epoch counters, wait policy, node barrier and allreduce.
  * See hm_core.h for the contract of each exported function. */
 #define _GNU_SOURCE
-#include "hm_core.h"
+#include "hm_wait.h"
 
-#include <sched.h>
-#include <stdatomic.h>
 #include <string.h>
-#include <time.h>
-
-typedef _Atomic uint64_t hm_counter;
-
-#if defined(__x86_64__) || defined(__i386__)
-static inline void cpu_relax(void) { __builtin_ia32_pause(); }
-#elif defined(__aarch64__)
-static inline void cpu_relax(void) { __asm__ __volatile__("yield" ::: "memory"); }
-#else
-static inline void cpu_relax(void) { atomic_signal_fence(memory_order_seq_cst); }
-#endif
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 int hm_lock_free(void)
 {
@@ -32,59 +12,7 @@ int hm_lock_free(void)
     return ATOMIC_LLONG_LOCK_FREE == 2 && atomic_is_lock_free(&probe) ? 1 : 0;
 }
 
-static inline uint64_t load_acq(const hm_counter *p, int order)
-{
-    return order == HM_SEQ_CST ? atomic_load_explicit(p, memory_order_seq_cst)
-                               : atomic_load_explicit(p, memory_order_acquire);
-}
-
-static inline void store_rel(hm_counter *p, uint64_t v, int order)
-{
-    if (order == HM_SEQ_CST)
-        atomic_store_explicit(p, v, memory_order_seq_cst);
-    else
-        atomic_store_explicit(p, v, memory_order_release);
-}
-
 uint64_t hm_load(const void *addr, int order) { return load_acq((const hm_counter *)addr, order); }
-
-
-/* The slow part of a wait, kept out of line so the fast path stays small:
- * yield while ranks may be sharing cores, then sleep, checking the
- * deadline between polls. */
-static int __attribute__((noinline))
-wait_slow(const hm_counter *p, uint64_t value, const hm_wait_policy *pol, uint64_t *seen)
-{
-    int64_t start = now_ns();
-    int64_t deadline = pol->timeout_ns > 0 ? start + pol->timeout_ns : 0;
-    struct timespec nap = {0, pol->sleep_ns > 0 ? pol->sleep_ns : 50000};
-    for (;;) {
-        uint64_t v = load_acq(p, pol->order);
-        if (v >= value)
-            return HM_OK;
-        int64_t t = now_ns();
-        if (deadline && t >= deadline) {
-            *seen = v;
-            return HM_ETIMEOUT;
-        }
-        if (t - start < pol->yield_ns)
-            sched_yield();
-        else
-            nanosleep(&nap, NULL);
-    }
-}
-
-static inline int wait_geq(const hm_counter *p, uint64_t value, const hm_wait_policy *pol,
-                           uint64_t *seen)
-{
-    for (int64_t i = 0;; i++) {
-        if (load_acq(p, pol->order) >= value)
-            return HM_OK;
-        if (i >= pol->spin)
-            return wait_slow(p, value, pol, seen);
-        cpu_relax();
-    }
-}
 
 uint64_t hm_coll_segment_bytes(uint64_t capacity)
 {

@@ -151,4 +151,59 @@ int hm_combine(void *dst, const void *src, uint64_t count, int dtype, int op);
 /* Acquire-load (or seq_cst) the counter at `addr`. */
 uint64_t hm_load(const void *addr, int order);
 
+/* ------------------------------------------------------------------ ghost exchange */
+
+/* Unpack operation that overwrites (forward ghost update); the combining
+ * ones are HM_SUM, HM_MIN, HM_MAX. */
+enum { HM_INSERT = 4 };
+
+/* Which counter a timed-out exchange was watching. */
+enum { HM_CNT_READY = 4, HM_CNT_DONE = 5 };
+
+/* One direction of traffic with one peer: the local ids of the points
+ * moved, stored as runs of consecutive ids (so contiguous data moves with
+ * memcpy), and the buffer the points travel in.  Shared channels have two
+ * buffers, used alternately by epoch parity, and two epoch counters:
+ * READY (in the receiver's segment, written by the sender once buf holds
+ * epoch e) and DONE (in the sender's segment, written by the receiver once
+ * it has read epoch e).  Private channels (MPI messages, or buffers that
+ * other code synchronizes) have ready = done = NULL. */
+typedef struct hm_chan {
+    int peer;                 /* rank of the other end, for error messages */
+    int64_t count;            /* points moved */
+    int64_t nruns;
+    const int64_t *run_start; /* first local id of each run */
+    const int64_t *run_len;   /* length of each run */
+    char *buf[2];
+    void *ready;
+    void *done;
+} hm_chan;
+
+/* The channels that one call packs or unpacks, in order. */
+typedef struct hm_xchg {
+    int n;
+    hm_chan *chan;
+    int esz;                  /* bytes per point: item size * block */
+    int dtype;                /* element type, for combining */
+    hm_wait_policy policy;
+    hm_error err;             /* peer: index of the channel that timed out */
+} hm_xchg;
+
+/* Sender side of epoch `epoch` (1, 2, ...): for each channel, wait until
+ * its DONE counter reached epoch - 2 (the buffer of this parity is free),
+ * pack the points of `x` into buf[epoch & 1] and publish READY = epoch
+ * with a release store.  Private channels are only packed. */
+int hm_xchg_send(hm_xchg *s, const void *x, uint64_t epoch);
+
+/* Receiver side of epoch `epoch`: for each channel, once READY >= epoch
+ * (acquire), combine buf[epoch & 1] into the points of `x` with `op`
+ * (HM_INSERT, HM_SUM, HM_MIN, HM_MAX) and publish DONE = epoch.  With
+ * `ordered` the channels are taken in their order (a fixed combination
+ * order); otherwise whichever is ready first. */
+int hm_xchg_recv(hm_xchg *s, void *x, uint64_t epoch, int op, int ordered);
+
+/* hm_xchg_send(s, ...) then hm_xchg_recv(r, ...): a whole exchange in one
+ * call. */
+int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t epoch, int op, int ordered);
+
 #endif

@@ -5,13 +5,18 @@ Importing this package does not initialize MPI; the first HybridComm does.
 
 from .comm import HybridComm
 from .dropin import allreduce, barrier, hybrid
-from .errors import FreedError, SyncTimeout
+from .errors import FreedError, PatternError, SyncTimeout
+from .halo import Halo
+from .pattern import GhostPattern
 
 __version__ = "0.1.0"
 
 __all__ = [
            "FreedError",
+           "GhostPattern",
+           "Halo",
            "HybridComm",
+           "PatternError",
            "SyncTimeout",
            "__version__",
            "allreduce",

@@ -223,6 +223,8 @@ class HybridComm:
         self._sig_buf = np.zeros(7, dtype=np.int64)
         self._bufs = {}
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
+        self._children = {}  # Halos built on this comm, freed with it
+        self._tags = 0
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
 
@@ -247,6 +249,8 @@ class HybridComm:
         _LIVE.pop(id(self), None)
         if self._st is None:
             return
+        for child in list(self._children.values()):
+            child.free()
         self._st = self._live = None
         self._bufs = {}
         MPI = self._MPI
@@ -258,6 +262,11 @@ class HybridComm:
             self.leader_comm.Free()
         self.node_comm.Free()
         self.comm.Free()
+
+    def _next_tag(self):
+        """A number for the next Halo's MPI tags (Halos are built collectively, in order)."""
+        self._tags += 1
+        return self._tags
 
     def __enter__(self):
         return self

@@ -23,3 +23,11 @@ class SyncTimeout(RuntimeError):
 
 class FreedError(RuntimeError):
     """An object that owns MPI resources was used after ``free()``."""
+
+
+class PatternError(ValueError):
+    """A ghost pattern is inconsistent; raised on every rank of the communicator.
+
+    The message names the rank where the problem was found, the peer and the
+    offending id or count.
+    """

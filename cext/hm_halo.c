@@ -1,0 +1,164 @@
+/* hybridmpi C core: ghost exchange over channels (pack, publish, wait,
+ * unpack).  See hm_core.h for the contract of each exported function. */
+#define _GNU_SOURCE
+#include "hm_wait.h"
+
+#include <string.h>
+
+/* Move every run between x and the contiguous buffer b with MOVE(x_part,
+ * b_part, bytes).  SZ is a constant in the specialized cases, so a
+ * single-point run becomes a few moves instead of a memcpy call. */
+#define COPY_RUNS(SZ, MOVE)                                                    \
+    for (int64_t k = 0; k < c->nruns; k++) {                                   \
+        int64_t len = c->run_len[k];                                           \
+        char *p = x + c->run_start[k] * (SZ);                                  \
+        if (len == 1)                                                          \
+            MOVE(p, b, (SZ));                                                  \
+        else                                                                   \
+            MOVE(p, b, (size_t)len * (SZ));                                    \
+        b += len * (SZ);                                                       \
+    }
+
+/* Point sizes of block 1 and 3 for the supported types get their own loop. */
+#define DISPATCH(esz, MOVE)                                                    \
+    switch (esz) {                                                             \
+    case 4: COPY_RUNS(4, MOVE) break;                                          \
+    case 8: COPY_RUNS(8, MOVE) break;                                          \
+    case 12: COPY_RUNS(12, MOVE) break;                                        \
+    case 16: COPY_RUNS(16, MOVE) break;                                        \
+    case 24: COPY_RUNS(24, MOVE) break;                                        \
+    case 48: COPY_RUNS(48, MOVE) break;                                        \
+    default: COPY_RUNS(esz, MOVE) break;                                       \
+    }
+
+#define TO_BUF(p, b, n) memcpy((b), (p), (n))
+#define FROM_BUF(p, b, n) memcpy((p), (b), (n))
+
+static void pack(const hm_chan *c, char *restrict b, char *restrict x, int esz)
+{
+    DISPATCH(esz, TO_BUF)
+}
+
+static void unpack(const hm_chan *c, const char *restrict buf, char *restrict x, int esz,
+                   int dtype, int op)
+{
+    const char *b = buf;
+    if (op == HM_INSERT) {
+        DISPATCH(esz, FROM_BUF)
+        return;
+    }
+    uint64_t per_point = (uint64_t)esz / hm_dtype_size(dtype);
+    for (int64_t k = 0; k < c->nruns; k++) {
+        int64_t len = c->run_len[k];
+        hm_combine(x + c->run_start[k] * esz, b, (uint64_t)len * per_point, dtype, op);
+        b += len * esz;
+    }
+}
+
+static int xchg_timeout(hm_xchg *s, const hm_chan *c, int cnt, uint64_t e, uint64_t seen)
+{
+    s->err.code = HM_ETIMEOUT;
+    s->err.peer = c->peer;
+    s->err.counter = cnt;
+    s->err.epoch = e;
+    s->err.seen = seen;
+    s->err.waited_s = (double)s->policy.timeout_ns * 1e-9;
+    return HM_ETIMEOUT;
+}
+
+int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
+{
+    int ord = s->policy.order, esz = s->esz;
+    char *buf = (char *)x;
+    s->err.code = HM_OK;
+    for (int i = 0; i < s->n; i++) {
+        hm_chan *c = &s->chan[i];
+        uint64_t seen = 0;
+        if (c->done && e > 2 &&
+            wait_geq((const hm_counter *)c->done, e - 2, &s->policy, &seen) != HM_OK)
+            return xchg_timeout(s, c, HM_CNT_DONE, e - 2, seen);
+        pack(c, c->buf[e & 1], buf, esz);
+        if (c->ready)
+            store_rel((hm_counter *)c->ready, e, ord);
+    }
+    return HM_OK;
+}
+
+static inline void take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op)
+{
+    unpack(c, c->buf[e & 1], x, s->esz, s->dtype, op);
+    if (c->done)
+        store_rel((hm_counter *)c->done, e, s->policy.order);
+}
+
+int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
+{
+    int ord = s->policy.order, n = s->n;
+    s->err.code = HM_OK;
+    if (op != HM_INSERT && (op < 0 || op >= HM_NOPS || op == HM_PROD))
+        return HM_EARG;
+    if (ordered) {
+        for (int i = 0; i < n; i++) {
+            hm_chan *c = &s->chan[i];
+            uint64_t seen = 0;
+            if (c->ready &&
+                wait_geq((const hm_counter *)c->ready, e, &s->policy, &seen) != HM_OK)
+                return xchg_timeout(s, c, HM_CNT_READY, e, seen);
+            take(s, c, x, e, op);
+        }
+        return HM_OK;
+    }
+    /* Whichever channel is ready first: one slow sender does not hold up
+     * the copies from the others.  The waiting policy is the one of
+     * wait_geq, applied to the set of channels still pending. */
+    unsigned char left[n + 1];
+    int pending = 0;
+    for (int i = 0; i < n; i++) {
+        left[i] = s->chan[i].ready != NULL;
+        if (left[i])
+            pending++;
+        else
+            take(s, &s->chan[i], x, e, op);
+    }
+    int64_t polls = 0, start = 0, deadline = 0;
+    struct timespec nap = {0, s->policy.sleep_ns > 0 ? s->policy.sleep_ns : 50000};
+    while (pending) {
+        int got = 0;
+        for (int i = 0; i < n; i++) {
+            if (left[i] && load_acq((const hm_counter *)s->chan[i].ready, ord) >= e) {
+                take(s, &s->chan[i], x, e, op);
+                left[i] = 0;
+                pending--;
+                got = 1;
+            }
+        }
+        if (got || !pending)
+            continue;
+        if (polls++ < s->policy.spin) {
+            cpu_relax();
+            continue;
+        }
+        int64_t t = now_ns();
+        if (!start) {
+            start = t;
+            deadline = s->policy.timeout_ns > 0 ? t + s->policy.timeout_ns : 0;
+        }
+        if (deadline && t >= deadline) {
+            for (int i = 0; i < n; i++)
+                if (left[i])
+                    return xchg_timeout(s, &s->chan[i], HM_CNT_READY, e,
+                                        load_acq((const hm_counter *)s->chan[i].ready, ord));
+        }
+        if (t - start < s->policy.yield_ns)
+            sched_yield();
+        else
+            nanosleep(&nap, NULL);
+    }
+    return HM_OK;
+}
+
+int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t e, int op, int ordered)
+{
+    int rc = hm_xchg_send(s, x, e);
+    return rc != HM_OK ? rc : hm_xchg_recv(r, x, e, op, ordered);
+}

@@ -1,0 +1,275 @@
+"""Halo: the ghost update of a GhostPattern, with a choice of transport."""
+
+import numpy as np
+
+from ._clib import ffi, lib
+from .comm import DTYPES
+from .errors import FreedError, SyncTimeout
+from .pattern import GhostPattern
+from .transport import METHODS
+from .transport._base import FWD, REV
+
+_REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
+_WHAT = {FWD: "update", REV: "reverse"}
+# Two MPI tags per Halo (one per direction), so Halos on one HybridComm never
+# match each other's messages.
+_TAG_BASE = 100
+_TAG_SLOTS = 16000
+
+
+class Halo:
+    """Ghost updates of one pattern for vectors of one dtype and block size.
+
+    Collective over the pattern's HybridComm, and so is every update: all
+    ranks call the same operations in the same order.
+
+    Args:
+        pattern: a :class:`~hybridmpi.GhostPattern`.
+        dtype: float64, float32, int64, int32 or complex128.
+        block: values per point (3 for a displacement field).
+        method: ``"atomic"`` (shared buffers and C11 epoch counters, the
+            default), or a baseline: ``"flat"`` (Isend/Irecv), ``"neighbor"``
+            (Neighbor_alltoallv), ``"fence"``, ``"pscw"``, ``"lock"`` (shared
+            buffers synchronized by MPI RMA calls).  Every method gives the
+            same bits.
+
+    Arrays passed to the operations are C-contiguous, writeable numpy
+    arrays of shape ``(size,)`` or ``(size, block)`` and of the Halo's dtype.
+    Between a ``*_begin`` and its ``*_end`` the ghost entries (forward) or
+    the owned entries that receive (reverse) must not be used; the values
+    sent were copied by ``*_begin``.
+
+    Raises:
+        TypeError: not a GhostPattern, or an unsupported dtype.
+        ValueError: bad block or method, or ranks that passed different ones.
+        FreedError: the pattern's HybridComm was freed.
+    """
+
+    def __init__(self, pattern, *, dtype=np.float64, block=1, method="atomic"):
+        if not isinstance(pattern, GhostPattern):
+            raise TypeError(f"hybridmpi: Halo needs a GhostPattern, got {type(pattern).__name__}")
+        hc = pattern.hc
+        if hc.closed:
+            raise FreedError(f"hybridmpi: rank {hc.rank}: Halo on a freed HybridComm")
+        self._t = None
+        problem = None
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt not in DTYPES:
+            problem = f"unsupported dtype {dtype!r}; use one of {sorted(d.name for d in DTYPES)}"
+        elif type(block) is not int or block < 1:
+            problem = f"block must be an int >= 1, got {block!r}"
+        elif method not in METHODS:
+            problem = f"unknown method {method!r}; use one of {list(METHODS)}"
+        views = hc.comm.allgather((problem, str(dt), block, method))
+        bad = [(r, p) for r, (p, *_) in enumerate(views) if p]
+        if bad:
+            exc = TypeError if bad[0][1].startswith("unsupported dtype") else ValueError
+            raise exc(f"hybridmpi: Halo(): rank {bad[0][0]}: {bad[0][1]}")
+        if len({v[1:] for v in views}) != 1:
+            raise ValueError("hybridmpi: Halo(): ranks passed different (dtype, block, method): "
+                             f"{[v[1:] for v in views]}")
+        self.pattern = pattern
+        self.hc = hc
+        self.dtype = dt
+        self.block = block
+        self.method = method
+        self.size = pattern.size
+        self.dtype_code = DTYPES[dt]
+        self.esz = dt.itemsize * block
+        self.timeout = hc.timeout
+        self.tag = _TAG_BASE + 2 * (hc._next_tag() % _TAG_SLOTS)
+        self._shapes = ((pattern.size, block),) if block > 1 else ((pattern.size,), (pattern.size, 1))
+        self._epoch = [0, 0]
+        self._pending = None
+        self._view = (None, None)
+        self._broken = None
+        self._t = METHODS[method](self)
+        hc._children[id(self)] = self
+
+    def plan(self, d):
+        """(sends, recvs) of direction ``d`` as lists of (peer, local ids), peers in rank order."""
+        p = self.pattern
+        sends, recvs = (p.send, p.recv) if d == FWD else (p.recv, p.send)
+        return list(sends.items()), list(recvs.items())
+
+    # ------------------------------------------------------------ errors
+
+    def check(self, rc, xchg):
+        """Turn a C core return code of ``xchg`` into an exception."""
+        if rc == lib.HM_OK:
+            return
+        err = xchg.x.err
+        if rc == lib.HM_ETIMEOUT:
+            e = int(err.epoch)
+            if err.counter == lib.HM_CNT_READY:
+                counter, why = "READY", f"did not publish call {e} (its READY counter says {err.seen})"
+            else:
+                counter, why = "DONE", (f"had not finished reading call {e} "
+                                        f"(its DONE counter says {err.seen})")
+            raise self.timeout_error(f"rank {err.peer} {why}", int(err.peer), counter, e)
+        raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo: C core returned {rc}")
+
+    def timeout_error(self, detail, peer, counter, epoch):
+        """A SyncTimeout for this Halo, which becomes unusable."""
+        self._broken = "SyncTimeout"
+        what = _WHAT[self._pending[0]] if self._pending else "update"
+        return SyncTimeout(f"hybridmpi: rank {self.hc.rank} timed out after {self.timeout:g} s in "
+                           f"Halo.{what} (method {self.method!r}): {detail}",
+                           rank=self.hc.rank, peer=peer, counter=counter, epoch=epoch)
+
+    def _usable(self):
+        if self._t is None:
+            raise FreedError(f"hybridmpi: rank {self.hc.rank}: Halo used after free()")
+        if self._broken:
+            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: this Halo is unusable after an "
+                               f"earlier {self._broken}; free it")
+
+    def _arg(self, x, what):
+        """A cffi view of ``x`` after checking it (nothing is touched on failure)."""
+        self._usable()
+        if type(x) is not np.ndarray:
+            raise TypeError(f"hybridmpi: Halo.{what}: x must be a numpy array, got {type(x).__name__}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"hybridmpi: Halo.{what}: x has dtype {x.dtype}, this Halo moves {self.dtype}")
+        if x.shape not in self._shapes:
+            raise ValueError(f"hybridmpi: Halo.{what}: x has shape {x.shape}, expected "
+                             f"{' or '.join(map(str, self._shapes))}")
+        flags = x.flags
+        if not flags.c_contiguous:
+            raise ValueError(f"hybridmpi: Halo.{what}: x must be C-contiguous")
+        if not flags.writeable:
+            raise ValueError(f"hybridmpi: Halo.{what}: x is read-only")
+        arr, buf = self._view
+        if arr is not x:
+            buf = ffi.from_buffer("char[]", x)
+            self._view = (x, buf)
+        return buf
+
+    @staticmethod
+    def _op(op, dtype):
+        code = _REVERSE_OPS.get(op) if type(op) is str else None
+        if code is None:
+            raise ValueError(f"hybridmpi: Halo.reverse: op must be one of {list(_REVERSE_OPS)}, got {op!r}")
+        if dtype.kind == "c" and op in ("min", "max"):
+            raise TypeError("hybridmpi: Halo.reverse: min and max are not defined for complex")
+        return code
+
+    # ------------------------------------------------------------ operations
+
+    def update(self, x):
+        """Copy every owned value to the ghosts of it on the other ranks (forward scatter).
+
+        Memory: when it returns, this rank's ghost entries hold the owners'
+        values as they were when the owners called it.
+
+        Raises:
+            TypeError, ValueError: bad ``x`` (nothing was sent).
+            RuntimeError: a begin is pending.
+            SyncTimeout: a peer did not take part within the timeout.
+        """
+        buf = self._arg(x, "update")
+        if self._pending:
+            raise self._state_error("update")
+        e = self._epoch[FWD] = self._epoch[FWD] + 1
+        self._t.run(FWD, buf, e, lib.HM_INSERT)
+
+    def update_begin(self, x):
+        """Start :meth:`update`: the owned values are sent (copied) now."""
+        buf = self._arg(x, "update_begin")
+        if self._pending:
+            raise self._state_error("update_begin")
+        e = self._epoch[FWD] = self._epoch[FWD] + 1
+        self._pending = (FWD, x, lib.HM_INSERT)
+        self._t.begin(FWD, buf, e)
+
+    def update_end(self, x):
+        """Finish :meth:`update_begin`; the ghosts of ``x`` then hold the owners' values."""
+        self._finish(FWD, x, "update_end")
+
+    def reverse(self, x, op="add"):
+        """Combine every ghost value into its owner (the assembly step).
+
+        ``x[owned] = x[owned] op ghost values``, taken in the order of the
+        sending ranks, so the result has the same bits whatever the timing
+        and the method.  Ghost entries are left unchanged.
+
+        Args:
+            x: the vector.
+            op: ``"add"``, ``"insert"`` (the highest sending rank's value
+                wins), ``"min"`` or ``"max"``.
+
+        Raises:
+            TypeError, ValueError: bad ``x`` or ``op`` (nothing was sent).
+            RuntimeError: a begin is pending.
+            SyncTimeout: a peer did not take part within the timeout.
+        """
+        buf = self._arg(x, "reverse")
+        code = self._op(op, self.dtype)
+        if self._pending:
+            raise self._state_error("reverse")
+        e = self._epoch[REV] = self._epoch[REV] + 1
+        self._t.run(REV, buf, e, code)
+
+    def reverse_begin(self, x, op="add"):
+        """Start :meth:`reverse`: the ghost values are sent (copied) now."""
+        buf = self._arg(x, "reverse_begin")
+        code = self._op(op, self.dtype)
+        if self._pending:
+            raise self._state_error("reverse_begin")
+        e = self._epoch[REV] = self._epoch[REV] + 1
+        self._pending = (REV, x, code)
+        self._t.begin(REV, buf, e)
+
+    def reverse_end(self, x):
+        """Finish :meth:`reverse_begin`, combining into the owned entries of ``x``."""
+        self._finish(REV, x, "reverse_end")
+
+    def _finish(self, d, x, what):
+        buf = self._arg(x, what)
+        pending = self._pending
+        if pending is None or pending[0] != d:
+            start = "update_begin" if d == FWD else "reverse_begin"
+            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() without {start}()")
+        if pending[1] is not x:
+            raise ValueError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() got another array "
+                             f"than {'update' if d == FWD else 'reverse'}_begin()")
+        try:
+            self._t.end(d, buf, self._epoch[d], pending[2])
+        finally:
+            self._pending = None
+
+    def _state_error(self, what):
+        started = "update_begin" if self._pending[0] == FWD else "reverse_begin"
+        ended = started.replace("begin", "end")
+        return RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() while {started}() "
+                            f"is pending; call {ended}() first")
+
+    # ------------------------------------------------------------ life
+
+    def free(self):
+        """Release the shared window and MPI objects (collective).  Idempotent."""
+        self.hc._children.pop(id(self), None)
+        t, self._t = self._t, None
+        self._view = (None, None)
+        if t is None or self.hc._MPI.Is_finalized():
+            return
+        t.free()
+
+    @property
+    def closed(self):
+        """True once :meth:`free` was called."""
+        return self._t is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __repr__(self):
+        state = "freed" if self._t is None else f"{len(self.pattern.neighbors)} neighbors"
+        return (f"<Halo rank {self.hc.rank} method={self.method!r} dtype={self.dtype} "
+                f"block={self.block}, {state}>")

@@ -1,0 +1,294 @@
+"""GhostPattern: who sends which local points to whom in a ghost update.
+
+Built from explicit per-peer lists, or collectively from global ids by a
+rendezvous: every global id has a directory rank (a hash of the id), owners
+register their ids there and ranks ask it for the owners of their ghosts,
+so no rank ever holds an array of the global size.
+"""
+
+import numpy as np
+
+from .errors import FreedError, PatternError
+
+_HASH = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _ids(value, what, rank):
+    """A 1-D int64 copy of an integer array-like, or a PatternError message."""
+    arr = np.asarray(value)
+    if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
+        return None, (f"rank {rank}: {what} must be a 1-D integer array, got "
+                      f"shape {arr.shape} dtype {arr.dtype}")
+    return arr.astype(np.int64), None
+
+
+def _first_duplicate(ids):
+    """The first repeated value of ``ids`` (None if all differ)."""
+    if ids.size < 2:
+        return None
+    s = np.sort(ids)
+    dup = np.flatnonzero(s[1:] == s[:-1])
+    return int(s[dup[0]]) if dup.size else None
+
+
+def _agree(comm, problem):
+    """Raise PatternError on every rank if any rank found a problem."""
+    problems = [p for p in comm.allgather(problem) if p]
+    if problems:
+        more = f" (and {len(problems) - 1} more rank(s) found problems)" if len(problems) > 1 else ""
+        raise PatternError(f"hybridmpi: GhostPattern: {problems[0]}{more}")
+
+
+def _alltoallv(comm, MPI, data, dest, nranks):
+    """Send data[i] to rank dest[i]; returns (received values, counts per source, order used)."""
+    order = np.argsort(dest, kind="stable")
+    counts = np.bincount(dest, minlength=nranks).astype(np.int64)
+    rcounts = np.empty(nranks, dtype=np.int64)
+    comm.Alltoall(counts, rcounts)
+    out = np.empty(int(rcounts.sum()), dtype=np.int64)
+    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
+    comm.Alltoallv([np.ascontiguousarray(data[order]), (counts, sdispl), MPI.INT64_T],
+                   [out, (rcounts, rdispl), MPI.INT64_T])
+    return out, counts, rcounts, order
+
+
+def _directory(ids, nranks):
+    """The rank that keeps the owner of each global id."""
+    mixed = (ids.astype(np.uint64) * _HASH) >> np.uint64(33)
+    return (mixed % np.uint64(nranks)).astype(np.int64)
+
+
+class GhostPattern:
+    """The send and receive lists of a ghost update on one rank.
+
+    Collective over ``hc``; every inconsistency raises :class:`PatternError`
+    on every rank, naming the rank, peer and id.
+
+    Args:
+        hc: the :class:`~hybridmpi.HybridComm`.
+        send: ``{peer rank: local ids}`` of the owned points this rank sends
+            to each peer.
+        recv: ``{peer rank: local ids}`` of the ghost points that receive
+            from each peer, in the order the peer sends them.
+        size: length of the local vector (owned and ghost points).
+
+    Attributes:
+        hc, size, n_owned (points that are not ghosts), n_ghosts,
+        neighbors (sorted peer ranks), send, recv (dicts of read-only int64
+        arrays), intranode, internode (sorted peers on this rank's node and
+        on other nodes).
+
+    Raises:
+        PatternError: a peer out of range or equal to this rank, a local id
+            out of ``[0, size)``, a repeated id in one list, a ghost that
+            receives from two peers or is also sent, or send and receive
+            counts that disagree between two peers.
+    """
+
+    def __init__(self, hc, *, send, recv, size):
+        comm = self._comm_of(hc)
+        rank, nranks = hc.rank, hc.size
+        problem = None
+        lists = {"send": {}, "recv": {}}
+        if type(size) is not int or size < 0:
+            problem = f"rank {rank}: size must be an int >= 0, got {size!r}"
+        for name, table in (("send", send), ("recv", recv)):
+            if problem:
+                break
+            if not isinstance(table, dict):
+                problem = (f"rank {rank}: {name} must be a dict {{peer: local ids}}, "
+                           f"got {type(table).__name__}")
+                break
+            clean = {}
+            for peer, ids in table.items():
+                if type(peer) is not int and not isinstance(peer, np.integer):
+                    problem = f"rank {rank}: {name} peer {peer!r} is not an int"
+                elif not 0 <= peer < nranks:
+                    problem = f"rank {rank}: {name} peer {peer} out of range [0, {nranks})"
+                elif peer == rank:
+                    problem = f"rank {rank}: {name} lists this rank itself as a peer"
+                if problem:
+                    break
+                arr, problem = _ids(ids, f"{name}[{peer}]", rank)
+                if problem:
+                    break
+                bad = arr[(arr < 0) | (arr >= size)]
+                if bad.size:
+                    problem = (f"rank {rank}: {name} to/from peer {peer}: local index {int(bad[0])} "
+                               f"out of range [0, {size})")
+                    break
+                dup = _first_duplicate(arr)
+                if dup is not None:
+                    problem = f"rank {rank}: {name} to/from peer {peer} lists local id {dup} twice"
+                    break
+                if arr.size:
+                    clean[int(peer)] = arr
+            lists[name] = clean
+        if not problem:
+            problem = self._check_ghosts(rank, lists["send"], lists["recv"])
+        _agree(comm, problem)
+        self._set(hc, lists["send"], lists["recv"], size)
+        self._check_counts(comm)
+
+    @staticmethod
+    def _comm_of(hc):
+        from .comm import HybridComm
+
+        if not isinstance(hc, HybridComm):
+            raise TypeError(f"hybridmpi: GhostPattern needs a HybridComm, got {type(hc).__name__}")
+        if hc.closed:
+            raise FreedError(f"hybridmpi: rank {hc.rank}: GhostPattern on a freed HybridComm")
+        return hc.comm
+
+    @staticmethod
+    def _check_ghosts(rank, send, recv):
+        """A ghost receives from one peer only and is never sent."""
+        if not recv:
+            return None
+        ghosts = np.concatenate(list(recv.values()))
+        peers = np.concatenate([np.full(len(v), p) for p, v in recv.items()])
+        order = np.argsort(ghosts, kind="stable")
+        g, p = ghosts[order], peers[order]
+        twice = np.flatnonzero(g[1:] == g[:-1])
+        if twice.size:
+            i = twice[0]
+            return (f"rank {rank}: local id {int(g[i])} receives from peers {int(p[i])} "
+                    f"and {int(p[i + 1])}")
+        for peer, ids in send.items():
+            hit = np.isin(ids, g)
+            if hit.any():
+                gid = int(ids[hit][0])
+                src = int(p[np.searchsorted(g, gid)])
+                return (f"rank {rank}: local id {gid} is a ghost (receives from peer {src}) "
+                        f"but is sent to peer {peer}")
+        return None
+
+    def _set(self, hc, send, recv, size, n_owned=None):
+        self.hc = hc
+        self.size = size
+        for arr in (*send.values(), *recv.values()):
+            arr.flags.writeable = False
+        self.send = dict(sorted(send.items()))
+        self.recv = dict(sorted(recv.items()))
+        self.n_ghosts = sum(len(v) for v in recv.values())
+        self.n_owned = size - self.n_ghosts if n_owned is None else n_owned
+        self.neighbors = tuple(sorted(set(send) | set(recv)))
+        node = set(hc.node_ranks)
+        self.intranode = tuple(p for p in self.neighbors if p in node)
+        self.internode = tuple(p for p in self.neighbors if p not in node)
+
+    def _check_counts(self, comm):
+        """Both sides of every pair agree on how many points move."""
+        n = self.hc.size
+        sends = np.zeros(n, dtype=np.int64)
+        for p, ids in self.send.items():
+            sends[p] = len(ids)
+        incoming = np.empty(n, dtype=np.int64)
+        comm.Alltoall(sends, incoming)
+        problem = None
+        for p in range(n):
+            expect = len(self.recv.get(p, ()))
+            if incoming[p] != expect:
+                problem = (f"rank {self.hc.rank} expects {expect} values from peer {p}, "
+                           f"which sends it {int(incoming[p])}")
+                break
+        _agree(comm, problem)
+
+    @classmethod
+    def from_global(cls, hc, owned, ghosts):
+        """Build the pattern from global ids (collective).
+
+        Args:
+            hc: the :class:`~hybridmpi.HybridComm`.
+            owned: int64 global ids of the points this rank owns; they get
+                local ids ``0 .. len(owned)-1`` in this order.
+            ghosts: int64 global ids of this rank's ghost points; they get
+                local ids ``len(owned) ..`` in this order.
+
+        Returns:
+            GhostPattern: ``recv[p]`` lists this rank's ghosts owned by ``p``
+            in ghost order; ``send[p]`` the owned points ``p`` asked for, in
+            ``p``'s order.
+
+        Raises:
+            PatternError: a ghost owned by no rank or by this rank, a ghost
+                listed twice, an id owned twice (by one or two ranks), or
+                ids that are not 1-D integer arrays.
+        """
+        comm = cls._comm_of(hc)
+        MPI = hc._MPI
+        rank, nranks = hc.rank, hc.size
+        own, problem = _ids(owned, "owned", rank)
+        if not problem:
+            gh, problem = _ids(ghosts, "ghosts", rank)
+        if not problem:
+            dup = _first_duplicate(own)
+            if dup is not None:
+                problem = f"rank {rank} lists owned global id {dup} twice"
+        if not problem:
+            dup = _first_duplicate(gh)
+            if dup is not None:
+                problem = f"rank {rank}: duplicate ghost id {dup}"
+        if not problem:
+            mine = gh[np.isin(gh, own)]
+            if mine.size:
+                problem = f"rank {rank}: ghost id {int(mine[0])} is owned by the same rank {rank}"
+        _agree(comm, problem)
+
+        # 1. Owners register their ids at the directory ranks.
+        reg, _, rcounts, _ = _alltoallv(comm, MPI, own, _directory(own, nranks), nranks)
+        reg_owner = np.repeat(np.arange(nranks, dtype=np.int64), rcounts)
+        order = np.argsort(reg, kind="stable")
+        reg, reg_owner = reg[order], reg_owner[order]
+        twice = np.flatnonzero(reg[1:] == reg[:-1])
+        problem = None
+        if twice.size:
+            i = twice[0]
+            problem = (f"global id {int(reg[i])} is owned by rank {int(reg_owner[i])} and by "
+                       f"rank {int(reg_owner[i + 1])}")
+        _agree(comm, problem)
+
+        # 2. Ranks ask the directory for the owners of their ghosts.
+        asked, counts, qcounts, qorder = _alltoallv(comm, MPI, gh, _directory(gh, nranks), nranks)
+        answer = np.full(asked.size, -1, dtype=np.int64)
+        if reg.size:
+            pos = np.minimum(np.searchsorted(reg, asked), reg.size - 1)
+            hit = reg[pos] == asked
+            answer[hit] = reg_owner[pos[hit]]
+        back = np.empty(gh.size, dtype=np.int64)
+        sdispl = np.concatenate(([0], np.cumsum(qcounts)[:-1]))
+        rdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        comm.Alltoallv([answer, (qcounts, sdispl), MPI.INT64_T],
+                       [back, (counts, rdispl), MPI.INT64_T])
+        owner = np.empty(gh.size, dtype=np.int64)
+        owner[qorder] = back
+        problem = None
+        nobody = np.flatnonzero(owner < 0)
+        if nobody.size:
+            problem = f"rank {rank}: ghost id {int(gh[nobody[0]])} is owned by no rank"
+        _agree(comm, problem)
+
+        # 3. Each rank tells the owners which of their points it needs.
+        n_owned = own.size
+        by_owner = np.argsort(owner, kind="stable")
+        peers, starts = np.unique(owner[by_owner], return_index=True)
+        bounds = list(starts) + [gh.size]
+        recv = {int(p): (n_owned + by_owner[bounds[i]:bounds[i + 1]]).astype(np.int64)
+                for i, p in enumerate(peers)}
+        wanted, _, wcounts, _ = _alltoallv(comm, MPI, gh, owner, nranks)
+        own_order = np.argsort(own, kind="stable")
+        local = own_order[np.searchsorted(own, wanted, sorter=own_order)]
+        send = {}
+        start = 0
+        for p in np.flatnonzero(wcounts):
+            k = int(wcounts[p])
+            send[int(p)] = local[start:start + k].astype(np.int64)
+            start += k
+        pattern = cls.__new__(cls)
+        pattern._set(hc, send, recv, n_owned + gh.size, n_owned)
+        return pattern
+
+    def __repr__(self):
+        return (f"<GhostPattern rank {self.hc.rank}: {self.n_owned} owned, {self.n_ghosts} ghosts, "
+                f"{len(self.intranode)} intranode + {len(self.internode)} internode neighbors>")

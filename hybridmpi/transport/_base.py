@@ -1,0 +1,151 @@
+"""Pieces shared by the transports: channels for the C core, MPI messages, deadlines."""
+
+import os
+import time
+from collections import namedtuple
+
+import numpy as np
+
+from .._clib import ffi, lib
+
+FWD, REV = 0, 1
+
+#: One direction of traffic with one peer: local ids, the two buffers (by
+#: epoch parity; the same address twice for a private buffer), and the
+#: addresses of the READY and DONE counters (None when something else
+#: synchronizes).
+Chan = namedtuple("Chan", "peer ids buf0 buf1 ready done")
+
+
+def runs(ids):
+    """Split sorted-or-not local ids into runs of consecutive ids: (starts, lengths)."""
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    first = np.concatenate(([0], np.flatnonzero(np.diff(ids) != 1) + 1))
+    lengths = np.diff(np.append(first, ids.size))
+    return np.ascontiguousarray(ids[first], dtype=np.int64), lengths.astype(np.int64)
+
+
+class Xchg:
+    """A C ``hm_xchg`` over channels, keeping alive what it points to."""
+
+    def __init__(self, halo, chans):
+        self.peers = [c.peer for c in chans]
+        self._keep = []
+        self._arr = ffi.new("hm_chan[]", max(len(chans), 1))
+        for i, c in enumerate(chans):
+            start, length = runs(c.ids)
+            self._keep += [start, length]
+            h = self._arr[i]
+            h.peer = c.peer
+            h.count = c.ids.size
+            h.nruns = start.size
+            h.run_start = ffi.cast("int64_t *", start.ctypes.data)
+            h.run_len = ffi.cast("int64_t *", length.ctypes.data)
+            h.buf[0] = ffi.cast("char *", c.buf0)
+            h.buf[1] = ffi.cast("char *", c.buf1)
+            h.ready = ffi.cast("void *", c.ready or 0)
+            h.done = ffi.cast("void *", c.done or 0)
+        x = self.x = ffi.new("hm_xchg *")
+        x.n = len(chans)
+        x.chan = self._arr
+        x.esz = halo.esz
+        x.dtype = halo.dtype_code
+        pol = halo.hc._st.policy
+        for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "order"):
+            setattr(x.policy, field, getattr(pol, field))
+
+
+def private_chans(specs, esz):
+    """Channels over one private byte buffer, in the order of ``specs`` [(peer, ids)].
+
+    Returns the buffer, the channels and a byte view of each peer's part.
+    """
+    total = sum(ids.size for _, ids in specs) * esz
+    buf = np.empty(max(total, 1), dtype=np.uint8)
+    chans, views, off = [], [], 0
+    for peer, ids in specs:
+        nb = ids.size * esz
+        addr = buf.ctypes.data + off
+        chans.append(Chan(peer, ids, addr, addr, None, None))
+        views.append(buf[off:off + nb])
+        off += nb
+    return buf, chans, views
+
+
+def complete(halo, reqs, peers, what, e):
+    """Complete MPI requests, under the Halo's deadline if it has one."""
+    MPI = halo.hc._MPI
+    if halo.timeout is None:
+        MPI.Request.Waitall(reqs)
+        return
+    deadline = time.monotonic() + halo.timeout
+    while not MPI.Request.Testall(reqs):
+        if time.monotonic() > deadline:
+            late = [peers[i] for i, r in enumerate(reqs) if not r.Test()]
+            raise halo.timeout_error(f"{what}: the messages with ranks {late} of call {e} did not "
+                                     "complete", late[0] if len(late) == 1 else None, "message", e)
+        os.sched_yield()
+
+
+def wait_until(halo, poll, value, peer, counter, what, e):
+    """Call ``poll()`` until it returns at least ``value``, yielding the CPU, under the deadline."""
+    deadline = None if halo.timeout is None else time.monotonic() + halo.timeout
+    while True:
+        seen = poll()
+        if seen >= value:
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise halo.timeout_error(f"{what}: rank {peer} did not set {counter} to {value} "
+                                     f"(it reads {seen})", peer, counter, e)
+        os.sched_yield()
+
+
+class Messages:
+    """Point-to-point messages with some peers, packed and unpacked by the C core.
+
+    Persistent requests (``Send_init``/``Recv_init``, started together) or a
+    fresh ``Irecv``/``Isend`` per call, as flat MPI codes do.
+    """
+
+    def __init__(self, halo, sends, recvs, tag, persistent):
+        self.halo = halo
+        comm = halo.hc.comm
+        self._sbuf, schans, sviews = private_chans(sends, halo.esz)
+        self._rbuf, self.recv_chans, rviews = private_chans(recvs, halo.esz)
+        self.send = Xchg(halo, schans)
+        self.recv = Xchg(halo, self.recv_chans)
+        self.peers = [p for p, _ in recvs] + [p for p, _ in sends]
+        self._pairs = (list(zip([p for p, _ in recvs], rviews)), list(zip([p for p, _ in sends], sviews)))
+        self._comm, self._tag = comm, tag
+        self._persistent = persistent
+        self._reqs = []
+        if persistent:
+            self._reqs = ([comm.Recv_init(v, p, tag) for p, v in self._pairs[0]]
+                          + [comm.Send_init(v, p, tag) for p, v in self._pairs[1]])
+        self.empty = not self.peers
+
+    def start(self, xbuf, e):
+        """Pack the sends and start every message."""
+        if self.empty:
+            return
+        comm, tag = self._comm, self._tag
+        if self._persistent:
+            self.halo.check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
+            self.halo.hc._MPI.Prequest.Startall(self._reqs)
+            return
+        reqs = [comm.Irecv(v, p, tag) for p, v in self._pairs[0]]
+        self.halo.check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
+        reqs += [comm.Isend(v, p, tag) for p, v in self._pairs[1]]
+        self._reqs = reqs
+
+    def wait(self, what, e):
+        """Complete the messages started last."""
+        if not self.empty:
+            complete(self.halo, self._reqs, self.peers, what, e)
+
+    def free(self):
+        if self._persistent:
+            for r in self._reqs:
+                r.Free()
+        self._reqs = []

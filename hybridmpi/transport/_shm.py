@@ -1,0 +1,140 @@
+"""The shared window of one Halo, used by the atomic, fence, pscw and lock methods.
+
+For every directed intranode channel s -> r (one per direction of update):
+two send buffers and the DONE counter in s's segment, the READY counter in
+r's segment.  Every counter owns a 128-byte region, written by one process.
+"""
+
+import numpy as np
+
+from .._clib import lib
+from ._base import FWD, REV, Chan, Messages, Xchg
+
+_R = lib.HM_REGION
+
+
+def _round(nbytes):
+    return -(-nbytes // _R) * _R
+
+
+class SharedWindow:
+    """Allocate and map the segments (collective over the node).
+
+    Args:
+        halo: the Halo (its pattern, esz and HybridComm).
+        lock_all: open one passive epoch for the window's lifetime (load and
+            store access synchronized by C11 atomics); False for methods
+            that synchronize with MPI's RMA calls.
+    """
+
+    def __init__(self, halo, lock_all):
+        hc = halo.hc
+        MPI = hc._MPI
+        me = hc.rank
+        self.me = me
+        self.node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
+        layout, off = {}, 0
+        for d in (FWD, REV):
+            sends, recvs = halo.plan(d)
+            for p, ids in sends:
+                if p in self.node_rank:
+                    nb = _round(ids.size * halo.esz)
+                    layout[(d, me, p)] = (off, off + _R, off + _R + nb)
+                    off += _R + 2 * nb
+            for p, _ in recvs:
+                if p in self.node_rank:
+                    layout[(d, p, me)] = (off,)
+                    off += _R
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")
+        try:
+            # One region more, to start each segment on a 128-byte boundary.
+            self.win = MPI.Win.Allocate_shared(off + _R, 1, info=info, comm=hc.node_comm)
+        finally:
+            info.Free()
+        self.layouts = hc.node_comm.allgather(layout)
+        self.base, self.pad = [], []
+        for r in range(hc.node_size):
+            buf, _ = self.win.Shared_query(r)
+            aligned = -(-buf.address // _R) * _R
+            self.base.append(aligned)
+            self.pad.append(aligned - buf.address)
+        mine, _ = self.win.Shared_query(hc.node_rank)
+        np.frombuffer(mine, dtype=np.uint8)[:] = 0
+        self._locked = lock_all
+        if lock_all:
+            self.win.Lock_all(MPI.MODE_NOCHECK)
+            self.win.Sync()
+        hc.node_comm.Barrier()
+
+    def _at(self, rank, key, field):
+        nr = self.node_rank[rank]
+        return self.base[nr] + self.layouts[nr][key][field]
+
+    def disp(self, rank, key, field):
+        """Displacement (bytes from the window base of ``rank``) of a field, for RMA calls."""
+        nr = self.node_rank[rank]
+        return self.pad[nr] + self.layouts[nr][key][field]
+
+    def send_chan(self, d, peer, ids, counters=True):
+        """This rank's channel to ``peer`` in direction ``d``."""
+        key = (d, self.me, peer)
+        return Chan(peer, ids, self._at(self.me, key, 1), self._at(self.me, key, 2),
+                    self._at(peer, key, 0) if counters else None,
+                    self._at(self.me, key, 0) if counters else None)
+
+    def recv_chan(self, d, peer, ids, counters=True):
+        """The channel from ``peer`` to this rank in direction ``d``."""
+        key = (d, peer, self.me)
+        return Chan(peer, ids, self._at(peer, key, 1), self._at(peer, key, 2),
+                    self._at(self.me, key, 0) if counters else None,
+                    self._at(peer, key, 0) if counters else None)
+
+    def free(self):
+        if self._locked:
+            self.win.Unlock_all()
+        self.win.Free()
+
+
+class Direction:
+    """What one direction of update moves: intranode channels through the
+    shared window, internode ones as MPI messages.
+
+    Attributes:
+        send, recv: Xchg of the intranode channels (peers in rank order).
+        msgs: Messages with the peers on other nodes.
+        recv_all: Xchg of every receiving channel in peer rank order (the
+            fixed combination order of reverse updates).
+        send_chans, recv_chans: the intranode Chan lists.
+    """
+
+    def __init__(self, halo, shm, d, counters, persistent):
+        sends, recvs = halo.plan(d)
+        near = shm.node_rank
+        self.send_chans = [shm.send_chan(d, p, ids, counters) for p, ids in sends if p in near]
+        self.recv_chans = [shm.recv_chan(d, p, ids, counters) for p, ids in recvs if p in near]
+        self.msgs = Messages(halo, [(p, ids) for p, ids in sends if p not in near],
+                             [(p, ids) for p, ids in recvs if p not in near],
+                             halo.tag + d, persistent)
+        self.send = Xchg(halo, self.send_chans)
+        self.recv = Xchg(halo, self.recv_chans)
+        self.recv_all = Xchg(halo, sorted(self.recv_chans + self.msgs.recv_chans,
+                                          key=lambda c: c.peer))
+
+    def start(self, halo, xbuf, e):
+        """Start the messages, then pack the intranode channels (publishing READY if counted)."""
+        self.msgs.start(xbuf, e)
+        halo.check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
+
+    def finish(self, halo, d, xbuf, e, op):
+        """Receive everything.  Forward: intranode first, whichever is ready,
+        then the messages.  Reverse: the messages, then every channel in
+        peer rank order, so the combination order is fixed."""
+        if d == FWD:
+            halo.check(lib.hm_xchg_recv(self.recv.x, xbuf, e, op, 0), self.recv)
+            if not self.msgs.empty:
+                self.msgs.wait("update", e)
+                halo.check(lib.hm_xchg_recv(self.msgs.recv.x, xbuf, e, op, 0), self.msgs.recv)
+        else:
+            self.msgs.wait("reverse", e)
+            halo.check(lib.hm_xchg_recv(self.recv_all.x, xbuf, e, op, 1), self.recv_all)

@@ -1,0 +1,29 @@
+"""Method "flat": Isend/Irecv with every neighbor, packed by the C core (the MPI baseline)."""
+
+from .._clib import lib
+from ._base import FWD, REV, Messages
+
+
+class Flat:
+    def __init__(self, halo):
+        self.halo = halo
+        self.msgs = []
+        for d in (FWD, REV):
+            sends, recvs = halo.plan(d)
+            self.msgs.append(Messages(halo, sends, recvs, halo.tag + d, persistent=False))
+
+    def begin(self, d, xbuf, e):
+        self.msgs[d].start(xbuf, e)
+
+    def end(self, d, xbuf, e, op):
+        m = self.msgs[d]
+        m.wait("reverse" if d == REV else "update", e)
+        self.halo.check(lib.hm_xchg_recv(m.recv.x, xbuf, e, op, d), m.recv)
+
+    def run(self, d, xbuf, e, op):
+        self.begin(d, xbuf, e)
+        self.end(d, xbuf, e, op)
+
+    def free(self):
+        for m in self.msgs:
+            m.free()

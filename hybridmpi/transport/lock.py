@@ -1,0 +1,106 @@
+"""Method "lock" (paper Algorithm 8): shared buffers, synchronized by
+passive-target RMA (MPI_Win_lock/unlock with MPI_Accumulate and
+MPI_Fetch_and_op on epoch counters instead of C11 atomics).
+
+A sender packs inside a lock of its own segment, then sets READY = e in
+each receiver's segment with Accumulate(REPLACE); a receiver polls its
+READY with Fetch_and_op(NO_OP), copies under a lock of the sender's
+segment, and sets the sender's DONE = e.  Buffers alternate by epoch parity
+and a sender waits DONE >= e - 2 before packing one again, as in "atomic".
+Internode channels are flat Isend/Irecv.
+"""
+
+import numpy as np
+
+from .._clib import lib
+from ._base import FWD, REV, Xchg, wait_until
+from ._shm import Direction, SharedWindow
+
+
+class Lock:
+    def __init__(self, halo):
+        self.halo = halo
+        self.shm = SharedWindow(halo, lock_all=False)
+        self.dirs = [Direction(halo, self.shm, d, counters=False, persistent=False)
+                     for d in (FWD, REV)]
+        # One single-channel Xchg per channel: every copy sits in its own lock epoch.
+        self.one = [([Xchg(halo, [c]) for c in s.send_chans], {c.peer: Xchg(halo, [c]) for c in s.recv_chans})
+                    for s in self.dirs]
+        self.inter = [{c.peer: Xchg(halo, [c]) for c in s.msgs.recv_chans} for s in self.dirs]
+        self._val = np.zeros(1, dtype=np.int64)
+        self._got = np.zeros(1, dtype=np.int64)
+        MPI = halo.hc._MPI
+        self._SHARED, self._NO_OP, self._REPLACE = MPI.LOCK_SHARED, MPI.NO_OP, MPI.REPLACE
+        self._INT64 = MPI.INT64_T
+
+    def _read(self, key, field):
+        """Fetch_and_op(NO_OP) of one of this rank's counters."""
+        me, win = self.shm.me, self.shm.win
+        win.Lock(self.shm.node_rank[me], self._SHARED)
+        win.Fetch_and_op(self._val, self._got, self.shm.node_rank[me], self.shm.disp(me, key, field),
+                         self._NO_OP)
+        win.Unlock(self.shm.node_rank[me])
+        return int(self._got[0])
+
+    def _write(self, rank, key, field, value):
+        """Accumulate(REPLACE) a counter in ``rank``'s segment."""
+        win, nr = self.shm.win, self.shm.node_rank[rank]
+        self._val[0] = value
+        win.Lock(nr, self._SHARED)
+        target = (self.shm.disp(rank, key, field), 1, self._INT64)
+        win.Accumulate([self._val, 1, self._INT64], nr, target, self._REPLACE)
+        win.Unlock(nr)
+
+    def begin(self, d, xbuf, e):
+        s = self.dirs[d]
+        s.msgs.start(xbuf, e)
+        me, win = self.shm.me, self.shm.win
+        mine = self.shm.node_rank[me]
+        for c, one in zip(s.send_chans, self.one[d][0]):
+            key = (d, me, c.peer)
+            if e > 2:
+                wait_until(self.halo, lambda k=key: self._read(k, 0), e - 2, c.peer, "DONE",
+                           "reverse" if d == REV else "update", e)
+            win.Lock(mine, self._SHARED)
+            self.halo.check(lib.hm_xchg_send(one.x, xbuf, e), one)
+            win.Unlock(mine)
+            self._write(c.peer, key, 0, e)
+
+    def _take(self, d, peer, xbuf, e, op):
+        me, win = self.shm.me, self.shm.win
+        key = (d, peer, me)
+        wait_until(self.halo, lambda: self._read(key, 0), e, peer, "READY",
+                   "reverse" if d == REV else "update", e)
+        one = self.one[d][1][peer]
+        nr = self.shm.node_rank[peer]
+        win.Lock(nr, self._SHARED)
+        self.halo.check(lib.hm_xchg_recv(one.x, xbuf, e, op, 1), one)
+        win.Unlock(nr)
+        self._write(peer, key, 0, e)
+
+    def end(self, d, xbuf, e, op):
+        s = self.dirs[d]
+        check = self.halo.check
+        if d == FWD:
+            for c in s.recv_chans:
+                self._take(d, c.peer, xbuf, e, op)
+            if not s.msgs.empty:
+                s.msgs.wait("update", e)
+                check(lib.hm_xchg_recv(s.msgs.recv.x, xbuf, e, op, 0), s.msgs.recv)
+            return
+        s.msgs.wait("reverse", e)
+        inter = self.inter[d]
+        for peer in s.recv_all.peers:
+            if peer in inter:
+                check(lib.hm_xchg_recv(inter[peer].x, xbuf, e, op, 1), inter[peer])
+            else:
+                self._take(d, peer, xbuf, e, op)
+
+    def run(self, d, xbuf, e, op):
+        self.begin(d, xbuf, e)
+        self.end(d, xbuf, e, op)
+
+    def free(self):
+        for s in self.dirs:
+            s.msgs.free()
+        self.shm.free()

@@ -12,39 +12,13 @@ Results, with every sample, go to a JSON file.
 
 import argparse
 import json
-import os
-import platform
 import socket
-import statistics
-import time
 
 import numpy as np
+from _common import describe_mpi, header, stats, timed
 from mpi4py import MPI
 
 import hybridmpi
-
-
-def timed(comm, sync, call, iters, reps):
-    """Per-repetition time of one call in microseconds, max over ranks."""
-    samples = []
-    for _ in range(reps):
-        for _ in range(10):
-            sync()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            call()
-        dt = (time.perf_counter() - t0) / iters * 1e6
-        samples.append(comm.allreduce(dt, op=MPI.MAX))
-    return samples
-
-
-def stats(samples):
-    return {"min": min(samples), "mean": statistics.fmean(samples), "max": max(samples),
-            "sd": statistics.pstdev(samples)}
-
-
-def describe_mpi():
-    return MPI.Get_library_version().splitlines()[0].strip()
 
 
 def main(argv=None):
@@ -99,11 +73,7 @@ def main(argv=None):
                   f"{r['min']:9.3f}{r['mean']:9.3f}{r['max']:9.3f}{r['sd']:8.3f}"
                   f"{r['mpi_mean']:9.3f}{r['ratio']:7.2f}")
         if a.json:
-            doc = {"benchmark": "collectives", "machine": platform.machine(),
-                   "host": socket.gethostname(), "cpus": os.cpu_count(),
-                   "mpi_library": describe_mpi(), "mpi_version": "%d.%d" % MPI.Get_version(),
-                   "ranks": comm.size, "nodes": hc.num_nodes, "node_size": a.node_size,
-                   "iters": a.iters, "reps": a.reps, "hybridmpi": hybridmpi.__version__,
+            doc = {**header("collectives", comm, hc, a.node_size, a.iters, a.reps),
                    "results": rows}
             with open(a.json, "w") as f:
                 json.dump(doc, f, indent=1)

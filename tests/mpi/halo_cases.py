@@ -1,0 +1,405 @@
+"""Collective cases of GhostPattern and Halo, run under mpiexec by tests/test_halo.py.
+
+Usage: python -m mpi4py halo_cases.py [--node-size K] [--iters N] [--only case1,case2]
+
+Random patterns: random global numbering and ownership, random ghost sets,
+some ranks without any.  Every result is checked against a reference built
+with mpi4py (allgather of global ids and values), bit for bit.
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _harness import agree, run
+
+import hybridmpi
+from hybridmpi import FreedError, GhostPattern, Halo, PatternError, SyncTimeout
+
+METHODS = ["atomic", "flat", "neighbor", "fence", "pscw", "lock"]
+DTYPES = [np.float64, np.float32, np.int64, np.complex128]
+OPS = ["add", "insert", "min", "max"]
+
+
+class Layout:
+    """A random distributed numbering, the same on every rank (shared seed)."""
+
+    def __init__(self, comm, seed, sorted_ids=False, empty_prob=0.2):
+        rng = np.random.default_rng(seed)
+        p, r = comm.size, comm.rank
+        n = int(rng.integers(20, 200)) * p
+        gids = rng.permutation(n).astype(np.int64) * 3 + 7
+        owner = rng.integers(0, p, n)
+        self.owned_of, self.ghosts_of = [], []
+        for q in range(p):
+            own = gids[owner == q]
+            own = np.sort(own) if sorted_ids else rng.permutation(own)
+            others = gids[owner != q]
+            k = 0
+            if rng.random() >= empty_prob and others.size:
+                k = int(rng.integers(1, min(others.size, 80) + 1))
+            gh = rng.choice(others, size=k, replace=False)
+            gh = np.sort(gh) if sorted_ids else gh
+            self.owned_of.append(own)
+            self.ghosts_of.append(gh.astype(np.int64))
+        self.owned, self.ghosts = self.owned_of[r], self.ghosts_of[r]
+        self.n_owned = self.owned.size
+        self.gids = np.concatenate((self.owned, self.ghosts))
+
+
+def rand(rng, dtype, shape):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "i":
+        return rng.integers(-10**9, 10**9, shape).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def ref_forward(comm, lay, x):
+    """Ghost values from their owners, through mpi4py."""
+    table = comm.allgather((lay.owned, x[:lay.n_owned]))
+    gid = np.concatenate([g for g, _ in table])
+    val = np.concatenate([v for _, v in table])
+    order = np.argsort(gid)
+    out = x.copy()
+    out[lay.n_owned:] = val[order[np.searchsorted(gid, lay.ghosts, sorter=order)]]
+    return out
+
+
+def ref_reverse(comm, lay, x, op):
+    """Owners combine the ghost values of every other rank, in rank order."""
+    table = comm.allgather((lay.ghosts, x[lay.n_owned:]))
+    out = x.copy()
+    pos = {g: i for i, g in enumerate(lay.owned.tolist())}
+    for q, (g, v) in enumerate(table):
+        if q == comm.rank:
+            continue
+        for gid, val in zip(g.tolist(), v):
+            i = pos.get(gid)
+            if i is None:
+                continue
+            if op == "add":
+                out[i] = out[i] + val
+            elif op == "insert":
+                out[i] = val
+            elif op == "min":
+                out[i] = np.minimum(out[i], val)
+            else:
+                out[i] = np.maximum(out[i], val)
+    return out
+
+
+def same(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def hc_of(comm, cfg):
+    return hybridmpi.HybridComm(comm, node_size=cfg["node_size"])
+
+
+def case_pattern_from_global(comm, rng, **cfg):
+    with hc_of(comm, cfg) as hc:
+        for seed in range(5):
+            lay = Layout(comm, seed)
+            pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+            assert pat.size == lay.gids.size and pat.n_owned == lay.n_owned
+            assert pat.n_ghosts == lay.ghosts.size
+            # The receive lists cover the ghosts exactly once; the owners send
+            # the same global ids, in the same order.
+            got = np.sort(np.concatenate(list(pat.recv.values()) or [np.zeros(0, np.int64)]))
+            assert np.array_equal(got, np.arange(lay.n_owned, pat.size))
+            asked = {p: lay.gids[ids] for p, ids in pat.recv.items()}
+            sent = comm.alltoall([lay.gids[pat.send[p]] if p in pat.send else None
+                                  for p in range(comm.size)])
+            for p in range(comm.size):
+                if p in asked:
+                    assert np.array_equal(sent[p], asked[p]), (p, sent[p], asked[p])
+                else:
+                    assert sent[p] is None
+            assert set(pat.neighbors) == set(pat.send) | set(pat.recv)
+            near = set(hc.node_ranks)
+            assert set(pat.intranode) == {p for p in pat.neighbors if p in near}
+            assert set(pat.internode) == set(pat.neighbors) - near
+            # The explicit constructor accepts the same lists.
+            again = GhostPattern(hc, send=dict(pat.send), recv=dict(pat.recv), size=pat.size)
+            assert again.n_owned == pat.n_owned and again.neighbors == pat.neighbors
+
+
+def check_halo(comm, hc, lay, pat, method, dtype, block, rng, iters):
+    shape = (pat.size,) if block == 1 else (pat.size, block)
+    with Halo(pat, dtype=dtype, block=block, method=method) as h:
+        for _ in range(iters):
+            x = rand(rng, dtype, shape)
+            want = ref_forward(comm, lay, x)
+            h.update(x)
+            assert same(x, want), f"{method} {np.dtype(dtype)} block {block}: update differs"
+            x = rand(rng, dtype, shape)
+            want = ref_forward(comm, lay, x)
+            h.update_begin(x)
+            inner = x[:lay.n_owned].sum()  # work between begin and end
+            h.update_end(x)
+            assert same(x, want) and inner == x[:lay.n_owned].sum(), f"{method}: update_begin/end"
+            for op in OPS:
+                if op in ("min", "max") and np.dtype(dtype).kind == "c":
+                    continue
+                x = rand(rng, dtype, shape)
+                want = ref_reverse(comm, lay, x, op)
+                if op == "add":
+                    h.reverse_begin(x, op)
+                    h.reverse_end(x)
+                else:
+                    h.reverse(x, op)
+                assert same(x, want), f"{method} {np.dtype(dtype)} block {block}: reverse {op}"
+
+
+def case_every_method_dtype_block(comm, rng, **cfg):
+    with hc_of(comm, cfg) as hc:
+        for seed, sorted_ids in ((11, False), (12, True)):
+            lay = Layout(comm, seed, sorted_ids=sorted_ids)
+            pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+            for method in METHODS:
+                for dtype in DTYPES:
+                    for block in (1, 3):
+                        check_halo(comm, hc, lay, pat, method, dtype, block, rng, 2)
+
+
+def case_consecutive_updates(comm, rng, iters, **cfg):
+    """Many calls in a row, fresh data each time, two Halos interleaved."""
+    with hc_of(comm, cfg) as hc:
+        lay = Layout(comm, 21, sorted_ids=True, empty_prob=0.1)
+        pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+        for method in METHODS:
+            n = iters if method in ("atomic", "flat") else max(iters // 5, 20)
+            with Halo(pat, method=method) as h1, Halo(pat, method=method, block=3, dtype=np.float32) as h3:
+                for i in range(n):
+                    x = rand(rng, np.float64, pat.size)
+                    want = ref_forward(comm, lay, x)
+                    h1.update(x)
+                    assert same(x, want), f"{method}: update {i} differs"
+                    if i % 10 == 0:
+                        y = rand(rng, np.float32, (pat.size, 3))
+                        want = ref_reverse(comm, lay, y, "add")
+                        h3.reverse(y)
+                        assert same(y, want), f"{method}: reverse {i} differs"
+
+
+def case_methods_identical(comm, rng, **cfg):
+    """Every method gives the same bits for reverse add (the order-sensitive op)."""
+    with hc_of(comm, cfg) as hc:
+        lay = Layout(comm, 31)
+        pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+        x0 = rand(rng, np.float64, (pat.size, 3)) * 10.0 ** rng.integers(-8, 8, (pat.size, 3))
+        results = []
+        for method in METHODS:
+            x = x0.copy()
+            with Halo(pat, block=3, method=method) as h:
+                h.reverse(x, "add")
+            results.append(x.tobytes())
+        assert all(r == results[0] for r in results), "methods differ"
+        agree(comm, True)
+
+
+def case_no_neighbors(comm, rng, **cfg):
+    """Ranks with nothing to exchange, and patterns with no traffic at all."""
+    with hc_of(comm, cfg) as hc:
+        empty = GhostPattern(hc, send={}, recv={}, size=5)
+        assert empty.neighbors == () and empty.n_owned == 5
+        for method in METHODS:
+            with Halo(empty, method=method) as h:
+                x = rand(rng, np.float64, 5)
+                y = x.copy()
+                h.update(x)
+                h.reverse(x)
+                assert same(x, y)
+        # Only rank 0 and the last rank talk (one ghost each way).
+        p, r = comm.size, comm.rank
+        send, recv = {}, {}
+        if p > 1 and r in (0, p - 1):
+            other = p - 1 - r
+            send, recv = {other: [0]}, {other: [1]}
+        pat = GhostPattern(hc, send=send, recv=recv, size=2)
+        for method in METHODS:
+            with Halo(pat, method=method) as h:
+                x = np.array([float(r + 1), -1.0])
+                h.update(x)
+                want = float(p - r) if recv else -1.0
+                assert x[1] == want, (method, x)
+
+
+def expect(exc, fn, *words):
+    try:
+        fn()
+    except exc as e:
+        msg = str(e)
+        for w in words:
+            assert w in msg, f"{w!r} not in {msg!r}"
+        return msg
+    raise AssertionError(f"{fn} did not raise {exc.__name__}")
+
+
+def case_bad_patterns(comm, rng, **cfg):
+    p, r = comm.size, comm.rank
+    with hc_of(comm, cfg) as hc:
+        lay = Layout(comm, 41, empty_prob=0.0)
+        own, gh = lay.owned, lay.ghosts
+        bogus = np.int64(10**12)
+        # A ghost owned by nobody (rank 0 asks for an id nobody has).
+        expect(PatternError, lambda: GhostPattern.from_global(
+            hc, own, np.append(gh, bogus) if r == 0 else gh), "rank 0", f"ghost id {bogus}", "no rank")
+        # Duplicate ghost ids.
+        if gh.size:
+            dup = np.append(gh, gh[0]) if r == p - 1 else gh
+            expect(PatternError, lambda: GhostPattern.from_global(hc, own, dup), "duplicate ghost id")
+        # A ghost owned by the same rank.
+        if own.size and r == 0:
+            mine = np.append(gh, own[0])
+        else:
+            mine = gh
+        if comm.allreduce(int(own.size and r == 0)):
+            expect(PatternError, lambda: GhostPattern.from_global(hc, own, mine), "owned by the same rank 0")
+        # An id owned by two ranks.
+        if p > 1:
+            both = np.append(own, lay.owned_of[0][:1]) if r == 1 and lay.owned_of[0].size else own
+            if comm.allreduce(int(lay.owned_of[0].size > 0)):
+                expect(PatternError, lambda: GhostPattern.from_global(hc, both, gh), "owned by rank")
+        # Not integer ids.
+        expect(PatternError, lambda: GhostPattern.from_global(hc, own.astype(float) if r == 0 else own, gh),
+               "integer")
+        # Explicit lists: index out of range, peer out of range, self as peer.
+        expect(PatternError, lambda: GhostPattern(hc, send={}, recv={}, size=-1 if r == 0 else 3),
+               "size must be")
+        if p > 1:
+            other = (r + 1) % p
+            src = (r - 1) % p
+            good = dict(send={other: [0, 1]}, recv={src: [2, 3]}, size=4)
+            GhostPattern(hc, **good)
+            expect(PatternError, lambda: GhostPattern(
+                hc, send={other: [0, 7 if r == 0 else 1]}, recv={src: [2, 3]}, size=4),
+                "local index 7 out of range", "rank 0")
+            # Counts that disagree between two peers.
+            expect(PatternError, lambda: GhostPattern(
+                hc, send={other: [0] if r == 0 else [0, 1]}, recv={src: [2, 3]}, size=4),
+                "expects 2 values from peer 0", "which sends it 1")
+            expect(PatternError, lambda: GhostPattern(
+                hc, send={other: [0, 1]}, recv={src: [2, 3]} if r else {src: [2, 2]}, size=4),
+                "lists local id 2 twice")
+            expect(PatternError, lambda: GhostPattern(
+                hc, send={other: [0, 1] if r else [0, 2]}, recv={src: [2, 3]}, size=4),
+                "is a ghost")
+            expect(PatternError, lambda: GhostPattern(
+                hc, send={other if r else p + 3: [0, 1]}, recv={src: [2, 3]}, size=4),
+                f"peer {p + 3} out of range")
+        expect(PatternError, lambda: GhostPattern(hc, send={r: [0]} if r == 0 else {}, recv={}, size=2),
+               "itself")
+        if p > 2:
+            # A ghost that receives from two peers.
+            a, b = (r + 1) % p, (r + 2) % p
+            expect(PatternError, lambda: GhostPattern(
+                hc, send={}, recv={a: [1], b: [1 if r == 0 else 2]}, size=3), "receives from peers")
+        # After all those errors the communicator still works.
+        pat = GhostPattern.from_global(hc, own, gh)
+        check_halo(comm, hc, lay, pat, "atomic", np.float64, 1, rng, 2)
+
+
+def check_bad_calls(comm, rng, lay, pat, method):
+    h = Halo(pat, method=method, block=3)
+    n = pat.size
+    good = rand(rng, np.float64, (n, 3))
+    before = good.copy()
+    expect(TypeError, lambda: h.update([1.0] * n), "numpy array")
+    expect(TypeError, lambda: h.update(good.astype(np.float32)), "dtype float32")
+    expect(ValueError, lambda: h.update(np.zeros(n)), "shape")
+    expect(ValueError, lambda: h.update(np.zeros((n + 1, 3))), "shape")
+    expect(ValueError, lambda: h.update(np.zeros((n, 6))[:, ::2]), "contiguous")
+    ro = good.copy()
+    ro.flags.writeable = False
+    expect(ValueError, lambda: h.update(ro), "read-only")
+    expect(ValueError, lambda: h.reverse(good, op="mul"), "op must be")
+    expect(RuntimeError, lambda: h.update_end(good), "without update_begin")
+    expect(RuntimeError, lambda: h.reverse_end(good), "without reverse_begin")
+    assert same(good, before), "a rejected call touched the data"
+    x = good.copy()
+    want = ref_forward(comm, lay, x)
+    h.update_begin(x)
+    expect(RuntimeError, lambda: h.update_begin(x), "pending")
+    expect(RuntimeError, lambda: h.reverse(x), "pending")
+    expect(RuntimeError, lambda: h.reverse_end(x), "without reverse_begin")
+    expect(ValueError, lambda: h.update_end(x.copy()), "another array")
+    h.update_end(x)
+    assert same(x, want), "update after rejected calls differs"
+    h.free()
+    h.free()
+    expect(FreedError, lambda: h.update(x), "after free")
+
+
+def case_bad_halo_calls(comm, rng, **cfg):
+    r = comm.rank
+    with hc_of(comm, cfg) as hc:
+        lay = Layout(comm, 51)
+        pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+        expect(TypeError, lambda: Halo("pattern"), "GhostPattern")
+        expect(TypeError, lambda: Halo(pat, dtype=np.int8 if r == 0 else np.float64), "rank 0", "dtype")
+        expect(ValueError, lambda: Halo(pat, block=0 if r == comm.size - 1 else 1), "block")
+        expect(ValueError, lambda: Halo(pat, method="carrier-pigeon"), "unknown method")
+        if comm.size > 1:
+            expect(ValueError, lambda: Halo(pat, method="flat" if r == 0 else "atomic"), "different")
+        for method in ("atomic", "flat"):
+            check_bad_calls(comm, rng, lay, pat, method)
+        hc2 = hc_of(comm, cfg)
+        pat2 = GhostPattern.from_global(hc2, lay.owned, lay.ghosts)
+        h2 = Halo(pat2)
+        hc2.free()
+        assert h2.closed
+        expect(FreedError, lambda: h2.update(np.zeros(pat2.size)), "after free")
+        expect(FreedError, lambda: Halo(pat2), "freed")
+        expect(FreedError, lambda: GhostPattern.from_global(hc2, lay.owned, lay.ghosts), "freed")
+        hc3 = hc_of(comm, cfg)
+        c = Halo(GhostPattern.from_global(hc3, lay.owned, lay.ghosts), dtype=np.complex128)
+        expect(TypeError, lambda: c.reverse(np.zeros(pat.size, np.complex128), "min"), "complex")
+        hc3.free()
+
+
+def case_timeout_names_peer(comm, rng, **cfg):
+    """A rank that skips an update: its intranode neighbors get SyncTimeout naming it."""
+    if comm.size < 2 or cfg["node_size"] == 1:
+        return
+    hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"], timeout=0.5)
+    near = hc.node_ranks
+    r = comm.rank
+    send, recv = {}, {}
+    if len(near) >= 2 and r in near[:2]:
+        other = near[1] if r == near[0] else near[0]
+        send, recv = {other: [0]}, {other: [1]}
+    pat = GhostPattern(hc, send=send, recv=recv, size=2)
+    h = Halo(pat)
+    x = np.ones(2)
+    if r == near[0] and len(near) >= 2:
+        try:
+            h.update(x)
+        except SyncTimeout as e:
+            assert e.peer == near[1] and e.counter == "READY" and e.epoch == 1, e
+            assert f"rank {near[1]} did not publish call 1" in str(e), e
+            expect(RuntimeError, lambda: h.update(x), "unusable")
+        else:
+            raise AssertionError("no SyncTimeout")
+    hc.node_comm.Barrier()
+    hc.free()
+
+
+CASES = [case_pattern_from_global, case_every_method_dtype_block, case_consecutive_updates,
+         case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
+         case_timeout_names_peer]
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--node-size", type=int, default=None)
+    ap.add_argument("--iters", type=int, default=1000)
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    run(CASES, {"node_size": a.node_size, "iters": a.iters},
+        only=set(a.only.split(",")) if a.only else None)

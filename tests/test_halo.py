@@ -1,0 +1,22 @@
+"""GhostPattern and Halo (every method) at 1-8 ranks, on one node, virtual nodes and cliques."""
+
+import pytest
+from conftest import mpi_flavor, run_mpi
+
+CONFIGS = {
+    "node": ([], {}),
+    "node_size1": (["--node-size", "1"], {}),
+    "node_size3": (["--node-size", "3"], {}),
+    "cliques2": ([], {"MPIR_CVAR_NUM_CLIQUES": "2"}),
+}
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_halo(config, ranks):
+    args, env = CONFIGS[config]
+    if env and mpi_flavor() != "mpich":
+        pytest.skip("cliques are an MPICH feature")
+    if ranks == 1 and config != "node":
+        pytest.skip("one rank has one layout")
+    run_mpi("halo_cases.py", ranks, *args, env=env)

@@ -1,0 +1,127 @@
+"""The ``hybridmpi`` command (also ``python -m hybridmpi``).
+
+Bad arguments give one line on stderr and exit code 2, never a traceback.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+from . import __version__
+
+_STATS = [
+    ("owned", "owned points"),
+    ("ghosts", "ghost points"),
+    ("points", "points (owned + ghosts)"),
+    ("neighbors", "neighbors"),
+    ("data_kb", "data exchanged (kB)"),
+    ("intra_neighbors", "intranode neighbors"),
+    ("intra_kb", "intranode data (kB)"),
+    ("inter_processes", "processes with internode neighbors, per node"),
+    ("inter_neighbors", "internode neighbors"),
+    ("inter_kb", "internode data (kB)"),
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_float(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return v
+
+
+def _positive_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return v
+
+
+def _load(args):
+    from . import mesh
+
+    if args.mesh:
+        return mesh.load(args.mesh), args.mesh
+    return mesh.cube(args.h, cache_dir=args.cache_dir), f"unit cube, h = {args.h:g}"
+
+
+def cmd_mesh(args):
+    t0 = time.perf_counter()
+    m, what = _load(args)
+    print(f"{what}: {len(m.points)} points, {len(m.cells[0].data)} tetrahedra "
+          f"({time.perf_counter() - t0:.2f} s)")
+
+
+def cmd_partition(args):
+    from . import mesh
+
+    m, what = _load(args)
+    t0 = time.perf_counter()
+    part = mesh.partition(m, args.parts, node_size=args.node_size, seed=args.seed)
+    elapsed = time.perf_counter() - t0
+    stats = mesh.partition_stats(m, part, node_size=args.node_size, block=args.block)
+    if args.json:
+        json.dump({"mesh": what, "points": len(m.points), "parts": args.parts,
+                   "node_size": args.node_size, "block": args.block, "seed": args.seed,
+                   "partition_s": elapsed, "stats": stats}, sys.stdout, indent=1)
+        print()
+        return
+    print(f"# {what}: {len(m.points)} points, {len(m.cells[0].data)} tetrahedra")
+    print(f"# {args.parts} parts" + (f", {args.parts // args.node_size} nodes of {args.node_size}"
+                                      if args.node_size else "")
+          + f" (METIS, seed {args.seed}, {elapsed:.2f} s); means per process, {args.block} "
+          "values of 8 bytes per point")
+    for key, label in _STATS:
+        if key in stats:
+            print(f"{label:<48}{stats[key]:>10.2f}")
+
+
+def parser():
+    p = _Parser(prog="hybridmpi", description="Ghost updates, barriers and reductions over "
+                "MPI-3 shared memory: tools and benchmarks.")
+    p.add_argument("--version", action="version", version=f"hybridmpi {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def mesh_args(q):
+        src = q.add_mutually_exclusive_group()
+        src.add_argument("--h", type=_positive_float, default=0.05,
+                         help="characteristic length of the cube mesh (default 0.05)")
+        src.add_argument("--mesh", help="read this mesh file instead (any format meshio reads)")
+        q.add_argument("--cache-dir", help="folder of generated meshes")
+
+    q = sub.add_parser("mesh", help="generate (or read) the cube mesh and report its size")
+    mesh_args(q)
+    q.set_defaults(func=cmd_mesh)
+
+    q = sub.add_parser("partition", help="partition a mesh with METIS and print its statistics")
+    mesh_args(q)
+    q.add_argument("--parts", type=_positive_int, required=True, help="number of parts (ranks)")
+    q.add_argument("--node-size", type=_positive_int, help="ranks per node (two-level partition)")
+    q.add_argument("--block", type=_positive_int, default=3, help="values per point (default 3)")
+    q.add_argument("--seed", type=int, default=0, help="METIS seed")
+    q.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    q.set_defaults(func=cmd_partition)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"hybridmpi {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,10 @@
+"""Mesh pipeline: gmsh cube, METIS partition, partition statistics, distributed local meshes.
+
+Imports gmsh and pymetis only when a function needs them.
+"""
+
+from .distribute import LocalMesh, distribute
+from .generate import cube, load
+from .partition import partition, partition_stats, point_edges
+
+__all__ = ["LocalMesh", "cube", "distribute", "load", "partition", "partition_stats", "point_edges"]

@@ -1,0 +1,120 @@
+"""Give every rank its part of a partitioned mesh, in the local ordering of DESIGN.md."""
+
+import numpy as np
+
+from ..pattern import GhostPattern
+from .partition import _tets, ghost_pairs
+
+
+class LocalMesh:
+    """One rank's part of a distributed mesh.
+
+    Attributes:
+        global_ids: int64 point ids in local order: inner points, boundary
+            points grouped by the neighbor they go to, points going to
+            several neighbors, then ghosts grouped by owner.
+        n_owned: points owned by this rank (local ids ``0 .. n_owned-1``).
+        points: coordinates in local order, shape ``(len(global_ids), 3)``.
+        cells: every tetrahedron touching an owned point, in local ids.
+        pattern: the :class:`~hybridmpi.GhostPattern` of the ghosts.
+    """
+
+    def __init__(self, global_ids, n_owned, points, cells, pattern):
+        self.global_ids = global_ids
+        self.n_owned = n_owned
+        self.points = points
+        self.cells = cells
+        self.pattern = pattern
+
+    @property
+    def size(self):
+        """Owned plus ghost points."""
+        return len(self.global_ids)
+
+    def __repr__(self):
+        return (f"<LocalMesh {self.n_owned} owned + {self.size - self.n_owned} ghost points, "
+                f"{len(self.cells)} cells>")
+
+
+def _split(m, part, nranks):
+    """Every rank's global ids, owned count, coordinates and local cells."""
+    n = len(m.points)
+    tets = _tets(m)
+    g_rank, g_point = ghost_pairs(m, part)
+    # How many ranks need each point, and which one when it is only one.
+    need = np.bincount(g_point, minlength=n)
+    only = np.zeros(n, dtype=np.int64)
+    single = need[g_point] == 1
+    only[g_point[single]] = g_rank[single]
+    category = np.minimum(need, 2)  # 0 inner, 1 one neighbor, 2 several
+    order = np.lexsort((np.arange(n), only, category, part))
+    counts = np.bincount(part, minlength=nranks)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    local = np.empty(n, dtype=np.int64)
+    local[order] = np.arange(n) - starts[part[order]]
+    # Ghosts grouped by owner, each group in its owner's local order, so
+    # that the owner's send list is increasing (runs).
+    gorder = np.lexsort((local[g_point], part[g_point], g_rank))
+    g_rank, g_point = g_rank[gorder], g_point[gorder]
+    gstarts = np.concatenate(([0], np.cumsum(np.bincount(g_rank, minlength=nranks))))
+    # Cells touching an owned point of each rank.
+    nc = len(tets)
+    key = np.unique(part[tets].ravel() * nc + np.repeat(np.arange(nc), 4))
+    c_rank, c_cell = key // nc, key % nc
+    cstarts = np.concatenate(([0], np.cumsum(np.bincount(c_rank, minlength=nranks))))
+    scratch = np.empty(n, dtype=np.int64)
+    parts = []
+    for q in range(nranks):
+        owned = order[starts[q]:starts[q + 1]]
+        gids = np.concatenate((owned, g_point[gstarts[q]:gstarts[q + 1]]))
+        scratch[gids] = np.arange(gids.size)
+        cells = scratch[tets[c_cell[cstarts[q]:cstarts[q + 1]]]]
+        parts.append({"gids": gids.astype(np.int64), "n_owned": int(owned.size),
+                      "points": np.ascontiguousarray(m.points[gids], dtype=np.float64),
+                      "cells": cells})
+    return parts
+
+
+def distribute(hc, m, part, *, root=0):
+    """Give every rank its part of a partitioned mesh (collective).
+
+    Only ``root`` needs the mesh and the partition (other ranks may pass
+    None); it computes every rank's local numbering and sends each its part,
+    so memory on the other ranks stays proportional to their part.
+
+    Args:
+        hc: the :class:`~hybridmpi.HybridComm`.
+        m: meshio.Mesh with tetrahedra (on ``root``).
+        part: owning rank of every point, values in ``[0, hc.size)`` (on
+            ``root``), e.g. from :func:`~hybridmpi.mesh.partition`.
+        root: the rank that holds the mesh.
+
+    Returns:
+        LocalMesh: this rank's points, cells and ghost pattern.
+
+    Raises:
+        ValueError: on every rank, when ``part`` does not fit the mesh or
+            the communicator.
+    """
+    comm = hc.comm
+    problem = parts = None
+    if hc.rank == root:
+        try:
+            n = len(m.points)
+            part = np.asarray(part)
+            if part.shape != (n,) or part.dtype.kind not in "iu":
+                problem = f"part must be an integer array of length {n}, got {part.dtype} {part.shape}"
+            elif n and (part.min() < 0 or part.max() >= hc.size):
+                problem = (f"part holds ranks {int(part.min())}..{int(part.max())}, but the "
+                           f"communicator has {hc.size} ranks")
+            else:
+                parts = _split(m, part.astype(np.int64), hc.size)
+        except (AttributeError, ValueError) as e:
+            problem = str(e)
+    problem = comm.bcast(problem, root=root)
+    if problem:
+        raise ValueError(f"hybridmpi.mesh.distribute: {problem}")
+    mine = comm.scatter(parts, root=root)
+    k = mine["n_owned"]
+    pattern = GhostPattern.from_global(hc, mine["gids"][:k], mine["gids"][k:])
+    return LocalMesh(mine["gids"], k, mine["points"], mine["cells"], pattern)

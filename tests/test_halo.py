@@ -7,6 +7,7 @@ CONFIGS = {
     "node": ([], {}),
     "node_size1": (["--node-size", "1"], {}),
     "node_size3": (["--node-size", "3"], {}),
+    "seq_cst": (["--memory-order", "seq_cst"], {}),
     "cliques2": ([], {"MPIR_CVAR_NUM_CLIQUES": "2"}),
 }
 

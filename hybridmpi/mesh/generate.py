@@ -119,7 +119,7 @@ def cube(h, *, cache_dir=None):
     slow = h < 0.04
     t0 = time.perf_counter()
     if slow:
-        print(f"hybridmpi: meshing the unit cube with h = {h:g} (about {int(1.1 / h**3):,} "
+        print(f"hybridmpi: meshing the unit cube with h = {h:g} (about {int(0.72 / h**3):,} "
               "points; written to the cache for next time)...", file=sys.stderr, flush=True)
     m = _generate(h)
     folder = _cache_dir(cache_dir)

@@ -98,7 +98,7 @@ def same(a, b):
 
 
 def hc_of(comm, cfg):
-    return hybridmpi.HybridComm(comm, node_size=cfg["node_size"])
+    return hybridmpi.HybridComm(comm, node_size=cfg["node_size"], memory_order=cfg["memory_order"])
 
 
 def case_pattern_from_global(comm, rng, **cfg):
@@ -367,7 +367,8 @@ def case_timeout_names_peer(comm, rng, **cfg):
     """A rank that skips an update: its intranode neighbors get SyncTimeout naming it."""
     if comm.size < 2 or cfg["node_size"] == 1:
         return
-    hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"], timeout=0.5)
+    hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"], memory_order=cfg["memory_order"],
+                              timeout=0.5)
     near = hc.node_ranks
     r = comm.rank
     send, recv = {}, {}
@@ -398,8 +399,9 @@ CASES = [case_pattern_from_global, case_every_method_dtype_block, case_consecuti
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--node-size", type=int, default=None)
+    ap.add_argument("--memory-order", default="acq_rel")
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--only", default="")
     a = ap.parse_args()
-    run(CASES, {"node_size": a.node_size, "iters": a.iters},
+    run(CASES, {"node_size": a.node_size, "memory_order": a.memory_order, "iters": a.iters},
         only=set(a.only.split(",")) if a.only else None)

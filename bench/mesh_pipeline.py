@@ -13,11 +13,11 @@ import tempfile
 import time
 
 import meshio
-from _common import header
 from mpi4py import MPI
 
 import hybridmpi
 from hybridmpi import mesh
+from hybridmpi.bench._common import describe_mpi
 from hybridmpi.mesh import generate
 
 
@@ -62,8 +62,8 @@ def main(argv=None):
                   f"{r['distribute_s']:>12.2f}{r['max_local_points']:>11}")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({**header("mesh_pipeline", comm, hc, a.node_size, 1, 1), "results": rows},
-                          f, indent=1)
+                json.dump({"benchmark": "mesh_pipeline", "mpi_library": describe_mpi(),
+                           "ranks": comm.size, "node_size": a.node_size, "results": rows}, f, indent=1)
             print(f"# wrote {a.json}")
     hc.free()
 

@@ -88,6 +88,63 @@ def cmd_partition(args):
             print(f"{label:<48}{stats[key]:>10.2f}")
 
 
+def _mpi_job(args, body):
+    """Run ``body(hc, comm)`` on MPI.COMM_WORLD with a HybridComm, freed after."""
+    from mpi4py import MPI
+
+    from .comm import HybridComm
+
+    comm = MPI.COMM_WORLD
+    hc = HybridComm(comm, node_size=args.node_size)
+    try:
+        return body(hc, comm)
+    finally:
+        hc.free()
+
+
+def cmd_bench(args):
+    import os
+
+    from .bench import KINDS, print_table, set_ratios, write_json
+
+    _, run, extra, _ = KINDS[args.kind]
+
+    def body(hc, comm):
+        doc = run(hc, comm, args)
+        set_ratios(doc)
+        if comm.rank == 0:
+            print_table(doc, extra)
+            if args.json:
+                folder = os.path.dirname(args.json)
+                if folder:
+                    os.makedirs(folder, exist_ok=True)
+                write_json(doc, args.json)
+                print(f"# wrote {args.json}")
+
+    _mpi_job(args, body)
+
+
+def cmd_plot(args):
+    import os
+
+    from .plot import plot
+
+    for path in args.results:
+        for png in plot(path, args.output or os.path.dirname(os.path.abspath(path))):
+            print(png)
+
+
+def cmd_demo(args):
+    from . import demo
+
+    def body(hc, comm):
+        doc = demo.run(hc, comm, args)
+        if comm.rank == 0:
+            demo.report(doc, args.output)
+
+    _mpi_job(args, body)
+
+
 def parser():
     p = _Parser(prog="hybridmpi", description="Ghost updates, barriers and reductions over "
                 "MPI-3 shared memory: tools and benchmarks.")
@@ -114,6 +171,33 @@ def parser():
     q.add_argument("--seed", type=int, default=0, help="METIS seed")
     q.add_argument("--json", action="store_true", help="print JSON instead of the table")
     q.set_defaults(func=cmd_partition)
+
+    from .bench import KINDS
+
+    q = sub.add_parser("bench", help="the paper's benchmarks (run under mpiexec)")
+    kinds = q.add_subparsers(dest="kind", metavar="KIND", parser_class=_Parser)
+    kinds.required = True
+    for kind, (arguments, _, _, about) in KINDS.items():
+        k = kinds.add_parser(kind, help=about, description=about)
+        arguments(k)
+        k.add_argument("--node-size", type=_positive_int, help="ranks per virtual node")
+        k.add_argument("--json", default=f"hybridmpi-results/bench-{kind}.json",
+                       help="output file ('' for none)")
+        k.set_defaults(func=cmd_bench)
+
+    q = sub.add_parser("plot", help="PNG figures from result JSON files")
+    q.add_argument("results", nargs="+", help="JSON files written by bench or demo")
+    q.add_argument("-o", "--output", help="folder for the figures (default: next to each file)")
+    q.set_defaults(func=cmd_plot)
+
+    q = sub.add_parser("demo", help="ghost update and collectives vs MPI on the shipped mesh "
+                       "(run under mpiexec -n N)")
+    q.add_argument("--h", type=_positive_float, default=0.05, help="cube mesh (default 0.05, shipped)")
+    q.add_argument("--iters", type=_positive_int, default=1000, help="calls per repetition")
+    q.add_argument("--reps", type=_positive_int, default=10, help="repetitions")
+    q.add_argument("--node-size", type=_positive_int, help="ranks per virtual node")
+    q.add_argument("-o", "--output", default="hybridmpi-results", help="output folder")
+    q.set_defaults(func=cmd_demo)
     return p
 
 
@@ -121,7 +205,7 @@ def main(argv=None):
     args = parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, OSError) as e:
         print(f"hybridmpi {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0

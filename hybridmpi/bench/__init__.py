@@ -1,0 +1,26 @@
+"""The benchmarks of seed 003 (Section 4), run by ``hybridmpi bench KIND`` under mpiexec.
+
+Every kind prints an OSU-style table with the MPI baseline of the same run
+and the ratio to it, and writes a JSON document (schema in bench/README.md,
+checked by :func:`validate`).
+"""
+
+from . import collectives, dot, ghost
+from ._common import SCHEMA, print_table, set_ratios, validate, write_json
+
+#: kind -> (add its arguments to a parser, run it: (hc, comm, args) -> document,
+#: extra table columns, one-line help)
+KINDS = {
+    "barrier": (collectives.barrier_arguments, collectives.run_barrier, (),
+                "tree and linear shared-memory barrier vs MPI_Barrier (paper 4.3)"),
+    "allreduce": (collectives.allreduce_arguments, collectives.run_allreduce, (),
+                  "scalar allreduce, acq_rel and seq_cst, vs MPI_Allreduce (paper 4.4)"),
+    "dot": (dot.arguments, dot.run, (("Gflop/s", "gflops"),),
+            "dot-product flop rate per core vs length, with and without the reduction (4.5)"),
+    "ghost": (ghost.arguments, ghost.run, (("kB/rank", "data_kb"),),
+              "every Halo method and flat-numpy on cube meshes or a ring (4.6, 6.4)"),
+    "sync": (collectives.sync_arguments, collectives.run_sync, (),
+             "first call after 100 MPI_Barrier vs after 100 shm barriers (4.1, Fig. 10)"),
+}
+
+__all__ = ["KINDS", "SCHEMA", "print_table", "set_ratios", "validate", "write_json"]

@@ -1,0 +1,161 @@
+"""Ghost update (paper 4.6, 6.4): every Halo method vs what users write with mpi4py.
+
+Two kinds of pattern:
+
+- ``--h 0.05,0.03``: the unit cube meshed with gmsh, partitioned by METIS
+  for the job's ranks (two levels with ``--node-size``), distributed;
+  ``--block`` values per point (3 as in the paper);
+- ``--sizes 4,20,78,312``: a synthetic ring, KiB per neighbor, laid out
+  as distribute() does (``--layout scattered`` sends randomly placed points).
+
+Timed in the same run: every method's ``update(x)``; ``flat-numpy``, the
+baseline (``np.take`` of the send points, Irecv/Isend, Waitall, fancy-index
+assignment of the ghosts); ``floor``, the C pack of the send points plus
+unpack of the ghosts with no communication.  Every method's result is
+checked against flat-numpy's before it is timed.
+"""
+
+import numpy as np
+
+from .._clib import ffi, lib
+from ..halo import Halo
+from ..pattern import GhostPattern
+from ..transport import METHODS
+from ..transport._base import FWD, Xchg, private_chans
+from ._common import Progress, add, document, timed
+
+
+def arguments(p):
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--h", default=None, help="cube meshes, comma-separated lengths (default 0.05)")
+    src.add_argument("--sizes", default=None, help="synthetic ring: KiB per neighbor, comma-separated")
+    p.add_argument("--methods", default=",".join(METHODS), help="Halo methods to time")
+    p.add_argument("--block", type=int, default=None, help="values per point (mesh: 3, ring: 1)")
+    p.add_argument("--layout", choices=["contiguous", "scattered"], default="contiguous",
+                   help="ring only: where the sent points lie")
+    p.add_argument("--iters", type=int, default=0, help="calls per repetition (0: by size)")
+    p.add_argument("--reps", type=int, default=15, help="repetitions")
+
+
+def ring_pattern(hc, npts, layout, rng):
+    """Send and receive lists of a ring exchange with ``npts`` points per neighbor."""
+    r, p = hc.rank, hc.size
+    peers = sorted({(r - 1) % p, (r + 1) % p} - {r})
+    n_send = npts * len(peers)
+    n_inner = 4 * n_send
+    n_owned = n_inner + n_send
+    send, recv = {}, {}
+    for i, q in enumerate(peers):
+        if layout == "contiguous":
+            send[q] = np.arange(n_inner + i * npts, n_inner + (i + 1) * npts)
+        else:
+            send[q] = np.sort(rng.choice(n_owned, npts, replace=False))
+        recv[q] = np.arange(n_owned + i * npts, n_owned + (i + 1) * npts)
+    return GhostPattern(hc, send=send, recv=recv, size=n_owned + n_send)
+
+
+def mesh_pattern(hc, h):
+    """The GhostPattern of the cube mesh ``h`` partitioned for the job's ranks."""
+    from .. import mesh
+
+    m = part = None
+    if hc.rank == 0:
+        m = mesh.cube(h)
+        ns = hc.node_size if hc.num_nodes > 1 and hc.size % hc.node_size == 0 else None
+        part = mesh.partition(m, hc.size, node_size=ns)
+    return mesh.distribute(hc, m, part).pattern
+
+
+class FlatNumpy:
+    """The ghost update as users write it with mpi4py and numpy."""
+
+    def __init__(self, comm, pattern, tag=77):
+        self.comm, self.tag = comm, tag
+        self.send = [(p, np.asarray(ids)) for p, ids in pattern.send.items()]
+        self.recv = [(p, np.asarray(ids)) for p, ids in pattern.recv.items()]
+
+    def update(self, x):
+        from mpi4py import MPI
+
+        comm, tag = self.comm, self.tag
+        bufs = [np.empty((ids.size,) + x.shape[1:], dtype=x.dtype) for _, ids in self.recv]
+        reqs = [comm.Irecv(b, p, tag) for (p, _), b in zip(self.recv, bufs)]
+        reqs += [comm.Isend(np.take(x, ids, axis=0), p, tag) for p, ids in self.send]
+        MPI.Request.Waitall(reqs)
+        for (_, ids), b in zip(self.recv, bufs):
+            x[ids] = b
+
+
+class Floor:
+    """Pack the send points and unpack the ghosts with the C kernels, nothing else."""
+
+    def __init__(self, halo):
+        sends, recvs = halo.plan(FWD)
+        self._bufs = [private_chans(sends, halo.esz), private_chans(recvs, halo.esz)]
+        self.pack = Xchg(halo, self._bufs[0][1])
+        self.unpack = Xchg(halo, self._bufs[1][1])
+
+    def update(self, xbuf):
+        lib.hm_xchg_send(self.pack.x, xbuf, 1)
+        lib.hm_xchg_recv(self.unpack.x, xbuf, 1, lib.HM_INSERT, 0)
+
+
+def measure(doc, hc, pattern, x_value, block, methods, iters, reps, rng, bar):
+    """Time flat-numpy, every method and the floor on one pattern; rows at x = x_value."""
+    from mpi4py import MPI
+
+    comm = hc.comm
+    shape = (pattern.size,) if block == 1 else (pattern.size, block)
+    x = rng.standard_normal(shape)
+    ref = FlatNumpy(comm, pattern)
+    want = x.copy()
+    ref.update(want)
+    kb = comm.allreduce(pattern.n_ghosts * block * 8 / 1000) / comm.size
+    extra = {"iters": iters, "data_kb": kb, "block": block}
+    add(doc, "flat-numpy", x_value, timed(comm, hc.barrier, lambda: ref.update(x), iters, reps),
+        baseline=True, **extra)
+    bar.step(f"flat-numpy {x_value}")
+    for method in methods:
+        with Halo(pattern, block=block, method=method) as h:
+            y = x.copy()
+            h.update(y)
+            if not comm.allreduce(int(y.tobytes() == want.tobytes()), op=MPI.MIN):
+                raise RuntimeError(f"hybridmpi bench ghost: method {method} gave another result")
+            add(doc, method, x_value, timed(comm, hc.barrier, lambda h=h: h.update(x), iters, reps),
+                **extra)
+            if method == methods[0]:
+                floor = Floor(h)
+                xbuf = ffi.from_buffer("char[]", x)
+                add(doc, "floor", x_value, timed(comm, hc.barrier, lambda f=floor, b=xbuf: f.update(b),
+                                                 iters, reps), **extra)
+        bar.step(f"{method} {x_value}")
+
+
+def run(hc, comm, a):
+    methods = [m for m in a.methods.split(",") if m]
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"unknown method(s) {bad}; use some of {list(METHODS)}")
+    rng = np.random.default_rng(comm.rank)
+    if a.sizes:
+        values = [float(s) for s in a.sizes.split(",")]
+        block = a.block or 1
+        doc = document("ghost", f"ghost update, ring pattern ({a.layout}), float64 block {block}, "
+                       "time per update (us)", "KiB/neighbor", hc, a.node_size, reps=a.reps,
+                       pattern="ring", layout=a.layout)
+    else:
+        values = [float(s) for s in (a.h or "0.05").split(",")]
+        block = a.block or 3
+        doc = document("ghost", f"ghost update, cube mesh, float64 block {block}, time per update "
+                       "(us)", "mesh h", hc, a.node_size, reps=a.reps, pattern="cube")
+    bar = Progress(comm, len(values) * (len(methods) + 1), "ghost")
+    for v in values:
+        if a.sizes:
+            pattern = ring_pattern(hc, max(1, int(v * 1024) // (8 * block)), a.layout, rng)
+            size_kb = v
+        else:
+            pattern = mesh_pattern(hc, v)
+            size_kb = comm.allreduce(pattern.n_ghosts * block * 8 / 1024) / comm.size
+        iters = a.iters or int(min(5000, max(50, 40000 / max(size_kb, 1))))
+        measure(doc, hc, pattern, v, block, methods, iters, a.reps, rng, bar)
+    return doc

@@ -1,0 +1,123 @@
+"""PNG figures from benchmark JSON documents, in the spirit of seed 003's figures."""
+
+import json
+import os
+
+from .bench import validate
+
+
+def _load(source):
+    if isinstance(source, dict):
+        return validate(source)
+    with open(source) as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{source}: not JSON ({e})") from None
+    try:
+        return validate(doc)
+    except ValueError as e:
+        raise ValueError(f"{source}: not a hybridmpi result document: {e}") from None
+
+
+def _series(doc):
+    out = {}
+    for r in doc["results"]:
+        out.setdefault(r["series"], []).append(r)
+    return out
+
+
+def plot(source, outdir):
+    """Write the figures of one result document; return their paths.
+
+    ``<benchmark>-time.png``: mean time per call of every series against
+    the x value (size, length, mesh), with min-max bars; one group of bars
+    per x when there are few x values.  ``<benchmark>-ratio.png``: the ratio
+    of every series to the MPI baseline of the same run (1 = as fast).
+    Results that carry a flop rate (``dot``) add ``<benchmark>-gflops.png``.
+
+    Args:
+        source: path of a JSON document, or the document itself.
+        outdir: folder for the PNG files (created if needed).
+
+    Raises:
+        ValueError: the file is not a hybridmpi result document.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    doc = _load(source)
+    os.makedirs(outdir, exist_ok=True)
+    name = doc["benchmark"]
+    series = _series(doc)
+    xs = sorted({r["x"] for r in doc["results"]}, key=lambda v: (isinstance(v, str), v))
+    numeric = all(isinstance(v, (int, float)) for v in xs) and len(xs) > 2
+    subtitle = f"{doc['ranks']} ranks, {doc['nodes']} node(s); {doc['mpi_library']}"
+    paths = []
+    for kind in ("time", "ratio"):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        rows_of = {s: rows for s, rows in series.items()
+                   if kind == "time" or any(r["ratio"] is not None for r in rows)}
+        if numeric:
+            for s, rows in rows_of.items():
+                rows = sorted(rows, key=lambda r: r["x"])
+                x = [r["x"] for r in rows]
+                if kind == "time":
+                    y = [r["mean"] for r in rows]
+                    err = [[r["mean"] - r["min"] for r in rows], [r["max"] - r["mean"] for r in rows]]
+                    ax.errorbar(x, y, yerr=err, marker="o", capsize=3,
+                                linestyle="--" if rows[0]["baseline"] else "-", label=s)
+                else:
+                    ax.plot(x, [r["ratio"] for r in rows], marker="o", label=s)
+            ax.set_xscale("log")
+            ax.set_xlabel(doc["x_label"])
+        else:
+            width = 0.8 / max(len(rows_of), 1)
+            for k, (s, rows) in enumerate(rows_of.items()):
+                at = {r["x"]: r for r in rows}
+                pos = [i + k * width for i, v in enumerate(xs) if v in at]
+                vals = [at[v]["mean" if kind == "time" else "ratio"] for v in xs if v in at]
+                if kind == "time":
+                    err = [[at[v]["mean"] - at[v]["min"] for v in xs if v in at],
+                           [at[v]["max"] - at[v]["mean"] for v in xs if v in at]]
+                    ax.bar(pos, vals, width, yerr=err, capsize=3, label=s)
+                else:
+                    ax.bar(pos, vals, width, label=s)
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))], [str(v) for v in xs])
+            ax.set_xlabel(doc["x_label"])
+        if kind == "time":
+            ax.set_ylabel(f"time per call ({doc['unit']}), mean with min-max")
+            means = [r["mean"] for r in doc["results"] if r["mean"] > 0]
+            if numeric or (means and max(means) > 20 * min(means)):
+                ax.set_yscale("log")
+        else:
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.set_ylabel("ratio to the MPI baseline (below 1: faster)")
+        ax.set_title(f"{doc['title']}\n{subtitle}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(outdir, f"{name}-{kind}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    rated = [r for r in doc["results"] if isinstance(r.get("gflops"), (int, float))]
+    if rated:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for s, rows in _series({"results": rated}).items():
+            rows = sorted(rows, key=lambda r: r["x"])
+            ax.plot([r["x"] for r in rows], [r["gflops"] for r in rows], marker="o", label=s)
+        ax.set_xscale("log")
+        ax.set_xlabel(doc["x_label"])
+        ax.set_ylabel("flop rate per core (Gflop/s)")
+        ax.set_title(f"{doc['title']}\n{subtitle}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(outdir, f"{name}-gflops.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

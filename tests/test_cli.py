@@ -1,0 +1,101 @@
+"""The hybridmpi command: every subcommand briefly, JSON against the schema, plots, bad arguments."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import MPIEXEC, mpi_flavor
+
+from hybridmpi.bench import KINDS, validate
+
+TINY = {
+    "barrier": ["--iters", "20", "--reps", "2"],
+    "allreduce": ["--iters", "20", "--reps", "2", "--sizes", "1,8"],
+    "dot": ["--reps", "2", "--lengths", "10,1000", "--iters", "5"],
+    "ghost": ["--reps", "2", "--iters", "5", "--h", "0.1"],
+    "sync": ["--reps", "3", "--warmup", "5"],
+}
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hybridmpi", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def mpirun(n, *args, cwd=None, timeout=240):
+    env = dict(os.environ, HYBRIDMPI_TIMEOUT="60", OPENBLAS_NUM_THREADS="1")
+    cmd = [MPIEXEC, "-n", str(n)]
+    if mpi_flavor() == "openmpi":
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd += ["--oversubscribe", "--timeout", str(timeout)]
+    else:
+        env["MPIEXEC_TIMEOUT"] = str(timeout)
+    cmd += [sys.executable, "-m", "mpi4py", "-m", "hybridmpi", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=cwd)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_version_and_help():
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("hybridmpi ")
+    for sub in (["mesh"], ["partition"], ["bench"], ["plot"], ["demo"], *(["bench", k] for k in KINDS)):
+        out = cli(*sub, "--help")
+        assert out.returncode == 0 and "usage:" in out.stdout, (sub, out.stderr)
+
+
+@pytest.mark.parametrize("args", [
+    [], ["nope"], ["bench"], ["bench", "nope"], ["bench", "ghost", "--h", "0.1", "--sizes", "4"],
+    ["bench", "barrier", "--iters", "x"], ["demo", "--iters", "0"], ["plot"], ["plot", "missing.json"],
+    ["plot", "not-json.json"], ["plot", "not-ours.json"], ["mesh", "--h", "0"],
+    ["mesh", "--mesh", "missing.vtu"],
+])
+def test_bad_arguments_one_line_exit_2(args, tmp_path):
+    (tmp_path / "not-json.json").write_text("{")
+    (tmp_path / "not-ours.json").write_text('{"a": 1}')
+    out = cli(*args, cwd=tmp_path)
+    assert out.returncode == 2, (args, out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_bench_kind_json_and_plot(kind, tmp_path):
+    path = tmp_path / f"{kind}.json"
+    out = mpirun(2, "bench", kind, *TINY[kind], "--json", str(path))
+    assert "ratio" in out and f"# wrote {path}" in out
+    doc = validate(json.loads(path.read_text()))
+    assert doc["benchmark"] == kind and doc["ranks"] == 2
+    base = [r for r in doc["results"] if r["baseline"]]
+    assert base and all(r["ratio"] is not None for r in doc["results"] if not r["baseline"])
+    assert all(len(r["samples"]) == int(TINY[kind][TINY[kind].index("--reps") + 1])
+               for r in doc["results"])
+    plots = cli("plot", str(path), "-o", str(tmp_path / "png"))
+    assert plots.returncode == 0, plots.stderr
+    pngs = plots.stdout.split()
+    assert len(pngs) >= 2
+    for png in pngs:
+        with open(png, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert os.path.getsize(png) > 5000
+
+
+def test_bench_ghost_ring_and_virtual_nodes(tmp_path):
+    path = tmp_path / "ring.json"
+    mpirun(4, "bench", "ghost", "--sizes", "4", "--methods", "atomic,flat", "--reps", "2", "--iters", "5",
+           "--node-size", "2", "--json", str(path))
+    doc = validate(json.loads(path.read_text()))
+    assert doc["nodes"] == 2 and doc["node_size"] == 2
+    assert {r["series"] for r in doc["results"]} == {"flat-numpy", "atomic", "flat", "floor"}
+
+
+def test_demo(tmp_path):
+    out = mpirun(2, "demo", "--iters", "20", "--reps", "2", cwd=tmp_path)
+    assert "fastest ghost update method" in out
+    folder = tmp_path / "hybridmpi-results"
+    doc = validate(json.loads((folder / "demo.json").read_text()))
+    assert {r["x"] for r in doc["results"]} == {"barrier", "allreduce", "ghost update"}
+    for png in ("demo-time.png", "demo-ratio.png"):
+        assert (folder / png).stat().st_size > 5000

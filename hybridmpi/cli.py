@@ -145,6 +145,20 @@ def cmd_demo(args):
     _mpi_job(args, body)
 
 
+def cmd_solve(args):
+    from .fem import solve
+
+    def body(hc, comm):
+        r = solve.run(hc, args.h, method=args.method, tol=args.tol, node_size=args.node_size,
+                      vtu=args.vtu)
+        if comm.rank == 0:
+            solve.report(r)
+            if args.vtu:
+                print(f"# wrote {args.vtu}")
+
+    _mpi_job(args, body)
+
+
 def parser():
     p = _Parser(prog="hybridmpi", description="Ghost updates, barriers and reductions over "
                 "MPI-3 shared memory: tools and benchmarks.")
@@ -184,6 +198,16 @@ def parser():
         k.add_argument("--json", default=f"hybridmpi-results/bench-{kind}.json",
                        help="output file ('' for none)")
         k.set_defaults(func=cmd_bench)
+
+    from .transport import METHODS
+
+    q = sub.add_parser("solve", help="P1 Poisson with conjugate gradients on the cube (run under mpiexec)")
+    q.add_argument("--h", type=_positive_float, default=0.05, help="cube mesh (default 0.05)")
+    q.add_argument("--method", choices=list(METHODS), default="atomic", help="Halo method")
+    q.add_argument("--tol", type=float, default=1e-10, help="relative residual (default 1e-10)")
+    q.add_argument("--node-size", type=_positive_int, help="ranks per virtual node")
+    q.add_argument("--vtu", help="write the solution to this VTU file (ParaView)")
+    q.set_defaults(func=cmd_solve)
 
     q = sub.add_parser("plot", help="PNG figures from result JSON files")
     q.add_argument("results", nargs="+", help="JSON files written by bench or demo")

@@ -48,3 +48,18 @@ def run_mpi(script, n, *args, env=None, timeout=240):
     assert proc.returncode == 0, f"{script} on {n} ranks failed (rc={proc.returncode}):\n{out}"
     assert "SUMMARY:" in proc.stdout and " 0 failed" in proc.stdout, out
     return proc.stdout
+
+
+def mpirun(n, *args, cwd=None, timeout=240):
+    """Run ``python -m hybridmpi ARGS`` on ``n`` ranks (aborting all on an error); return stdout."""
+    env = dict(os.environ, HYBRIDMPI_TIMEOUT="60", OPENBLAS_NUM_THREADS="1")
+    cmd = [MPIEXEC, "-n", str(n)]
+    if mpi_flavor() == "openmpi":
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd += ["--oversubscribe", "--timeout", str(timeout)]
+    else:
+        env["MPIEXEC_TIMEOUT"] = str(timeout)
+    cmd += [sys.executable, "-m", "mpi4py", "-m", "hybridmpi", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=cwd)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import MPIEXEC, mpi_flavor
+from conftest import mpirun
 
 from hybridmpi.bench import KINDS, validate
 
@@ -16,6 +16,7 @@ TINY = {
     "dot": ["--reps", "2", "--lengths", "10,1000", "--iters", "5"],
     "ghost": ["--reps", "2", "--iters", "5", "--h", "0.1"],
     "sync": ["--reps", "3", "--warmup", "5"],
+    "cg": ["--reps", "2", "--iterations", "5", "--h", "0.1"],
 }
 
 
@@ -24,24 +25,11 @@ def cli(*args, cwd=None):
                           timeout=300, cwd=cwd)
 
 
-def mpirun(n, *args, cwd=None, timeout=240):
-    env = dict(os.environ, HYBRIDMPI_TIMEOUT="60", OPENBLAS_NUM_THREADS="1")
-    cmd = [MPIEXEC, "-n", str(n)]
-    if mpi_flavor() == "openmpi":
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        cmd += ["--oversubscribe", "--timeout", str(timeout)]
-    else:
-        env["MPIEXEC_TIMEOUT"] = str(timeout)
-    cmd += [sys.executable, "-m", "mpi4py", "-m", "hybridmpi", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=cwd)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
-
-
 def test_version_and_help():
     out = cli("--version")
     assert out.returncode == 0 and out.stdout.startswith("hybridmpi ")
-    for sub in (["mesh"], ["partition"], ["bench"], ["plot"], ["demo"], *(["bench", k] for k in KINDS)):
+    for sub in (["mesh"], ["partition"], ["bench"], ["plot"], ["demo"], ["solve"],
+                *(["bench", k] for k in KINDS)):
         out = cli(*sub, "--help")
         assert out.returncode == 0 and "usage:" in out.stdout, (sub, out.stderr)
 

@@ -5,7 +5,7 @@ and the ratio to it, and writes a JSON document (schema in bench/README.md,
 checked by :func:`validate`).
 """
 
-from . import collectives, dot, ghost
+from . import cg, collectives, dot, ghost
 from ._common import SCHEMA, print_table, set_ratios, validate, write_json
 
 #: kind -> (add its arguments to a parser, run it: (hc, comm, args) -> document,
@@ -21,6 +21,8 @@ KINDS = {
               "every Halo method and flat-numpy on cube meshes or a ring (4.6, 6.4)"),
     "sync": (collectives.sync_arguments, collectives.run_sync, (),
              "first call after 100 MPI_Barrier vs after 100 shm barriers (4.1, Fig. 10)"),
+    "cg": (cg.arguments, cg.run, (),
+           "time per CG iteration of P1 Poisson: atomic vs flat vs flat-numpy"),
 }
 
 __all__ = ["KINDS", "SCHEMA", "print_table", "set_ratios", "validate", "write_json"]

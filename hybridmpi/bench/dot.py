@@ -19,10 +19,8 @@ def run(hc, comm, a):
 
     doc = document("dot", "dot product x.y of float64 vectors, time per call (us); gflops = "
                    "flop rate per core", "length", hc, a.node_size, reps=a.reps,
-                   blas_threads=os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS"))
-    if not doc["blas_threads"]:
-        doc["notes"] = ["OPENBLAS_NUM_THREADS / OMP_NUM_THREADS unset: BLAS may use several threads "
-                        "per rank; set them to 1 for a rate per core"]
+                   blas_threads=os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+                   or "1 (set by the hybridmpi command)")
     rng = np.random.default_rng(comm.rank)
     bar = Progress(comm, 3 * len(lengths), "dot")
     for n in lengths:

@@ -185,11 +185,14 @@ typedef struct hm_xchg {
     hm_chan *chan;
     int esz;                  /* bytes per point: item size * block */
     int dtype;                /* element type, for combining */
+    void *entered;            /* if set, receives the epoch when a send starts
+                                 (read by peers to name ranks that never came) */
     hm_wait_policy policy;
-    hm_error err;             /* peer: index of the channel that timed out */
+    hm_error err;             /* peer: rank of the channel that timed out */
 } hm_xchg;
 
-/* Sender side of epoch `epoch` (1, 2, ...): for each channel, wait until
+/* Sender side of epoch `epoch` (1, 2, ...): record the epoch in `entered`
+ * (relaxed; diagnostic only), then for each channel wait until
  * its DONE counter reached epoch - 2 (the buffer of this parity is free),
  * pack the points of `x` into buf[epoch & 1] and publish READY = epoch
  * with a release store.  Private channels are only packed. */

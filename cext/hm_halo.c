@@ -71,6 +71,8 @@ int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
     int ord = s->policy.order, esz = s->esz;
     char *buf = (char *)x;
     s->err.code = HM_OK;
+    if (s->entered)
+        atomic_store_explicit((hm_counter *)s->entered, e, memory_order_relaxed);
     for (int i = 0; i < s->n; i++) {
         hm_chan *c = &s->chan[i];
         uint64_t seen = 0;

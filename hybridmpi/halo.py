@@ -84,6 +84,7 @@ class Halo:
         self._shapes = ((pattern.size, block),) if block > 1 else ((pattern.size,), (pattern.size, 1))
         self._epoch = [0, 0]
         self._pending = None
+        self._current = FWD
         self._view = (None, None)
         self._broken = None
         self._t = METHODS[method](self)
@@ -115,10 +116,15 @@ class Halo:
     def timeout_error(self, detail, peer, counter, epoch):
         """A SyncTimeout for this Halo, which becomes unusable."""
         self._broken = "SyncTimeout"
-        what = _WHAT[self._pending[0]] if self._pending else "update"
-        return SyncTimeout(f"hybridmpi: rank {self.hc.rank} timed out after {self.timeout:g} s in "
-                           f"Halo.{what} (method {self.method!r}): {detail}",
-                           rank=self.hc.rank, peer=peer, counter=counter, epoch=epoch)
+        d = self._pending[0] if self._pending else self._current
+        shm = getattr(self._t, "shm", None)
+        missing = shm.missing(d, epoch) if shm is not None else []
+        msg = (f"hybridmpi: rank {self.hc.rank} timed out after {self.timeout:g} s in "
+               f"Halo.{_WHAT[d]} (method {self.method!r}): {detail}")
+        if missing:
+            msg += f"; ranks of this node that have not entered call {epoch}: {missing}"
+        return SyncTimeout(msg, rank=self.hc.rank, peer=peer, counter=counter, epoch=epoch,
+                           missing=missing)
 
     def _usable(self):
         if self._t is None:
@@ -174,6 +180,7 @@ class Halo:
         if self._pending:
             raise self._state_error("update")
         e = self._epoch[FWD] = self._epoch[FWD] + 1
+        self._current = FWD
         self._t.run(FWD, buf, e, lib.HM_INSERT)
 
     def update_begin(self, x):
@@ -211,6 +218,7 @@ class Halo:
         if self._pending:
             raise self._state_error("reverse")
         e = self._epoch[REV] = self._epoch[REV] + 1
+        self._current = REV
         self._t.run(REV, buf, e, code)
 
     def reverse_begin(self, x, op="add"):

@@ -51,16 +51,33 @@ def run_mpi(script, n, *args, env=None, timeout=240):
     return proc.stdout
 
 
-def mpirun(n, *args, cwd=None, timeout=240):
-    """Run ``python -m hybridmpi ARGS`` on ``n`` ranks (aborting all on an error); return stdout."""
-    env = dict(os.environ, HYBRIDMPI_TIMEOUT="60", OPENBLAS_NUM_THREADS="1")
+def launch(n, argv, *, env=None, cwd=None, timeout=240, abort=True, check=True):
+    """Run ``python [-m mpi4py] ARGV`` on ``n`` ranks; return stdout.
+
+    With ``abort`` (the default) an uncaught exception aborts every rank.
+    With ``check=False`` return (exit code, stdout + stderr) instead of
+    failing on a non-zero exit code.
+    """
+    full_env = dict(os.environ, HYBRIDMPI_TIMEOUT="60", OPENBLAS_NUM_THREADS="1")
+    full_env.update(env or {})
     cmd = [MPIEXEC, "-n", str(n)]
     if mpi_flavor() == "openmpi":
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         cmd += ["--oversubscribe", "--timeout", str(timeout)]
     else:
-        env["MPIEXEC_TIMEOUT"] = str(timeout)
-    cmd += [sys.executable, "-m", "mpi4py", "-m", "hybridmpi", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=cwd)
+        full_env["MPIEXEC_TIMEOUT"] = str(timeout)
+    cmd += [sys.executable, *(["-m", "mpi4py"] if abort else []), *argv]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
+                             cwd=cwd)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{argv} on {n} ranks hung past {timeout + 30} s:\n{e.stdout}\n{e.stderr}")
+    if not check:
+        return out.returncode, out.stdout + out.stderr
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
+
+
+def mpirun(n, *args, cwd=None, timeout=240):
+    """Run ``python -m hybridmpi ARGS`` on ``n`` ranks; return stdout."""
+    return launch(n, ["-m", "hybridmpi", *args], cwd=cwd, timeout=timeout)

@@ -29,7 +29,7 @@ def runs(ids):
 class Xchg:
     """A C ``hm_xchg`` over channels, keeping alive what it points to."""
 
-    def __init__(self, halo, chans):
+    def __init__(self, halo, chans, entered=None):
         self.peers = [c.peer for c in chans]
         self._keep = []
         self._arr = ffi.new("hm_chan[]", max(len(chans), 1))
@@ -51,6 +51,7 @@ class Xchg:
         x.chan = self._arr
         x.esz = halo.esz
         x.dtype = halo.dtype_code
+        x.entered = ffi.cast("void *", entered or 0)
         pol = halo.hc._st.policy
         for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "order"):
             setattr(x.policy, field, getattr(pol, field))

@@ -3,11 +3,13 @@
 For every directed intranode channel s -> r (one per direction of update):
 two send buffers and the DONE counter in s's segment, the READY counter in
 r's segment.  Every counter owns a 128-byte region, written by one process.
+Each segment starts with a region holding the last epoch this rank entered
+per direction, read after a timeout to name the ranks that never came.
 """
 
 import numpy as np
 
-from .._clib import lib
+from .._clib import ffi, lib
 from ._base import FWD, REV, Chan, Messages, Xchg
 
 _R = lib.HM_REGION
@@ -33,7 +35,7 @@ class SharedWindow:
         me = hc.rank
         self.me = me
         self.node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
-        layout, off = {}, 0
+        layout, off = {}, _R  # the first region: epochs entered
         for d in (FWD, REV):
             sends, recvs = halo.plan(d)
             for p, ids in sends:
@@ -66,6 +68,16 @@ class SharedWindow:
             self.win.Lock_all(MPI.MODE_NOCHECK)
             self.win.Sync()
         hc.node_comm.Barrier()
+
+    def entered(self, d):
+        """Address of this rank's "entered" word of direction ``d``."""
+        return self.base[self.node_rank[self.me]] + 8 * d
+
+    def missing(self, d, epoch):
+        """Ranks of this node whose last entered call of direction ``d`` is before ``epoch``."""
+        ranks = sorted(self.node_rank, key=self.node_rank.get)
+        return [r for r in ranks
+                if lib.hm_load(ffi.cast("void *", self.base[self.node_rank[r]] + 8 * d), 0) < epoch]
 
     def _at(self, rank, key, field):
         nr = self.node_rank[rank]
@@ -116,7 +128,7 @@ class Direction:
         self.msgs = Messages(halo, [(p, ids) for p, ids in sends if p not in near],
                              [(p, ids) for p, ids in recvs if p not in near],
                              halo.tag + d, persistent)
-        self.send = Xchg(halo, self.send_chans)
+        self.send = Xchg(halo, self.send_chans, shm.entered(d))
         self.recv = Xchg(halo, self.recv_chans)
         self.recv_all = Xchg(halo, sorted(self.recv_chans + self.msgs.recv_chans,
                                           key=lambda c: c.peer))

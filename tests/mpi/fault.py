@@ -1,0 +1,63 @@
+"""Fault injection, run by tests/test_faults.py (not through the case harness: ranks die here).
+
+    python fault.py MODE      MODE: raise-update, raise-barrier, kill, clean, caught
+
+raise-*: rank 1 raises in the middle of a run of updates (or barriers); the
+other ranks must get SyncTimeout naming rank 1 and print it.  kill: rank 1
+kills itself with SIGKILL.  clean and caught: a normal run, and one whose
+errors the program catches; both must leave nothing in /dev/shm.
+"""
+
+import os
+import signal
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import hybridmpi
+from hybridmpi import GhostPattern, Halo, PatternError, SyncTimeout
+
+mode = sys.argv[1]
+comm = MPI.COMM_WORLD
+r, p = comm.rank, comm.size
+hc = hybridmpi.HybridComm(comm, timeout=float(os.environ.get("FAULT_TIMEOUT", "3")))
+nxt, prv = (r + 1) % p, (r - 1) % p
+pattern = GhostPattern(hc, send={nxt: [0, 1]}, recv={prv: [2, 3]}, size=4)
+halo = Halo(pattern)
+x = np.arange(4, dtype=float)
+for _ in range(20):
+    halo.update(x)
+    hc.barrier()
+
+if mode == "caught":
+    for bad in (lambda: hc.allreduce("x"), lambda: halo.update(np.zeros(7)),
+                lambda: GhostPattern(hc, send={r: [0]}, recv={}, size=1)):
+        try:
+            bad()
+        except (TypeError, ValueError, PatternError):
+            pass
+        else:
+            raise AssertionError("no error")
+if mode in ("clean", "caught"):
+    halo.update(x)
+    halo.free()
+    hc.free()
+    print(f"rank {r}: done", flush=True)
+    sys.exit(0)
+
+if r == 1:
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError("injected fault on rank 1")
+try:
+    for _ in range(5):
+        if mode == "raise-barrier":
+            hc.barrier()
+        else:
+            halo.update(x)
+except SyncTimeout as e:
+    print(f"rank {r}: SyncTimeout peer={e.peer} missing={list(e.missing)}: {e}", flush=True)
+    sys.exit(3)
+print(f"rank {r}: no timeout", flush=True)
+sys.exit(4)

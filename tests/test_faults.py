@@ -1,0 +1,52 @@
+"""Faults: a rank that raises or is killed ends the job within the timeout, naming the rank;
+normal runs and runs whose errors the program catches leave nothing in /dev/shm."""
+
+import os
+import re
+import time
+
+import pytest
+from conftest import launch, mpi_flavor
+
+FAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi", "fault.py")
+ENV = {"FAULT_TIMEOUT": "3"}
+
+
+def shm():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("mode", ["raise-update", "raise-barrier"])
+def test_raise_others_name_the_rank(mode):
+    """Without `python -m mpi4py`: every other rank gets SyncTimeout naming rank 1, then the job ends."""
+    t0 = time.monotonic()
+    rc, out = launch(3, [FAULT, mode], env=ENV, abort=False, check=False, timeout=60)
+    assert rc != 0 and time.monotonic() - t0 < 45, out
+    assert "injected fault on rank 1" in out, out
+    for r in (0, 2):
+        m = re.search(rf"rank {r}: SyncTimeout peer=(\S+) missing=\[([\d, ]*)\]", out)
+        assert m, out
+        assert 1 in [int(v) for v in m.group(2).split(",") if v.strip()], out
+
+
+def test_raise_under_mpi4py_aborts_the_job():
+    """The documented use: `python -m mpi4py` turns the uncaught exception into MPI_Abort."""
+    t0 = time.monotonic()
+    rc, out = launch(3, [FAULT, "raise-update"], env=ENV, check=False, timeout=60)
+    assert rc != 0 and "injected fault on rank 1" in out and time.monotonic() - t0 < 30, out
+
+
+def test_sigkill_ends_the_job():
+    t0 = time.monotonic()
+    rc, out = launch(3, [FAULT, "kill"], env=ENV, check=False, timeout=60)
+    assert rc != 0 and time.monotonic() - t0 < 45, out
+
+
+@pytest.mark.parametrize("mode", ["clean", "caught"])
+def test_nothing_left_in_dev_shm(mode):
+    if mpi_flavor() != "mpich" and not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    before = shm()
+    out = launch(3, [FAULT, mode], env=ENV)
+    assert out.count("done") == 3, out
+    assert shm() - before == set()

@@ -1,5 +1,8 @@
 """Halo: the ghost update of a GhostPattern, with a choice of transport."""
 
+import os
+import warnings
+
 import numpy as np
 
 from ._clib import ffi, lib
@@ -30,8 +33,10 @@ class Halo:
         method: ``"atomic"`` (shared buffers and C11 epoch counters, the
             default), or a baseline: ``"flat"`` (Isend/Irecv), ``"neighbor"``
             (Neighbor_alltoallv), ``"fence"``, ``"pscw"``, ``"lock"`` (shared
-            buffers synchronized by MPI RMA calls).  Every method gives the
-            same bits.
+            buffers synchronized by MPI RMA calls); ``"auto"``: atomic, or
+            flat with a RuntimeWarning when the shared buffers do not fit.
+            Default: env ``HYBRIDMPI_METHOD``, else ``"atomic"``.  Every
+            method gives the same bits.
 
     Arrays passed to the operations are C-contiguous, writeable numpy
     arrays of shape ``(size,)`` or ``(size, block)`` and of the Halo's dtype.
@@ -42,10 +47,11 @@ class Halo:
     Raises:
         TypeError: not a GhostPattern, or an unsupported dtype.
         ValueError: bad block or method, or ranks that passed different ones.
+        MemoryError: the shared buffers do not fit in /dev/shm (every rank).
         FreedError: the pattern's HybridComm was freed.
     """
 
-    def __init__(self, pattern, *, dtype=np.float64, block=1, method="atomic"):
+    def __init__(self, pattern, *, dtype=np.float64, block=1, method=None):
         if not isinstance(pattern, GhostPattern):
             raise TypeError(f"hybridmpi: Halo needs a GhostPattern, got {type(pattern).__name__}")
         hc = pattern.hc
@@ -57,12 +63,17 @@ class Halo:
             dt = np.dtype(dtype)
         except TypeError:
             dt = None
+        if method is None:
+            method = os.environ.get("HYBRIDMPI_METHOD") or "atomic"
+            source = " (from env HYBRIDMPI_METHOD)"
+        else:
+            source = ""
         if dt not in DTYPES:
             problem = f"unsupported dtype {dtype!r}; use one of {sorted(d.name for d in DTYPES)}"
         elif type(block) is not int or block < 1:
             problem = f"block must be an int >= 1, got {block!r}"
-        elif method not in METHODS:
-            problem = f"unknown method {method!r}; use one of {list(METHODS)}"
+        elif method not in METHODS and method != "auto":
+            problem = f"unknown method {method!r}{source}; use one of {list(METHODS) + ['auto']}"
         views = hc.comm.allgather((problem, str(dt), block, method))
         bad = [(r, p) for r, (p, *_) in enumerate(views) if p]
         if bad:
@@ -87,7 +98,15 @@ class Halo:
         self._current = FWD
         self._view = (None, None)
         self._broken = None
-        self._t = METHODS[method](self)
+        if method == "auto":
+            try:
+                self._t = METHODS["atomic"](self)
+                self.method = "atomic"
+            except MemoryError as e:
+                warnings.warn(f"{e}; using method 'flat'", RuntimeWarning, stacklevel=2)
+                self.method = "flat"
+        if self._t is None:
+            self._t = METHODS[self.method](self)
         hc._children[id(self)] = self
 
     def plan(self, d):

@@ -7,16 +7,44 @@ Each segment starts with a region holding the last epoch this rank entered
 per direction, read after a timeout to name the ranks that never came.
 """
 
-import numpy as np
+import os
 
 from .._clib import ffi, lib
 from ._base import FWD, REV, Chan, Messages, Xchg
 
 _R = lib.HM_REGION
+#: where MPI libraries map their shared segments on Linux
+SHM_DIR = os.environ.get("HYBRIDMPI_SHM_DIR", "/dev/shm")
 
 
 def _round(nbytes):
     return -(-nbytes // _R) * _R
+
+
+def _check_room(hc, nbytes):
+    """Refuse, on every rank, shared segments that would not fit in /dev/shm.
+
+    A tmpfs that runs out of room mid-run kills the process with SIGBUS
+    instead of failing the allocation, so the room is checked first.  Env
+    ``HYBRIDMPI_SHM_LIMIT`` (bytes per node) lowers the room further.
+    """
+    need = sum(hc.node_comm.allgather(nbytes))
+    try:
+        st = os.statvfs(SHM_DIR)
+        room, where = st.f_bavail * st.f_frsize, f"{SHM_DIR} has"
+    except OSError:
+        room, where = None, ""
+    limit = os.environ.get("HYBRIDMPI_SHM_LIMIT")
+    if limit and (room is None or int(limit) < room):
+        room, where = int(limit), "HYBRIDMPI_SHM_LIMIT allows"
+    problem = None
+    if room is not None and need > room:
+        problem = (f"rank {hc.rank}: the shared buffers of this Halo need {need / 2**20:.1f} MiB on "
+                   f"its node, {where} {room / 2**20:.1f} MiB free")
+    problems = [q for q in hc.comm.allgather(problem) if q]  # every node agrees
+    if problems:
+        raise MemoryError(f"hybridmpi: Halo: {problems[0]} (method 'flat' needs no shared memory; "
+                          "method 'auto' falls back to it)")
 
 
 class SharedWindow:
@@ -47,6 +75,7 @@ class SharedWindow:
                 if p in self.node_rank:
                     layout[(d, p, me)] = (off,)
                     off += _R
+        _check_room(hc, off + _R)
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")
         try:
@@ -61,8 +90,11 @@ class SharedWindow:
             aligned = -(-buf.address // _R) * _R
             self.base.append(aligned)
             self.pad.append(aligned - buf.address)
-        mine, _ = self.win.Shared_query(hc.node_rank)
-        np.frombuffer(mine, dtype=np.uint8)[:] = 0
+        # Zero the counters only: the buffers are written before they are read,
+        # and touching them all would commit the whole segment at once.
+        mine = self.base[hc.node_rank]
+        for start in [0] + [v[0] for v in layout.values()]:
+            ffi.memmove(ffi.cast("char *", mine + start), bytes(_R), _R)
         self._locked = lock_all
         if lock_all:
             self.win.Lock_all(MPI.MODE_NOCHECK)

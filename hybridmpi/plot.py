@@ -27,6 +27,17 @@ def _series(doc):
     return out
 
 
+def _save(plt, fig, ax, title, path):
+    """Title, grid and legend, then write the figure and close it."""
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(source, outdir):
     """Write the figures of one result document; return their paths.
 
@@ -95,14 +106,8 @@ def plot(source, outdir):
         else:
             ax.axhline(1.0, color="black", linewidth=0.8)
             ax.set_ylabel("ratio to the MPI baseline (below 1: faster)")
-        ax.set_title(f"{doc['title']}\n{subtitle}", fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(outdir, f"{name}-{kind}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
+                           os.path.join(outdir, f"{name}-{kind}.png")))
     rated = [r for r in doc["results"] if isinstance(r.get("gflops"), (int, float))]
     if rated:
         fig, ax = plt.subplots(figsize=(8, 5))
@@ -112,12 +117,6 @@ def plot(source, outdir):
         ax.set_xscale("log")
         ax.set_xlabel(doc["x_label"])
         ax.set_ylabel("flop rate per core (Gflop/s)")
-        ax.set_title(f"{doc['title']}\n{subtitle}", fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(outdir, f"{name}-gflops.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
+                           os.path.join(outdir, f"{name}-gflops.png")))
     return paths

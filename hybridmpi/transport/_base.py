@@ -102,6 +102,14 @@ def wait_until(halo, poll, value, peer, counter, what, e):
         os.sched_yield()
 
 
+class Transport:
+    """What every method shares: a whole call is its begin then its end."""
+
+    def run(self, d, xbuf, e, op):
+        self.begin(d, xbuf, e)
+        self.end(d, xbuf, e, op)
+
+
 class Messages:
     """Point-to-point messages with some peers, packed and unpacked by the C core.
 

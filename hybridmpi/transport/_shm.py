@@ -10,7 +10,7 @@ per direction, read after a timeout to name the ranks that never came.
 import os
 
 from .._clib import ffi, lib
-from ._base import FWD, REV, Chan, Messages, Xchg
+from ._base import FWD, REV, Chan, Messages, Transport, Xchg
 
 _R = lib.HM_REGION
 #: where MPI libraries map their shared segments on Linux
@@ -182,3 +182,24 @@ class Direction:
         else:
             self.msgs.wait("reverse", e)
             halo.check(lib.hm_xchg_recv(self.recv_all.x, xbuf, e, op, 1), self.recv_all)
+
+
+class ShmTransport(Transport):
+    """A method over the Halo's shared window: its two directions, and freeing both."""
+
+    def __init__(self, halo, *, lock_all, counters, persistent):
+        self.halo = halo
+        self.shm = SharedWindow(halo, lock_all=lock_all)
+        self.dirs = [Direction(halo, self.shm, d, counters=counters, persistent=persistent)
+                     for d in (FWD, REV)]
+
+    def begin(self, d, xbuf, e):
+        self.dirs[d].start(self.halo, xbuf, e)
+
+    def end(self, d, xbuf, e, op):
+        self.dirs[d].finish(self.halo, d, xbuf, e, op)
+
+    def free(self):
+        for s in self.dirs:
+            s.msgs.free()
+        self.shm.free()

@@ -9,34 +9,18 @@ MPI requests, started before the intranode work and completed after it.
 """
 
 from .._clib import lib
-from ._base import FWD, REV
-from ._shm import Direction, SharedWindow
+from ._shm import ShmTransport
 
 
-class Atomic:
+class Atomic(ShmTransport):
     def __init__(self, halo):
-        self.halo = halo
-        self.shm = SharedWindow(halo, lock_all=True)
-        self.dirs = [Direction(halo, self.shm, d, counters=True, persistent=True)
-                     for d in (FWD, REV)]
-
-    def begin(self, d, xbuf, e):
-        self.dirs[d].start(self.halo, xbuf, e)
-
-    def end(self, d, xbuf, e, op):
-        self.dirs[d].finish(self.halo, d, xbuf, e, op)
+        super().__init__(halo, lock_all=True, counters=True, persistent=True)
 
     def run(self, d, xbuf, e, op):
         s = self.dirs[d]
         if not s.msgs.empty:
-            self.begin(d, xbuf, e)
-            self.end(d, xbuf, e, op)
+            super().run(d, xbuf, e, op)
             return
         rc = lib.hm_xchg_both(s.send.x, s.recv.x, xbuf, e, op, d)
         if rc:
             self.halo.check(rc, s.send if s.send.x.err.code else s.recv)
-
-    def free(self):
-        for s in self.dirs:
-            s.msgs.free()
-        self.shm.free()

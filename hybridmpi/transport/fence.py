@@ -6,31 +6,18 @@ packed again two calls later, after a fence that every rank entered only
 once it had finished reading it.  Internode channels are flat Isend/Irecv.
 """
 
-from ._base import FWD, REV
-from ._shm import Direction, SharedWindow
+from ._shm import ShmTransport
 
 
-class Fence:
+class Fence(ShmTransport):
     def __init__(self, halo):
-        self.halo = halo
-        self.shm = SharedWindow(halo, lock_all=False)
-        self.dirs = [Direction(halo, self.shm, d, counters=False, persistent=False)
-                     for d in (FWD, REV)]
+        super().__init__(halo, lock_all=False, counters=False, persistent=False)
         self.shm.win.Fence()
 
     def begin(self, d, xbuf, e):
-        self.dirs[d].start(self.halo, xbuf, e)
+        super().begin(d, xbuf, e)
         self.shm.win.Fence()
-
-    def end(self, d, xbuf, e, op):
-        self.dirs[d].finish(self.halo, d, xbuf, e, op)
-
-    def run(self, d, xbuf, e, op):
-        self.begin(d, xbuf, e)
-        self.end(d, xbuf, e, op)
 
     def free(self):
-        for s in self.dirs:
-            s.msgs.free()
         self.shm.win.Fence()
-        self.shm.free()
+        super().free()

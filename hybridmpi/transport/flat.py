@@ -1,10 +1,10 @@
 """Method "flat": Isend/Irecv with every neighbor, packed by the C core (the MPI baseline)."""
 
 from .._clib import lib
-from ._base import FWD, REV, Messages
+from ._base import FWD, REV, Messages, Transport
 
 
-class Flat:
+class Flat(Transport):
     def __init__(self, halo):
         self.halo = halo
         self.msgs = []
@@ -19,10 +19,6 @@ class Flat:
         m = self.msgs[d]
         m.wait("reverse" if d == REV else "update", e)
         self.halo.check(lib.hm_xchg_recv(m.recv.x, xbuf, e, op, d), m.recv)
-
-    def run(self, d, xbuf, e, op):
-        self.begin(d, xbuf, e)
-        self.end(d, xbuf, e, op)
 
     def free(self):
         for m in self.msgs:

@@ -15,15 +15,12 @@ import numpy as np
 
 from .._clib import lib
 from ._base import FWD, REV, Xchg, wait_until
-from ._shm import Direction, SharedWindow
+from ._shm import ShmTransport
 
 
-class Lock:
+class Lock(ShmTransport):
     def __init__(self, halo):
-        self.halo = halo
-        self.shm = SharedWindow(halo, lock_all=False)
-        self.dirs = [Direction(halo, self.shm, d, counters=False, persistent=False)
-                     for d in (FWD, REV)]
+        super().__init__(halo, lock_all=False, counters=False, persistent=False)
         # One single-channel Xchg per channel: every copy sits in its own lock epoch.
         self.one = [([Xchg(halo, [c]) for c in s.send_chans], {c.peer: Xchg(halo, [c]) for c in s.recv_chans})
                     for s in self.dirs]
@@ -101,11 +98,3 @@ class Lock:
             else:
                 self._take(d, peer, xbuf, e, op)
 
-    def run(self, d, xbuf, e, op):
-        self.begin(d, xbuf, e)
-        self.end(d, xbuf, e, op)
-
-    def free(self):
-        for s in self.dirs:
-            s.msgs.free()
-        self.shm.free()

@@ -3,10 +3,10 @@
 import numpy as np
 
 from .._clib import lib
-from ._base import FWD, REV, Xchg, complete, private_chans
+from ._base import FWD, REV, Transport, Xchg, complete, private_chans
 
 
-class Neighbor:
+class Neighbor(Transport):
     def __init__(self, halo):
         self.halo = halo
         hc = halo.hc
@@ -43,10 +43,6 @@ class Neighbor:
         _, recv, _ = self.dirs[d]
         complete(self.halo, [self._req], [None], "reverse" if d == REV else "update", e)
         self.halo.check(lib.hm_xchg_recv(recv.x, xbuf, e, op, d), recv)
-
-    def run(self, d, xbuf, e, op):
-        self.begin(d, xbuf, e)
-        self.end(d, xbuf, e, op)
 
     def free(self):
         self.graph.Free()

@@ -8,18 +8,13 @@ call, returns once every receiver has completed, so the buffer is free for
 the next call.  Internode channels are flat Isend/Irecv.
 """
 
-from ._base import FWD, REV
-from ._shm import Direction, SharedWindow
+from ._shm import ShmTransport
 
 
-class PSCW:
+class PSCW(ShmTransport):
     def __init__(self, halo):
-        self.halo = halo
-        hc = halo.hc
-        self.shm = SharedWindow(halo, lock_all=False)
-        self.dirs = [Direction(halo, self.shm, d, counters=False, persistent=False)
-                     for d in (FWD, REV)]
-        group = hc.node_comm.Get_group()
+        super().__init__(halo, lock_all=False, counters=False, persistent=False)
+        group = halo.hc.node_comm.Get_group()
         near = self.shm.node_rank
         self.groups = []
         for s in self.dirs:
@@ -30,7 +25,7 @@ class PSCW:
         group.Free()
 
     def begin(self, d, xbuf, e):
-        self.dirs[d].start(self.halo, xbuf, e)
+        super().begin(d, xbuf, e)
         post = self.groups[d][0]
         if post is not None:
             self.shm.win.Post(post)
@@ -40,21 +35,15 @@ class PSCW:
         win = self.shm.win
         if start is not None:
             win.Start(start)
-        self.dirs[d].finish(self.halo, d, xbuf, e, op)
+        super().end(d, xbuf, e, op)
         if start is not None:
             win.Complete()
         if post is not None:
             win.Wait()
 
-    def run(self, d, xbuf, e, op):
-        self.begin(d, xbuf, e)
-        self.end(d, xbuf, e, op)
-
     def free(self):
-        for s in self.dirs:
-            s.msgs.free()
         for pair in self.groups:
             for g in pair:
                 if g is not None:
                     g.Free()
-        self.shm.free()
+        super().free()

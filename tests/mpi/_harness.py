@@ -5,6 +5,7 @@ rank fails the case on every rank.  Rank 0 prints one line per case and a
 final ``SUMMARY: N passed, M failed``; every rank exits non-zero on failure.
 """
 
+import argparse
 import sys
 import time
 import traceback
@@ -50,3 +51,16 @@ def agree(comm, value):
     key = value.tobytes() if isinstance(value, np.ndarray) else value
     keys = comm.allgather(key)
     assert all(k == keys[0] for k in keys), f"ranks disagree: {keys[:8]}"
+
+
+def main(cases, **options):
+    """Parse ``--node-size``, ``--only`` and ``--NAME`` for each option (its default
+    gives the type), then run the cases with them as the config."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--node-size", type=int, default=None)
+    ap.add_argument("--only", default="")
+    for name, default in options.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    config = vars(ap.parse_args())
+    only = config.pop("only")
+    run(cases, config, only=set(filter(None, only.split(","))) or None)

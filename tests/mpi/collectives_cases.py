@@ -4,7 +4,6 @@ Usage: python -m mpi4py collectives_cases.py [--node-size K] [--memory-order O]
        [--iters N] [--only case1,case2]
 """
 
-import argparse
 import os
 import sys
 import time
@@ -13,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import agree, run
+from _harness import agree, main
 
 import hybridmpi
 
@@ -302,11 +301,4 @@ CASES = [case_layout, case_values_match_mpi4py, case_python_scalars, case_stress
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--node-size", type=int, default=None)
-    p.add_argument("--memory-order", default="acq_rel")
-    p.add_argument("--iters", type=int, default=10000)
-    p.add_argument("--only", default="")
-    a = p.parse_args()
-    run(CASES, {"node_size": a.node_size, "memory_order": a.memory_order, "iters": a.iters},
-        only=set(filter(None, a.only.split(","))))
+    main(CASES, memory_order="acq_rel", iters=10000)

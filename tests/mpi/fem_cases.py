@@ -3,7 +3,6 @@
 Usage: python -m mpi4py fem_cases.py [--node-size K] [--only case1,case2]
 """
 
-import argparse
 import json
 import os
 import sys
@@ -12,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import run
+from _harness import main
 
 import hybridmpi
 from hybridmpi import fem, mesh
@@ -91,8 +90,4 @@ def case_convergence_h2(comm, rng, **cfg):
 CASES = [case_every_method_matches_serial, case_convergence_h2]
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--node-size", type=int, default=None)
-    ap.add_argument("--only", default="")
-    a = ap.parse_args()
-    run(CASES, {"node_size": a.node_size}, only=set(a.only.split(",")) if a.only else None)
+    main(CASES)

@@ -7,14 +7,13 @@ some ranks without any.  Every result is checked against a reference built
 with mpi4py (allgather of global ids and values), bit for bit.
 """
 
-import argparse
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import agree, run
+from _harness import agree, main
 
 import hybridmpi
 from hybridmpi import FreedError, GhostPattern, Halo, PatternError, SyncTimeout
@@ -397,11 +396,4 @@ CASES = [case_pattern_from_global, case_every_method_dtype_block, case_consecuti
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--node-size", type=int, default=None)
-    ap.add_argument("--memory-order", default="acq_rel")
-    ap.add_argument("--iters", type=int, default=1000)
-    ap.add_argument("--only", default="")
-    a = ap.parse_args()
-    run(CASES, {"node_size": a.node_size, "memory_order": a.memory_order, "iters": a.iters},
-        only=set(a.only.split(",")) if a.only else None)
+    main(CASES, memory_order="acq_rel", iters=1000)

@@ -3,14 +3,13 @@
 Usage: python -m mpi4py mesh_cases.py [--node-size K] [--only case1,case2]
 """
 
-import argparse
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import run
+from _harness import main
 
 import hybridmpi
 from hybridmpi import Halo, mesh
@@ -119,8 +118,4 @@ def case_bad_partition(comm, rng, **cfg):
 CASES = [case_local_mesh, case_update_gives_field, case_reverse_counts_cells, case_bad_partition]
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--node-size", type=int, default=None)
-    ap.add_argument("--only", default="")
-    a = ap.parse_args()
-    run(CASES, {"node_size": a.node_size}, only=set(a.only.split(",")) if a.only else None)
+    main(CASES)

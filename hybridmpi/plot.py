@@ -1,4 +1,4 @@
-"""PNG figures from benchmark JSON documents, in the spirit of seed 003's figures."""
+"""PNG figures from benchmark JSON documents, in the spirit of the paper's figures."""
 
 import json
 import os

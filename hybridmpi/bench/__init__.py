@@ -1,4 +1,4 @@
-"""The benchmarks of seed 003 (Section 4), run by ``hybridmpi bench KIND`` under mpiexec.
+"""The benchmarks of the paper (Section 4), run by ``hybridmpi bench KIND`` under mpiexec.
 
 Every kind prints an OSU-style table with the MPI baseline of the same run
 and the ratio to it, and writes a JSON document (schema in bench/README.md,

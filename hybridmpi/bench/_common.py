@@ -1,4 +1,4 @@
-"""Timing, statistics, tables and JSON shared by the benchmarks (seed 003, Section 4).
+"""Timing, statistics, tables and JSON shared by the benchmarks (the paper, Section 4).
 
 Each repetition synchronizes the ranks with ten shared-memory barriers,
 then times a loop of calls; the time per call of a repetition is the

@@ -50,7 +50,7 @@ def _metis(n, i, j, nparts, seed):
 def partition(m, nparts, *, node_size=None, seed=0):
     """The owning rank of every point, from METIS on the point-adjacency graph.
 
-    With ``node_size``, two levels as in seed 003 Section 6.4: first into
+    With ``node_size``, two levels as in the paper's Section 6.4: first into
     ``nparts / node_size`` node parts, then each node part into
     ``node_size`` parts, so every node's region is connected; rank
     ``k * node_size + i`` gets part i of node part k.
@@ -102,7 +102,7 @@ def ghost_pairs(m, part):
 
 
 def partition_stats(m, part, *, node_size=None, block=3):
-    """Means per process of a partition, as seed 003 counts them in its Tables 2 and 3.
+    """Means per process of a partition, as the paper counts them in its Tables 2 and 3.
 
     A one-layer point halo: the ghosts of a rank are the points owned
     elsewhere that share a tetrahedron edge with one of its points.

@@ -151,8 +151,7 @@ def cmd_solve(args):
     from .fem import solve
 
     def body(hc, comm):
-        r = solve.run(hc, args.h, method=args.method, tol=args.tol, node_size=args.node_size,
-                      vtu=args.vtu)
+        r = solve.run(hc, args.h, method=args.method, tol=args.tol, vtu=args.vtu)
         if comm.rank == 0:
             solve.report(r)
             if args.vtu:

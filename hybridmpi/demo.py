@@ -11,7 +11,8 @@ import os
 import numpy as np
 
 from .bench._common import Progress, add, document, print_table, set_ratios, timed, write_json
-from .bench.ghost import measure, mesh_pattern
+from .bench.ghost import measure
+from .mesh import distribute_cube
 from .transport import METHODS
 
 
@@ -28,7 +29,7 @@ def run(hc, comm, a):
         add(doc, "hybridmpi", op, timed(comm, hc.barrier, call, a.iters, a.reps))
         bar.step(op)
         bar.step(op)
-    pattern = mesh_pattern(hc, h)
+    pattern = distribute_cube(hc, h)[1].pattern
     rng = np.random.default_rng(comm.rank)
     measure(doc, hc, pattern, "ghost update", 3, list(METHODS), max(a.iters // 5, 10), a.reps, rng, bar)
     for r in doc["results"]:

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..fem.poisson import Poisson
 from ..fem.problems import exact, rhs
-from ..fem.solve import load_partition
+from ..mesh import distribute_cube
 from ._common import Progress, add, document
 from .ghost import FlatNumpy
 
@@ -49,7 +49,7 @@ def run(hc, comm, a):
                     "flat-numpy: mpi4py + numpy update + comm.allreduce (the baseline)"]
     bar = Progress(comm, 3 * len(values), "cg")
     for h in values:
-        _, lm = load_partition(hc, h, a.node_size)
+        _, lm = distribute_cube(hc, h)
         cases = [("flat-numpy", "flat", _Blocking(hc.comm, lm.pattern),
                   lambda v: comm.allreduce(v), True),
                  ("flat", "flat", None, _mpi_sum(comm), False),

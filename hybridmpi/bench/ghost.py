@@ -19,6 +19,7 @@ import numpy as np
 
 from .._clib import ffi, lib
 from ..halo import Halo
+from ..mesh import distribute_cube
 from ..pattern import GhostPattern
 from ..transport import METHODS
 from ..transport._base import FWD, Xchg, private_chans
@@ -52,18 +53,6 @@ def ring_pattern(hc, npts, layout, rng):
             send[q] = np.sort(rng.choice(n_owned, npts, replace=False))
         recv[q] = np.arange(n_owned + i * npts, n_owned + (i + 1) * npts)
     return GhostPattern(hc, send=send, recv=recv, size=n_owned + n_send)
-
-
-def mesh_pattern(hc, h):
-    """The GhostPattern of the cube mesh ``h`` partitioned for the job's ranks."""
-    from .. import mesh
-
-    m = part = None
-    if hc.rank == 0:
-        m = mesh.cube(h)
-        ns = hc.node_size if hc.num_nodes > 1 and hc.size % hc.node_size == 0 else None
-        part = mesh.partition(m, hc.size, node_size=ns)
-    return mesh.distribute(hc, m, part).pattern
 
 
 class FlatNumpy:
@@ -154,7 +143,7 @@ def run(hc, comm, a):
             pattern = ring_pattern(hc, max(1, int(v * 1024) // (8 * block)), a.layout, rng)
             size_kb = v
         else:
-            pattern = mesh_pattern(hc, v)
+            pattern = distribute_cube(hc, v)[1].pattern
             size_kb = comm.allreduce(pattern.n_ghosts * block * 8 / 1024) / comm.size
         iters = a.iters or int(min(5000, max(50, 40000 / max(size_kb, 1))))
         measure(doc, hc, pattern, v, block, methods, iters, a.reps, rng, bar)

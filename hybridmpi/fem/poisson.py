@@ -31,6 +31,11 @@ def _cell_geometry(points, cells):
     return vol, grads
 
 
+def _quadrature_points(points, cells):
+    """The four quadrature points of every cell: shape (cells, 4, 3)."""
+    return np.einsum("qa,cad->cqd", QUAD, points[cells])
+
+
 def _counted_here(lm):
     """Mask of the local cells this rank counts (it owns the cell's smallest global id)."""
     gid = lm.global_ids[lm.cells]
@@ -40,8 +45,8 @@ def _counted_here(lm):
 
 def cube_boundary(hc, points):
     """Points on the faces of the global bounding box (the unit cube's boundary)."""
-    lo = np.array([hc.allreduce(float(v), "min") for v in (points.min(0) if len(points) else [np.inf] * 3)])
-    hi = np.array([hc.allreduce(float(v), "max") for v in (points.max(0) if len(points) else [-np.inf] * 3)])
+    lo = hc.allreduce(points.min(0) if len(points) else np.full(3, np.inf), "min")
+    hi = hc.allreduce(points.max(0) if len(points) else np.full(3, -np.inf), "max")
     tol = 1e-10 * max(float((hi - lo).max()), 1.0)
     return np.any((np.abs(points - lo) <= tol) | (np.abs(points - hi) <= tol), axis=1)
 
@@ -82,7 +87,7 @@ class Poisson:
         # Load vector: every cell once, ghost parts combined into their owners.
         mine = _counted_here(lm)
         cells = lm.cells[mine]
-        qpts = np.einsum("qa,cad->cqd", QUAD, lm.points[cells])
+        qpts = _quadrature_points(lm.points, cells)
         fq = np.asarray(f(qpts.reshape(-1, 3)), dtype=np.float64).reshape(len(cells), 4)
         load = (vol[mine][:, None] / 4) * (fq @ QUAD)  # (cells, 4): sum_q w_q f(x_q) λ_a(x_q)
         b = np.zeros(size)
@@ -204,7 +209,7 @@ class Poisson:
         mine = _counted_here(lm)
         cells = lm.cells[mine]
         vol, _ = _cell_geometry(lm.points, cells)
-        qpts = np.einsum("qa,cad->cqd", QUAD, lm.points[cells])
+        qpts = _quadrature_points(lm.points, cells)
         uq = np.asarray(u(qpts.reshape(-1, 3)), dtype=np.float64).reshape(len(cells), 4)
         uh = x[cells] @ QUAD.T
         return self.hc.allreduce(float(((uh - uq) ** 2 @ np.full(4, 0.25) * vol).sum())) ** 0.5

@@ -9,16 +9,6 @@ from .poisson import Poisson
 from .problems import exact, rhs
 
 
-def load_partition(hc, h, node_size):
-    """Rank 0 meshes and partitions the cube for the job's ranks; every rank gets its LocalMesh."""
-    m = part = None
-    if hc.rank == 0:
-        m = mesh.cube(h)
-        ns = node_size if node_size and hc.size % node_size == 0 and node_size < hc.size else None
-        part = mesh.partition(m, hc.size, node_size=ns)
-    return m, mesh.distribute(hc, m, part)
-
-
 def write_vtu(hc, m, lm, x, path):
     """Gather the owned values on rank 0 and write the solution with the mesh (meshio)."""
     import meshio
@@ -32,10 +22,10 @@ def write_vtu(hc, m, lm, x, path):
                                                                          "u_exact": exact(m.points)}))
 
 
-def run(hc, h, *, method="atomic", tol=1e-10, node_size=None, vtu=None):
+def run(hc, h, *, method="atomic", tol=1e-10, vtu=None):
     """Solve, and return a dict of figures (the same on every rank)."""
     t0 = time.perf_counter()
-    m, lm = load_partition(hc, h, node_size)
+    m, lm = mesh.distribute_cube(hc, h)
     t1 = time.perf_counter()
     system = Poisson(hc, lm, rhs, exact, method=method)
     t2 = time.perf_counter()

@@ -3,8 +3,9 @@
 Imports gmsh and pymetis only when a function needs them.
 """
 
-from .distribute import LocalMesh, distribute
+from .distribute import LocalMesh, distribute, distribute_cube
 from .generate import cube, load
 from .partition import partition, partition_stats, point_edges
 
-__all__ = ["LocalMesh", "cube", "distribute", "load", "partition", "partition_stats", "point_edges"]
+__all__ = ["LocalMesh", "cube", "distribute", "distribute_cube", "load", "partition", "partition_stats",
+           "point_edges"]

@@ -75,6 +75,26 @@ def _split(m, part, nranks):
     return parts
 
 
+def distribute_cube(hc, h):
+    """Rank 0 meshes the cube and partitions it for the job's ranks; every rank gets its part.
+
+    The partition has two levels (node parts first) when ``hc`` spans
+    several nodes of equal size.  Collective.
+
+    Returns:
+        (mesh on rank 0 and None elsewhere, this rank's LocalMesh)
+    """
+    from .generate import cube
+    from .partition import partition
+
+    m = part = None
+    if hc.rank == 0:
+        m = cube(h)
+        two_level = hc.num_nodes > 1 and hc.size % hc.node_size == 0
+        part = partition(m, hc.size, node_size=hc.node_size if two_level else None)
+    return m, distribute(hc, m, part)
+
+
 def distribute(hc, m, part, *, root=0):
     """Give every rank its part of a partitioned mesh (collective).
 

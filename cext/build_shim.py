@@ -17,11 +17,11 @@ def _cdef():
 
 
 ffibuilder = FFI()
-ffibuilder.cdef(_cdef())
+ffibuilder.cdef(_cdef() + 'extern "Python" void hm_py_progress(void);')
 ffibuilder.set_source(
     "hybridmpi._core",
     '#include "hm_core.h"',
-    sources=[os.path.relpath(os.path.join(HERE, f)) for f in ("hm_core.c", "hm_halo.c")],
+    sources=[os.path.relpath(os.path.join(HERE, f)) for f in ("hm_core.c", "hm_halo.c", "hm_gm.c")],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-std=gnu11", "-O3"],
     # The limited API makes every call from Python about twice as slow.

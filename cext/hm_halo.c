@@ -151,10 +151,7 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
                     return xchg_timeout(s, &s->chan[i], HM_CNT_READY, e,
                                         load_acq((const hm_counter *)s->chan[i].ready, ord));
         }
-        if (t - start < s->policy.yield_ns)
-            sched_yield();
-        else
-            nanosleep(&nap, NULL);
+        wait_idle(t - start, &s->policy, &nap);
     }
     return HM_OK;
 }

@@ -11,6 +11,22 @@
 
 typedef _Atomic uint64_t hm_counter;
 
+/* Called between polls once a wait has stopped spinning (hm_set_progress):
+ * lets the caller drive MPI progress, so that RMA aimed at a waiting rank
+ * completes.  NULL when nothing needs it. */
+extern void (*hm_progress_hook)(void);
+
+static inline void wait_idle(int64_t since_start, const hm_wait_policy *pol,
+                             const struct timespec *nap)
+{
+    if (hm_progress_hook)
+        hm_progress_hook();
+    if (since_start < pol->yield_ns)
+        sched_yield();
+    else
+        nanosleep(nap, NULL);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 static inline void cpu_relax(void) { __builtin_ia32_pause(); }
 #elif defined(__aarch64__)
@@ -60,10 +76,7 @@ wait_slow(const hm_counter *p, uint64_t value, const hm_wait_policy *pol, uint64
             *seen = v;
             return HM_ETIMEOUT;
         }
-        if (t - start < pol->yield_ns)
-            sched_yield();
-        else
-            nanosleep(&nap, NULL);
+        wait_idle(t - start, pol, &nap);
     }
 }
 

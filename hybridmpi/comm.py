@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ._clib import ffi, lib
+from .arena import Arena
 from .errors import FreedError, SyncTimeout
 
 #: numpy dtype -> C core type code
@@ -223,8 +224,10 @@ class HybridComm:
         self._sig_buf = np.zeros(7, dtype=np.int64)
         self._bufs = {}
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
-        self._children = {}  # Halos built on this comm, freed with it
+        self._children = {}  # Halos and global memory built on this comm, freed with it
         self._tags = 0
+        self.arena = Arena(self)  # shared memory of Halos and global memory
+        self._gm = None  # the state of sync_images, made with the first GlobalMemory
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
 
@@ -251,6 +254,10 @@ class HybridComm:
             return
         for child in list(self._children.values()):
             child.free()
+        if self._gm is not None:
+            self._gm.free()
+            self._gm = None
+        self.arena.free()
         self._st = self._live = None
         self._bufs = {}
         MPI = self._MPI

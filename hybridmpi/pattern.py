@@ -177,6 +177,37 @@ class GhostPattern:
         node = set(hc.node_ranks)
         self.intranode = tuple(p for p in self.neighbors if p in node)
         self.internode = tuple(p for p in self.neighbors if p not in node)
+        self._graph = None  # distributed-graph communicator of the "neighbor" Halos
+        self._graph_users = 0
+
+    def _graph_comm(self):
+        """The pattern's graph communicator, made by its first user (collective)."""
+        if self._graph is None:
+            MPI = self.hc._MPI
+            nbrs = list(self.neighbors)
+            graph, error = None, None
+            try:
+                graph = self.hc.comm.Create_dist_graph_adjacent(nbrs, nbrs, reorder=False)
+            except MPI.Exception as e:
+                error = f"rank {self.hc.rank}: MPI_Dist_graph_create_adjacent failed: {e}"
+            errors = [x for x in self.hc.comm.allgather(error) if x]
+            if errors:
+                if graph is not None:
+                    graph.Free()
+                raise RuntimeError(f"hybridmpi: Halo(method='neighbor'): {errors[0]} "
+                                   "(MPI ran out of communicators: free Halos or HybridComms "
+                                   "no longer used)")
+            self._graph = graph
+        self._graph_users += 1
+        return self._graph
+
+    def _graph_release(self):
+        """One user of the graph communicator less; the last one frees it."""
+        self._graph_users -= 1
+        if self._graph_users == 0 and self._graph is not None:
+            if not self.hc._MPI.Is_finalized():
+                self._graph.Free()
+            self._graph = None
 
     def _check_counts(self, comm):
         """Both sides of every pair agree on how many points move."""

@@ -7,18 +7,15 @@ Each segment starts with a region holding the last epoch this rank entered
 per direction, read after a timeout to name the ranks that never came.
 """
 
-import os
-
 from .._clib import ffi, lib
+from ..arena import round_up as _round
+from ..arena import shm_room
 from ._base import FWD, REV, Chan, Messages, Transport, Xchg
 
 _R = lib.HM_REGION
-#: where MPI libraries map their shared segments on Linux
-SHM_DIR = os.environ.get("HYBRIDMPI_SHM_DIR", "/dev/shm")
 
 
-def _round(nbytes):
-    return -(-nbytes // _R) * _R
+_HINT = " (method 'flat' needs no shared memory; method 'auto' falls back to it)"
 
 
 def _check_room(hc, nbytes):
@@ -29,32 +26,25 @@ def _check_room(hc, nbytes):
     ``HYBRIDMPI_SHM_LIMIT`` (bytes per node) lowers the room further.
     """
     need = sum(hc.node_comm.allgather(nbytes))
-    try:
-        st = os.statvfs(SHM_DIR)
-        room, where = st.f_bavail * st.f_frsize, f"{SHM_DIR} has"
-    except OSError:
-        room, where = None, ""
-    limit = os.environ.get("HYBRIDMPI_SHM_LIMIT")
-    if limit and (room is None or int(limit) < room):
-        room, where = int(limit), "HYBRIDMPI_SHM_LIMIT allows"
+    room, where = shm_room()
     problem = None
     if room is not None and need > room:
         problem = (f"rank {hc.rank}: the shared buffers of this Halo need {need / 2**20:.1f} MiB on "
                    f"its node, {where} {room / 2**20:.1f} MiB free")
     problems = [q for q in hc.comm.allgather(problem) if q]  # every node agrees
     if problems:
-        raise MemoryError(f"hybridmpi: Halo: {problems[0]} (method 'flat' needs no shared memory; "
-                          "method 'auto' falls back to it)")
+        raise MemoryError(f"hybridmpi: Halo: {problems[0]}{_HINT}")
 
 
 class SharedWindow:
-    """Allocate and map the segments (collective over the node).
+    """Allocate and map the segments (collective).
 
     Args:
         halo: the Halo (its pattern, esz and HybridComm).
-        lock_all: open one passive epoch for the window's lifetime (load and
-            store access synchronized by C11 atomics); False for methods
-            that synchronize with MPI's RMA calls.
+        lock_all: a block of the HybridComm's arena, whose windows are in one
+            passive epoch for their lifetime (load and store access
+            synchronized by C11 atomics); False for methods that synchronize
+            with MPI's RMA calls, which get a window of their own.
     """
 
     def __init__(self, halo, lock_all):
@@ -75,30 +65,33 @@ class SharedWindow:
                 if p in self.node_rank:
                     layout[(d, p, me)] = (off,)
                     off += _R
-        _check_room(hc, off + _R)
-        info = MPI.Info.Create()
-        info.Set("alloc_shared_noncontig", "true")
-        try:
-            # One region more, to start each segment on a 128-byte boundary.
-            self.win = MPI.Win.Allocate_shared(off + _R, 1, info=info, comm=hc.node_comm)
-        finally:
-            info.Free()
         self.layouts = hc.node_comm.allgather(layout)
+        self.block = self.win = None
         self.base, self.pad = [], []
-        for r in range(hc.node_size):
-            buf, _ = self.win.Shared_query(r)
-            aligned = -(-buf.address // _R) * _R
-            self.base.append(aligned)
-            self.pad.append(aligned - buf.address)
+        if lock_all:
+            self.block = hc.arena.alloc(off, "Halo", _HINT)
+            for r, rank in enumerate(hc.node_ranks):
+                self.base.append(self.block.addr(r, rank))
+                self.pad.append(None)
+        else:
+            _check_room(hc, off + _R)
+            info = MPI.Info.Create()
+            info.Set("alloc_shared_noncontig", "true")
+            try:
+                # One region more, to start each segment on a 128-byte boundary.
+                self.win = MPI.Win.Allocate_shared(off + _R, 1, info=info, comm=hc.node_comm)
+            finally:
+                info.Free()
+            for r in range(hc.node_size):
+                buf, _ = self.win.Shared_query(r)
+                aligned = -(-buf.address // _R) * _R
+                self.base.append(aligned)
+                self.pad.append(aligned - buf.address)
         # Zero the counters only: the buffers are written before they are read,
         # and touching them all would commit the whole segment at once.
         mine = self.base[hc.node_rank]
         for start in [0] + [v[0] for v in layout.values()]:
             ffi.memmove(ffi.cast("char *", mine + start), bytes(_R), _R)
-        self._locked = lock_all
-        if lock_all:
-            self.win.Lock_all(MPI.MODE_NOCHECK)
-            self.win.Sync()
         hc.node_comm.Barrier()
 
     def entered(self, d):
@@ -135,9 +128,10 @@ class SharedWindow:
                     self._at(peer, key, 0) if counters else None)
 
     def free(self):
-        if self._locked:
-            self.win.Unlock_all()
-        self.win.Free()
+        if self.block is not None:
+            self.block.free()
+        else:
+            self.win.Free()
 
 
 class Direction:

@@ -1,4 +1,9 @@
-"""Method "neighbor": MPI_Ineighbor_alltoallv on a distributed-graph communicator."""
+"""Method "neighbor": MPI_Ineighbor_alltoallv on a distributed-graph communicator.
+
+The graph communicator belongs to the pattern and is shared by its Halos
+(every communicator costs an id, of which MPICH has 2,048); the last Halo
+using it frees it.
+"""
 
 import numpy as np
 
@@ -12,7 +17,7 @@ class Neighbor(Transport):
         hc = halo.hc
         MPI = hc._MPI
         nbrs = list(halo.pattern.neighbors)
-        self.graph = hc.comm.Create_dist_graph_adjacent(nbrs, nbrs, reorder=False)
+        self.graph = halo.pattern._graph_comm()
         self.nbrs = nbrs
         self.dirs = []
         for d in (FWD, REV):
@@ -45,4 +50,4 @@ class Neighbor(Transport):
         self.halo.check(lib.hm_xchg_recv(recv.x, xbuf, e, op, d), recv)
 
     def free(self):
-        self.graph.Free()
+        self.halo.pattern._graph_release()

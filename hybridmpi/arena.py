@@ -1,0 +1,256 @@
+"""The shared arena of a HybridComm: shared windows allocated in chunks and sub-allocated.
+
+Every MPI window costs a communicator id (MPICH has 2,048), so objects that
+need shared memory (Halo buffers, GlobalMemory, shared vectors) do not get a
+window each: they get a block of a chunk.  A chunk is one
+``Win.Allocate_shared`` over the node, and, when the HybridComm spans
+several nodes, one ``Win.Create`` over the whole communicator exposing the
+same memory to MPI RMA (opened once with ``Lock_all(MODE_NOCHECK)``).
+
+Allocation is collective over the HybridComm, in the same order on every
+rank, and so is freeing: every rank then holds the same list of blocks, so
+they agree without talking when a chunk's last block goes and its windows
+are freed.  Each rank's part of a block may have its own size (0 included).
+"""
+
+import os
+
+from ._clib import lib
+
+_R = lib.HM_REGION
+#: where MPI libraries map their shared segments on Linux
+SHM_DIR = os.environ.get("HYBRIDMPI_SHM_DIR", "/dev/shm")
+#: bytes per rank of a new chunk (larger blocks get a chunk of their own size)
+CHUNK_BYTES = 4 * 2**20
+
+
+def round_up(nbytes):
+    """``nbytes`` rounded up to the 128-byte region size."""
+    return -(-nbytes // _R) * _R
+
+
+def shm_room():
+    """(bytes free for shared memory on this node or None, how it was found)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+        room, where = st.f_bavail * st.f_frsize, f"{SHM_DIR} has"
+    except OSError:
+        room, where = None, ""
+    limit = os.environ.get("HYBRIDMPI_SHM_LIMIT")
+    if limit and (room is None or int(limit) < room):
+        room, where = int(limit), "HYBRIDMPI_SHM_LIMIT allows"
+    return room, where
+
+
+class Block:
+    """One allocation: every rank's part in one chunk.
+
+    Attributes:
+        nbytes: this rank's bytes.
+        offsets, sizes: every rank's offset in its segment of the chunk and
+            its bytes (indexed by rank of the HybridComm).
+    """
+
+    def __init__(self, arena, chunk, offsets, sizes, rank):
+        self.arena = arena
+        self.chunk = chunk
+        self.offsets = offsets
+        self.sizes = sizes
+        self.nbytes = sizes[rank]
+        self.rank = rank
+
+    def addr(self, node_rank, rank):
+        """Address (in this process) of rank ``rank``'s part; it sits at node rank ``node_rank``."""
+        return self.chunk.base[node_rank] + self.offsets[rank]
+
+    @property
+    def local(self):
+        """Address of this rank's part."""
+        return self.chunk.base[self.arena.hc.node_rank] + self.offsets[self.rank]
+
+    @property
+    def rma(self):
+        """The MPI window over the chunk (None on one node); displacements are :attr:`offsets`."""
+        return self.chunk.rma
+
+    def free(self):
+        """Give the block back (collective, in the same order on every rank)."""
+        if self.chunk is not None:
+            self.arena._release(self)
+            self.chunk = None
+
+
+class _Chunk:
+    def __init__(self, arena, nbytes):
+        hc = arena.hc
+        MPI = hc._MPI
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")
+        win = rma = None
+        error = None
+        try:
+            # One region more, to start each segment on a 128-byte boundary.
+            win = MPI.Win.Allocate_shared(nbytes + _R, 1, info=info, comm=hc.node_comm)
+        except MPI.Exception as e:
+            error = f"rank {hc.rank}: MPI_Win_allocate_shared of {nbytes} bytes failed: {e}"
+        finally:
+            info.Free()
+        errors = [x for x in hc.comm.allgather(error) if x]
+        if errors:
+            if win is not None:
+                win.Free()
+            raise MemoryError(f"hybridmpi: shared memory: {errors[0]}")
+        self.win = win
+        self.base = []
+        for r in range(hc.node_size):
+            buf, _ = win.Shared_query(r)
+            self.base.append(-(-buf.address // _R) * _R)
+        self.size = nbytes
+        self.free_list = [(0, nbytes)] if nbytes else []
+        self.live = 0
+        win.Lock_all(MPI.MODE_NOCHECK)
+        if hc.num_nodes > 1:
+            mem = MPI.memory.fromaddress(self.base[hc.node_rank], nbytes)
+            try:
+                rma = MPI.Win.Create(mem, 1, comm=hc.comm)
+            except MPI.Exception as e:
+                error = f"rank {hc.rank}: MPI_Win_create failed: {e}"
+            errors = [x for x in hc.comm.allgather(error) if x]
+            if errors:
+                if rma is not None:
+                    rma.Free()
+                win.Unlock_all()
+                win.Free()
+                raise RuntimeError(f"hybridmpi: shared memory: {errors[0]}")
+            rma.Lock_all(MPI.MODE_NOCHECK)
+        self.rma = rma
+
+    def fit(self, nbytes):
+        """Offset of the first free range of ``nbytes`` (-1 if none)."""
+        if nbytes == 0:
+            return 0
+        for off, size in self.free_list:
+            if size >= nbytes:
+                return off
+        return -1
+
+    def take(self, off, nbytes):
+        if nbytes == 0:
+            return
+        for i, (o, s) in enumerate(self.free_list):
+            if o == off:
+                if s == nbytes:
+                    del self.free_list[i]
+                else:
+                    self.free_list[i] = (o + nbytes, s - nbytes)
+                return
+        raise AssertionError(f"hybridmpi: arena: offset {off} is not free")
+
+    def give(self, off, nbytes):
+        if nbytes == 0:
+            return
+        fl = self.free_list
+        i = 0
+        while i < len(fl) and fl[i][0] < off:
+            i += 1
+        fl.insert(i, (off, nbytes))
+        # merge with the next range, then with the previous one
+        if i + 1 < len(fl) and fl[i][0] + fl[i][1] == fl[i + 1][0]:
+            fl[i] = (fl[i][0], fl[i][1] + fl[i + 1][1])
+            del fl[i + 1]
+        if i > 0 and fl[i - 1][0] + fl[i - 1][1] == fl[i][0]:
+            fl[i - 1] = (fl[i - 1][0], fl[i - 1][1] + fl[i][1])
+            del fl[i]
+
+    def close(self):
+        if self.rma is not None:
+            self.rma.Unlock_all()
+            self.rma.Free()
+            self.rma = None
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+class Arena:
+    """Shared memory of one HybridComm, in chunks (see the module docstring)."""
+
+    def __init__(self, hc):
+        self.hc = hc
+        self.chunks = []
+
+    @property
+    def windows(self):
+        """MPI windows held now (shared and RMA)."""
+        return sum(1 + (c.rma is not None) for c in self.chunks)
+
+    def rma_windows(self):
+        """The RMA windows of the chunks (empty on one node)."""
+        return [c.rma for c in self.chunks if c.rma is not None]
+
+    def alloc(self, nbytes, what, hint=""):
+        """A block of ``nbytes`` on this rank (collective over the HybridComm).
+
+        Args:
+            nbytes: this rank's bytes (ranks may differ; rounded up to 128).
+            what: the object, for error messages.
+            hint: words added to a MemoryError.
+
+        Raises:
+            MemoryError: on every rank, when a new chunk would not fit in
+                /dev/shm (or ``HYBRIDMPI_SHM_LIMIT``) or MPI cannot allocate it.
+        """
+        hc = self.hc
+        nb = round_up(int(nbytes))
+        fits = [c.fit(nb) for c in self.chunks]
+        views = hc.comm.allgather((nb, fits))
+        sizes = [v[0] for v in views]
+        chosen = None
+        for i in range(len(self.chunks)):
+            if all(v[1][i] >= 0 for v in views):
+                chosen = i
+                break
+        if chosen is None:
+            chunk = self._new_chunk(nb, what, hint)
+            self.chunks.append(chunk)
+            offsets = [0] * len(views)
+        else:
+            chunk = self.chunks[chosen]
+            offsets = [v[1][chosen] for v in views]
+        chunk.take(offsets[hc.rank], nb)
+        chunk.live += 1
+        return Block(self, chunk, offsets, sizes, hc.rank)
+
+    def _new_chunk(self, nb, what, hint):
+        hc = self.hc
+        node = hc.node_comm.allgather(nb)
+        need = sum(node)
+        room, where = shm_room()
+        problem = None
+        if room is not None and need > room:
+            problem = (f"rank {hc.rank}: {what} needs {need / 2**20:.1f} MiB of shared memory on "
+                       f"its node, {where} {room / 2**20:.1f} MiB free")
+        problems = [q for q in hc.comm.allgather(problem) if q]  # every node agrees
+        if problems:
+            raise MemoryError(f"hybridmpi: {what}: {problems[0]}{hint}")
+        size = max(nb, CHUNK_BYTES)
+        # A full chunk when it fits, else just what was asked for.
+        if room is not None and sum(max(n, CHUNK_BYTES) for n in node) > room:
+            size = nb
+        return _Chunk(self, size)
+
+    def _release(self, block):
+        chunk = block.chunk
+        chunk.give(block.offsets[self.hc.rank], block.nbytes)
+        chunk.live -= 1
+        if chunk.live == 0:
+            self.chunks.remove(chunk)
+            if not self.hc._MPI.Is_finalized():
+                chunk.close()
+
+    def free(self):
+        """Free every chunk (collective; at HybridComm.free)."""
+        chunks, self.chunks = self.chunks, []
+        if self.hc._MPI.Is_finalized():
+            return
+        for c in chunks:
+            c.close()

@@ -6,12 +6,16 @@ Importing this package does not initialize MPI; the first HybridComm does.
 from .comm import HybridComm
 from .dropin import allreduce, barrier, hybrid
 from .errors import FreedError, PatternError, SyncTimeout
+from .globalmem import Coarray, GlobalMemory, Request, waitall
 from .halo import Halo
 from .pattern import GhostPattern
 
 __version__ = "0.1.0"
 
 __all__ = [
+           "Coarray",
+           "GlobalMemory",
+           "Request",
            "FreedError",
            "GhostPattern",
            "Halo",
@@ -22,4 +26,5 @@ __all__ = [
            "allreduce",
            "barrier",
            "hybrid",
+           "waitall",
 ]

@@ -1,0 +1,780 @@
+"""Global memory: arrays in the shared arena with locality-aware one-sided access.
+
+A peer on this rank's node is reached with loads and stores (C core copies
+and fences, no MPI call); a peer on another node with MPI-3 RMA on the
+window that exposes the same memory (DART-MPI's design).  ``sync_all`` and
+``sync_images`` are XcalableMP's synchronization; ``Coarray`` is its
+facade.
+"""
+
+import os
+import time
+
+import numpy as np
+
+from ._clib import ffi, lib
+from .comm import HybridComm
+from .errors import FreedError, SyncTimeout
+
+_R = lib.HM_REGION
+_TAG_SYNC = 1
+#: communicators whose Iprobe drives MPI progress in waits (one per live _Sync across nodes)
+_PROGRESS = []
+
+
+@ffi.def_extern()
+def hm_py_progress():
+    """Drive MPI progress from a wait that stopped spinning: RMA aimed at this rank
+    needs the target to enter MPI with some implementations."""
+    if _PROGRESS:
+        _PROGRESS[0].Iprobe()
+
+
+def _int(value, what, rank):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"hybridmpi: rank {rank}: {what} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+class _Sync:
+    """What sync_images needs on one HybridComm (made with its first global memory).
+
+    Per ordered pair of ranks on a node, a 128-byte region holds how many
+    times the first has called sync_images naming the second; only the
+    first writes it.  Across nodes, each such call sends one zero-byte
+    message on a communicator of its own.
+    """
+
+    def __init__(self, hc):
+        self.hc = hc
+        self.block = hc.arena.alloc(hc.node_size * _R, "sync_images counters")
+        ffi.memmove(ffi.cast("char *", self.block.local), bytes(hc.node_size * _R), hc.node_size * _R)
+        self.comm = hc.comm.Dup() if hc.num_nodes > 1 else None
+        self.calls = np.zeros(hc.size, dtype=np.int64)
+        self.node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
+        self.plans = {}
+        self.dirty = {}  # RMA windows with non-blocking operations not yet flushed, by id
+        self.broken = None
+        if self.comm is not None:
+            _PROGRESS.append(self.comm)
+            lib.hm_set_progress(lib.hm_py_progress)
+        hc.node_comm.Barrier()
+
+    def _plan(self, ranks):
+        """Counters and peers of a list of ranks, built once per list."""
+        plan = self.plans.get(ranks)
+        if plan is not None:
+            return plan
+        hc = self.hc
+        near = [r for r in ranks if r in self.node_rank]
+        far = [r for r in ranks if r not in self.node_rank]
+        p = ffi.new("hm_pairs *")
+        keep = [ffi.new("void *[]", max(len(near), 1)), ffi.new("uint64_t[]", max(len(near), 1)),
+                ffi.new("void *[]", max(len(near), 1)), ffi.new("uint64_t[]", max(len(near), 1))]
+        p.n = len(near)
+        p.signal, p.signal_value, p.wait, p.wait_value = keep
+        me = self.node_rank[hc.rank]
+        for i, r in enumerate(near):
+            nr = self.node_rank[r]
+            p.signal[i] = ffi.cast("void *", self.block.addr(nr, r) + me * _R)
+            p.wait[i] = ffi.cast("void *", self.block.local + nr * _R)
+        pol = hc._st.policy
+        for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "order"):
+            setattr(p.policy, field, getattr(pol, field))
+        plan = self.plans[ranks] = (near, far, p, keep, np.array(near, dtype=np.int64),
+                                    np.array(far, dtype=np.int64))
+        return plan
+
+    def check(self):
+        if self.broken:
+            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: global memory synchronization is "
+                               f"unusable after an earlier {self.broken}")
+
+    def flush_dirty(self):
+        for win in self.dirty.values():
+            win.Flush_all()
+        self.dirty.clear()
+
+    def sync_all(self):
+        self.check()
+        self.flush_dirty()
+        self.hc.barrier()
+        if self.comm is not None:
+            for win in self.hc.arena.rma_windows():
+                win.Sync()
+
+    def sync_images(self, ranks, what):
+        self.check()
+        hc = self.hc
+        if isinstance(ranks, (int, np.integer)) and not isinstance(ranks, (bool, np.bool_)):
+            ranks = (int(ranks),)
+        try:
+            ranks = tuple(_int(r, "a rank of sync_images", hc.rank) for r in ranks)
+        except TypeError as e:
+            if "must be an int" in str(e):
+                raise
+            raise TypeError(f"hybridmpi: rank {hc.rank}: {what}: ranks must be an int or a sequence "
+                            f"of ints, got {type(ranks).__name__}") from None
+        for r in ranks:
+            if not 0 <= r < hc.size:
+                raise ValueError(f"hybridmpi: rank {hc.rank}: {what}: rank {r} is out of range "
+                                 f"(the communicator has {hc.size} ranks)")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"hybridmpi: rank {hc.rank}: {what}: ranks {list(ranks)} name a rank twice")
+        ranks = tuple(sorted(r for r in ranks if r != hc.rank))
+        near, far, p, _, near_arr, far_arr = self._plan(ranks)
+        self.flush_dirty()
+        calls = self.calls
+        reqs = []
+        if far:
+            calls[far_arr] += 1
+            comm = self.comm
+            reqs = [comm.Irecv(bytearray(0), r, _TAG_SYNC) for r in far]
+            reqs += [comm.Isend(bytearray(0), r, _TAG_SYNC) for r in far]
+        if near:
+            calls[near_arr] += 1
+            for i, r in enumerate(near):
+                p.signal_value[i] = p.wait_value[i] = int(calls[r])
+            if lib.hm_signal_wait(p):
+                peer = near[p.err.peer]
+                self.broken = "SyncTimeout"
+                raise SyncTimeout(
+                    f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: rank "
+                    f"{peer} has called sync_images naming rank {hc.rank} {int(p.err.seen)} times, "
+                    f"this rank {int(p.err.epoch)}", rank=hc.rank, peer=peer, counter="sync_images",
+                    epoch=int(p.err.epoch))
+        if reqs:
+            self._complete(reqs, far, what)
+            for win in hc.arena.rma_windows():
+                win.Sync()
+
+    def _complete(self, reqs, far, what):
+        MPI = self.hc._MPI
+        if self.hc.timeout is None:
+            MPI.Request.Waitall(reqs)
+            return
+        deadline = time.monotonic() + self.hc.timeout
+        while not MPI.Request.Testall(reqs):
+            if time.monotonic() > deadline:
+                late = [far[i] for i in range(len(far)) if not reqs[i].Test()]
+                self.broken = "SyncTimeout"
+                who = f"rank {late[0]} on another node" if len(late) == 1 else f"ranks {late} on other nodes"
+                raise SyncTimeout(
+                    f"hybridmpi: rank {self.hc.rank} timed out after {self.hc.timeout:g} s in {what}: "
+                    f"{who} did not call sync_images naming rank {self.hc.rank}",
+                    rank=self.hc.rank, peer=late[0] if len(late) == 1 else None,
+                    counter="sync_images", epoch=None)
+            os.sched_yield()
+
+    def free(self):
+        self.block.free()
+        if self.comm is not None:
+            _PROGRESS.remove(self.comm)
+            if not _PROGRESS:
+                lib.hm_set_progress(ffi.NULL)
+            if not self.hc._MPI.Is_finalized():
+                self.comm.Free()
+        self.comm = None
+
+
+def _sync_state(hc):
+    if hc._gm is None:
+        hc._gm = _Sync(hc)
+    return hc._gm
+
+
+class Request:
+    """A non-blocking put or get (:meth:`GlobalMemory.Rput`, :meth:`GlobalMemory.Rget`).
+
+    ``wait()`` returns once the transfer is complete at both ends (a put's
+    data is in the target's memory; a get's data is in ``out``); ``test()``
+    says whether it is, without blocking.  A request is waited once.
+    """
+
+    __slots__ = ("_mem", "_req", "_target", "_keep", "_done", "_waited", "_what")
+
+    def __init__(self, mem, req, target, keep, what):
+        self._mem = mem
+        self._req = req          # MPI request, None when already complete
+        self._target = target    # rank to flush for a put across nodes, else None
+        self._keep = keep        # buffers that must live until completion
+        self._done = req is None
+        self._waited = False
+        self._what = what
+
+    def _finish(self):
+        if self._target is not None:
+            self._mem._win.Flush(self._target)
+        self._done = True
+        self._keep = None
+
+    def test(self):
+        """True once the transfer is complete (never blocks)."""
+        if not self._done and self._req.Test():
+            self._finish()
+        return self._done
+
+    def wait(self):
+        """Block until the transfer is complete at both ends.
+
+        Raises:
+            RuntimeError: the request was already waited.
+            SyncTimeout: not complete within the HybridComm's timeout.
+        """
+        hc = self._mem.hc
+        if self._waited:
+            raise RuntimeError(f"hybridmpi: rank {hc.rank}: {self._what} request waited twice")
+        self._waited = True
+        if self._done:
+            return
+        if hc.timeout is None:
+            self._req.Wait()
+        else:
+            deadline = time.monotonic() + hc.timeout
+            while not self._req.Test():
+                if time.monotonic() > deadline:
+                    raise SyncTimeout(f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s "
+                                      f"waiting for {self._what}", rank=hc.rank, counter="rma")
+                os.sched_yield()
+        self._finish()
+
+    @property
+    def waited(self):
+        return self._waited
+
+
+def waitall(requests):
+    """Wait for every request of a list (checked first: none may have been waited).
+
+    Raises:
+        TypeError: an element is not a Request.
+        RuntimeError: a request was already waited (nothing is waited then).
+    """
+    requests = list(requests)
+    for r in requests:
+        if not isinstance(r, Request):
+            raise TypeError(f"hybridmpi: waitall: expected Requests, got {type(r).__name__}")
+        if r._waited:
+            raise RuntimeError(f"hybridmpi: rank {r._mem.hc.rank}: waitall: a {r._what} request was "
+                               "already waited")
+    for r in requests:
+        r.wait()
+
+
+class GlobalMemory:
+    """An array with a part on every rank, reachable by one-sided put and get.
+
+    Collective over the HybridComm.  The parts live in the HybridComm's
+    shared arena, zeroed; a part on this rank's node is accessed with
+    loads and stores, one on another node with MPI-3 RMA over the same
+    memory.
+
+    Args:
+        hc: the HybridComm.
+        count: elements of this rank's part (ranks may differ; 0 allowed).
+        dtype: a numeric numpy dtype (the same on every rank).
+
+    Attributes:
+        local: this rank's part (a numpy array in shared memory).
+        counts: every rank's count.
+        dtype, hc, rank, size.
+
+    Memory: a blocking put or get is complete at both ends when it
+    returns; other ranks see a put's data for certain after a
+    synchronization that orders them (:meth:`sync_all`, :meth:`sync_images`).
+
+    Raises:
+        TypeError: not a HybridComm, count not an int, non-numeric dtype.
+        ValueError: negative count, ranks with different dtypes.
+        MemoryError: the parts do not fit in /dev/shm (every rank).
+        FreedError: the HybridComm was freed.
+    """
+
+    def __init__(self, hc, count, dtype=np.float64):
+        if not isinstance(hc, HybridComm):
+            raise TypeError(f"hybridmpi: GlobalMemory needs a HybridComm, got {type(hc).__name__}")
+        if hc.closed:
+            raise FreedError(f"hybridmpi: rank {hc.rank}: GlobalMemory on a freed HybridComm")
+        problem, exc = None, ValueError
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt is None or dt.kind not in "biufc":
+            problem, exc = f"dtype must be a numeric numpy dtype, got {dtype!r}", TypeError
+        elif isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)):
+            problem, exc = f"count must be an int, got {type(count).__name__}", TypeError
+        elif count < 0:
+            problem = f"count must be >= 0, got {count}"
+        views = hc.comm.allgather((problem, exc, dt.str if dt is not None else None))
+        bad = [(r, p, e) for r, (p, e, _) in enumerate(views) if p]
+        if bad:
+            raise bad[0][2](f"hybridmpi: GlobalMemory(): rank {bad[0][0]}: {bad[0][1]}")
+        if len({v[2] for v in views}) != 1:
+            raise ValueError("hybridmpi: GlobalMemory(): ranks passed different dtypes: "
+                             f"{[np.dtype(v[2]).name for v in views]}")
+        count = int(count)
+        self.hc = hc
+        self.rank, self.size = hc.rank, hc.size
+        self.dtype = dt
+        self._views = None
+        self._sync = _sync_state(hc)
+        self.counts = tuple(hc.comm.allgather(count))
+        self._block = hc.arena.alloc(count * dt.itemsize, "GlobalMemory")
+        self._win = self._block.rma
+        self._disp = self._block.offsets
+        node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
+        views, addrs = [None] * hc.size, [0] * hc.size
+        for r, nr in node_rank.items():
+            addrs[r] = self._block.addr(nr, r)
+            views[r] = self._array(addrs[r], self.counts[r])
+        self.local = views[hc.rank]
+        self.local[...] = 0
+        self._addrs = addrs
+        self._itemsize = dt.itemsize
+        self._views = views
+        hc.comm.Barrier()  # every part zeroed before anyone reaches it
+        hc._children[id(self)] = self
+
+    def _array(self, addr, count):
+        if count == 0:
+            return np.zeros(0, dtype=self.dtype)
+        return np.frombuffer(ffi.buffer(ffi.cast("char *", addr), count * self.dtype.itemsize),
+                             dtype=self.dtype)
+
+    # ------------------------------------------------------------ checks
+
+    def _usable(self, what):
+        if self._views is None:
+            raise FreedError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what} after free()")
+
+    def _target(self, rank, offset, n, what):
+        """Check a target range before anything moves."""
+        if type(rank) is not int:
+            rank = _int(rank, f"GlobalMemory.{what}: rank", self.rank)
+        if not 0 <= rank < self.size:
+            raise ValueError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what}: rank {rank} is out of "
+                             f"range (the communicator has {self.size} ranks)")
+        if type(offset) is not int:
+            offset = _int(offset, f"GlobalMemory.{what}: offset", self.rank)
+        part = self.counts[rank]
+        if offset < 0 or offset + n > part:
+            raise IndexError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what}: offset {offset} and "
+                             f"length {n} are outside rank {rank}'s part of {part} elements")
+        return rank, offset
+
+    def _buffer(self, a, what, write):
+        if type(a) is not np.ndarray:
+            raise TypeError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what}: expected a numpy array, "
+                            f"got {type(a).__name__}")
+        if a.dtype != self.dtype:
+            raise TypeError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what}: array has dtype "
+                            f"{a.dtype}, this memory holds {self.dtype}")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what}: array must be "
+                             "C-contiguous")
+        if write and not a.flags.writeable:
+            raise ValueError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what}: out is read-only")
+
+    # ------------------------------------------------------------ access
+
+    def local_view(self, rank):
+        """A numpy view of ``rank``'s part when it shares this rank's node, else None."""
+        self._usable("local_view")
+        rank, _ = self._target(rank, 0, 0, "local_view")
+        return self._views[rank]
+
+    def Put(self, data, rank, offset=0):
+        """Write ``data`` into ``rank``'s part from element ``offset``; complete at both ends on return.
+
+        Raises:
+            TypeError: ``data`` not a numpy array of this memory's dtype.
+            ValueError: non-contiguous ``data``, rank out of range.
+            IndexError: the range is outside the target's part.
+            FreedError: after free().
+        """
+        views = self._views
+        if views is None:
+            self._usable("Put")
+        if type(data) is not np.ndarray or data.dtype != self.dtype or not data.flags.c_contiguous:
+            self._buffer(data, "Put", False)
+        rank, offset = self._target(rank, offset, data.size, "Put")
+        v = views[rank]
+        if v is not None:
+            v[offset:offset + data.size] = data.reshape(-1)
+            return
+        nb = data.nbytes
+        if nb:
+            win = self._win
+            win.Put((data, nb, self.hc._MPI.BYTE), rank, (self._disp[rank] + offset * self._itemsize,
+                                                          nb, self.hc._MPI.BYTE))
+            win.Flush(rank)
+
+    def Get(self, out, rank, offset=0):
+        """Read ``out.size`` elements of ``rank``'s part from ``offset`` into ``out``; complete on return.
+
+        Raises:
+            TypeError: ``out`` not a numpy array of this memory's dtype.
+            ValueError: ``out`` read-only or non-contiguous, rank out of range.
+            IndexError: the range is outside the target's part.
+            FreedError: after free().
+        """
+        views = self._views
+        if views is None:
+            self._usable("Get")
+        if (type(out) is not np.ndarray or out.dtype != self.dtype or not out.flags.c_contiguous
+                or not out.flags.writeable):
+            self._buffer(out, "Get", True)
+        rank, offset = self._target(rank, offset, out.size, "Get")
+        v = views[rank]
+        if v is not None:
+            out.reshape(-1)[...] = v[offset:offset + out.size]
+            return
+        nb = out.nbytes
+        if nb:
+            win = self._win
+            win.Get((out, nb, self.hc._MPI.BYTE), rank, (self._disp[rank] + offset * self._itemsize,
+                                                         nb, self.hc._MPI.BYTE))
+            win.Flush(rank)
+
+    def Rput(self, data, rank, offset=0):
+        """Start a put; returns a :class:`Request` (``data`` must not change until it completes).
+
+        Inside a node the copy is made at once and the request is complete.
+        """
+        self._usable("Rput")
+        self._buffer(data, "Rput", False)
+        rank, offset = self._target(rank, offset, data.size, "Rput")
+        v = self._views[rank]
+        if v is not None or data.size == 0:
+            if data.size:
+                v[offset:offset + data.size] = data.reshape(-1)
+            return Request(self, None, None, None, "Rput")
+        MPI = self.hc._MPI
+        nb = data.nbytes
+        req = self._win.Rput((data, nb, MPI.BYTE), rank,
+                             (self._disp[rank] + offset * self._itemsize, nb, MPI.BYTE))
+        self._sync.dirty[id(self._win)] = self._win
+        return Request(self, req, rank, data, "Rput")
+
+    def Rget(self, out, rank, offset=0):
+        """Start a get into ``out``; returns a :class:`Request` (read ``out`` after it completes)."""
+        self._usable("Rget")
+        self._buffer(out, "Rget", True)
+        rank, offset = self._target(rank, offset, out.size, "Rget")
+        v = self._views[rank]
+        if v is not None or out.size == 0:
+            if out.size:
+                out.reshape(-1)[...] = v[offset:offset + out.size]
+            return Request(self, None, None, None, "Rget")
+        MPI = self.hc._MPI
+        nb = out.nbytes
+        req = self._win.Rget((out, nb, MPI.BYTE), rank,
+                             (self._disp[rank] + offset * self._itemsize, nb, MPI.BYTE))
+        return Request(self, req, None, out, "Rget")
+
+    def flush(self, rank=None):
+        """Complete every outstanding operation of this rank on this memory (to ``rank``, or to all)."""
+        self._usable("flush")
+        if rank is not None:
+            rank, _ = self._target(rank, 0, 0, "flush")
+        if self._win is None:
+            return
+        if rank is None:
+            self._win.Flush_all()
+        elif self._views[rank] is None:
+            self._win.Flush(rank)
+
+    def _atomic(self, rank, offset, what):
+        self._usable(what)
+        if self.dtype != np.int64:
+            raise TypeError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what}: atomics need an int64 "
+                            f"memory, this one holds {self.dtype}")
+        return self._target(rank, offset, 1, what)
+
+    def fetch_add(self, rank, offset, value):
+        """Atomically add ``value`` to element ``offset`` of ``rank``'s part; return the old value.
+
+        Atomic with respect to every other fetch_add and compare_swap on this
+        memory (inside one node C11 atomics, across nodes MPI's: when the
+        memory spans several nodes, every atomic goes through MPI).
+        """
+        rank, offset = self._atomic(rank, offset, "fetch_add")
+        value = _int(value, "GlobalMemory.fetch_add: value", self.rank)
+        if self._win is None:
+            return int(lib.hm_fetch_add(ffi.cast("void *", self._addrs[rank] + 8 * offset), value))
+        MPI = self.hc._MPI
+        res = np.zeros(1, dtype=np.int64)
+        self._win.Fetch_and_op(np.array([value], dtype=np.int64), res, rank,
+                               self._disp[rank] + 8 * offset, MPI.SUM)
+        self._win.Flush(rank)
+        return int(res[0])
+
+    def compare_swap(self, rank, offset, expected, value):
+        """Atomically set element ``offset`` of ``rank``'s part to ``value`` if it equals
+        ``expected``; return the old value (atomic as :meth:`fetch_add`)."""
+        rank, offset = self._atomic(rank, offset, "compare_swap")
+        expected = _int(expected, "GlobalMemory.compare_swap: expected", self.rank)
+        value = _int(value, "GlobalMemory.compare_swap: value", self.rank)
+        if self._win is None:
+            return int(lib.hm_compare_swap(ffi.cast("void *", self._addrs[rank] + 8 * offset),
+                                           expected, value))
+        res = np.zeros(1, dtype=np.int64)
+        self._win.Compare_and_swap(np.array([value], dtype=np.int64), np.array([expected], dtype=np.int64),
+                                   res, rank, self._disp[rank] + 8 * offset)
+        self._win.Flush(rank)
+        return int(res[0])
+
+    # ------------------------------------------------------------ synchronization
+
+    def sync_all(self):
+        """Barrier over the HybridComm after which every put issued before it, by any rank,
+        is visible to every rank (XcalableMP ``sync all``).
+
+        Raises:
+            SyncTimeout: a rank did not arrive within the timeout.
+        """
+        self._usable("sync_all")
+        self._sync.sync_all()
+
+    def sync_images(self, ranks):
+        """Wait until each listed rank has called ``sync_images`` naming this rank as many
+        times as this rank has named it (XcalableMP ``sync images``); their puts to this
+        rank issued before their call are then visible.  No global barrier.
+
+        The counts are per HybridComm, shared by all its global memory and coarrays.
+
+        Args:
+            ranks: an int or a sequence of distinct ranks (this rank is ignored).
+
+        Raises:
+            TypeError, ValueError: bad ranks (nothing is signalled).
+            SyncTimeout: a listed rank did not call within the timeout; names it.
+        """
+        self._usable("sync_images")
+        self._sync.sync_images(ranks, "sync_images")
+
+    # ------------------------------------------------------------ life
+
+    def free(self):
+        """Give the memory back to the arena (collective).  Idempotent."""
+        self.hc._children.pop(id(self), None)
+        if self._views is None:
+            return
+        self._views = None
+        self.local = None
+        if self._win is not None and not self.hc._MPI.Is_finalized():
+            self._win.Flush_all()
+        self._block.free()
+
+    @property
+    def closed(self):
+        """True once :meth:`free` was called."""
+        return self._views is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __repr__(self):
+        state = "freed" if self._views is None else f"{self.counts[self.rank]} local elements"
+        return f"<GlobalMemory rank {self.rank}/{self.size} dtype={self.dtype}, {state}>"
+
+
+def _section(local, index, rank):
+    """(byte offset, shape, byte strides) of ``local[index]`` for basic indexing."""
+    idx = index if type(index) is tuple else (index,)
+    for i in idx:
+        if not (i is Ellipsis or isinstance(i, slice)
+                or (isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)))):
+            raise TypeError(f"hybridmpi: rank {rank}: Coarray: only basic indexing (ints, slices, ...) "
+                            f"is supported, got {type(i).__name__}")
+    if not any(i is Ellipsis for i in idx):
+        idx = idx + (Ellipsis,)  # a 0-d view, not a copy, when every index is an int
+    try:
+        view = local[idx]
+    except IndexError as e:
+        raise IndexError(f"hybridmpi: rank {rank}: Coarray: index {index!r} is outside the shape "
+                         f"{local.shape}: {e}") from None
+    start = view.__array_interface__["data"][0] - local.__array_interface__["data"][0]
+    return start, view.shape, view.strides, idx
+
+
+class Coarray:
+    """XcalableMP coarrays: an array of the same shape on every rank, ``a[r][index]`` put and get.
+
+    ``a.local`` is this rank's array (shared memory).  ``a[r][index] = values``
+    writes a section of rank ``r``'s array (blocking: complete at both ends
+    on return), ``a[r][index]`` reads one into a new array; ``index`` is
+    numpy basic indexing (ints, slices with steps, ``...``) in any dimension.
+    Strided sections move in one C strided copy inside a node and one MPI
+    derived datatype across nodes, never row by row.
+
+    Args:
+        hc: the HybridComm (collective).
+        shape: the array's shape, the same on every rank.
+        dtype: a numeric numpy dtype.
+
+    Raises:
+        TypeError: bad shape or dtype.
+        ValueError: ranks with different shapes or dtypes, negative extents.
+    """
+
+    def __init__(self, hc, shape, dtype=np.float64):
+        if not isinstance(hc, HybridComm):
+            raise TypeError(f"hybridmpi: Coarray needs a HybridComm, got {type(hc).__name__}")
+        if isinstance(shape, (int, np.integer)):
+            shape = (shape,)
+        problem = None
+        try:
+            shape = tuple(_int(n, "a Coarray extent", hc.rank) for n in shape)
+            if any(n < 0 for n in shape):
+                problem = f"extents must be >= 0, got {shape}"
+        except TypeError:
+            problem = f"shape must be an int or a tuple of ints, got {shape!r}"
+        views = hc.comm.allgather((problem, shape))
+        bad = [(r, p) for r, (p, _) in enumerate(views) if p]
+        if bad:
+            exc = TypeError if "must be an int or" in bad[0][1] else ValueError
+            raise exc(f"hybridmpi: Coarray(): rank {bad[0][0]}: {bad[0][1]}")
+        if len({v[1] for v in views}) != 1:
+            raise ValueError(f"hybridmpi: Coarray(): ranks passed different shapes: {[v[1] for v in views]}")
+        self.shape = shape
+        self.mem = GlobalMemory(hc, int(np.prod(shape, dtype=np.int64)), dtype)
+        hc._children.pop(id(self.mem), None)
+        hc._children[id(self)] = self
+        self.hc = hc
+        self.dtype = self.mem.dtype
+        self.local = self.mem.local.reshape(shape)
+        self._types = {}
+
+    def __getitem__(self, rank):
+        self.mem._usable("[rank]")
+        rank, _ = self.mem._target(rank, 0, 0, "[rank]")
+        return _Image(self, rank)
+
+    def _datatype(self, shape, strides):
+        """An MPI datatype for a strided section (cached), built from nested hvectors."""
+        key = (shape, strides)
+        t = self._types.get(key)
+        if t is None:
+            MPI = self.hc._MPI
+            t = MPI.BYTE.Create_contiguous(self.dtype.itemsize)
+            for n, s in zip(reversed(shape), reversed(strides)):
+                outer = t.Create_hvector(n, 1, s)
+                t.Free()
+                t = outer
+            t.Commit()
+            self._types[key] = t
+        return t
+
+    def _put(self, rank, index, values, blocking):
+        mem = self.mem
+        start, shape, strides, idx = _section(self.local, index, mem.rank)
+        try:
+            src = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=self.dtype), shape))
+        except ValueError:
+            raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
+                             f"{np.shape(values)} do not fit the section of shape {shape}") from None
+        v = mem._views[rank]
+        if v is not None or src.size == 0:
+            if src.size:
+                dst = v.reshape(self.shape)[idx]
+                self._copy(dst, src)
+            return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
+        MPI = self.hc._MPI
+        target = (mem._disp[rank] + start, 1, self._datatype(shape, strides))
+        if blocking:
+            mem._win.Put((src, src.nbytes, MPI.BYTE), rank, target)
+            mem._win.Flush(rank)
+            return None
+        req = mem._win.Rput((src, src.nbytes, MPI.BYTE), rank, target)
+        mem._sync.dirty[id(mem._win)] = mem._win
+        return Request(mem, req, rank, src, "Coarray.Rput")
+
+    @staticmethod
+    def _copy(dst, src):
+        """One C strided copy (no Python loop over rows)."""
+        shape = ffi.new("int64_t[]", list(dst.shape) or [1])
+        dstr = ffi.new("int64_t[]", list(dst.strides) or [0])
+        sstr = ffi.new("int64_t[]", list(src.strides) or [0])
+        rc = lib.hm_copy_strided(ffi.cast("void *", dst.__array_interface__["data"][0]), dstr,
+                                 ffi.cast("void *", src.__array_interface__["data"][0]), sstr, shape,
+                                 dst.ndim, dst.itemsize)
+        if rc:
+            raise RuntimeError(f"hybridmpi: Coarray: C core returned {rc}")
+
+    def _get(self, rank, index):
+        mem = self.mem
+        start, shape, strides, idx = _section(self.local, index, mem.rank)
+        out = np.empty(shape, dtype=self.dtype)
+        v = mem._views[rank]
+        if v is not None or out.size == 0:
+            if out.size:
+                self._copy(out, v.reshape(self.shape)[idx])
+            return out
+        MPI = self.hc._MPI
+        mem._win.Get((out, out.nbytes, MPI.BYTE), rank,
+                     (mem._disp[rank] + start, 1, self._datatype(shape, strides)))
+        mem._win.Flush(rank)
+        return out
+
+    def Rput(self, rank, index, values):
+        """Start ``a[rank][index] = values``; returns a :class:`Request` (``values`` are copied)."""
+        self.mem._usable("Rput")
+        rank, _ = self.mem._target(rank, 0, 0, "Rput")
+        return self._put(rank, index, values, False)
+
+    def sync_all(self):
+        """As :meth:`GlobalMemory.sync_all`."""
+        self.mem.sync_all()
+
+    def sync_images(self, ranks):
+        """As :meth:`GlobalMemory.sync_images`."""
+        self.mem._usable("sync_images")
+        self.mem._sync.sync_images(ranks, "Coarray.sync_images")
+
+    def free(self):
+        """Free the coarray (collective).  Idempotent."""
+        self.hc._children.pop(id(self), None)
+        if self.mem.closed:
+            return
+        self.mem.free()
+        self.local = None
+        if not self.hc._MPI.Is_finalized():
+            for t in self._types.values():
+                t.Free()
+        self._types = {}
+
+    @property
+    def closed(self):
+        return self.mem.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __repr__(self):
+        return f"<Coarray rank {self.mem.rank} shape={self.shape} dtype={self.dtype}>"
+
+
+class _Image:
+    """``a[r]``: the coarray on rank ``r``, indexed to put or get a section."""
+
+    __slots__ = ("_a", "_rank")
+
+    def __init__(self, a, rank):
+        self._a = a
+        self._rank = rank
+
+    def __getitem__(self, index):
+        self._a.mem._usable("get")
+        return self._a._get(self._rank, index)
+
+    def __setitem__(self, index, values):
+        self._a.mem._usable("put")
+        self._a._put(self._rank, index, values, True)

@@ -1,0 +1,26 @@
+"""GlobalMemory, Coarray and sync_images at 1-8 ranks, on one node, virtual nodes and cliques."""
+
+import pytest
+from conftest import mpi_flavor, run_mpi
+
+CONFIGS = {
+    "node": ([], {}),
+    "node_size1": (["--node-size", "1"], {}),
+    "node_size2": (["--node-size", "2"], {}),
+    "node_size3": (["--node-size", "3"], {}),
+    "seq_cst": (["--memory-order", "seq_cst"], {}),
+    "cliques2": ([], {"MPIR_CVAR_NUM_CLIQUES": "2"}),
+}
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_globalmem(config, ranks):
+    args, env = CONFIGS[config]
+    if env and mpi_flavor() != "mpich":
+        pytest.skip("cliques are an MPICH feature")
+    if ranks == 1 and config != "node":
+        pytest.skip("one rank has one layout")
+    if config == "node_size2" and ranks == 2 or config == "node_size3" and ranks in (2, 3):
+        pytest.skip("the same layout as one node")
+    run_mpi("globalmem_cases.py", ranks, *args, env=env)

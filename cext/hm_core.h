@@ -216,34 +216,22 @@ int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t epoch, int op, int or
  * progress while RMA windows span several nodes. */
 void hm_set_progress(void (*fn)(void));
 
-/* Blocking copy into a peer's shared memory, followed by a release fence:
- * a later release store (a sync) publishes it. */
-void hm_put(void *dst, const void *src, uint64_t nbytes);
-
-/* Acquire fence, then a copy out of a peer's shared memory. */
-void hm_get(void *dst, const void *src, uint64_t nbytes);
-
-/* Copy an ndim-dimensional section of `shape` (elements of `itemsize`
- * bytes) between two strided layouts (strides in bytes, possibly
- * negative), between an acquire and a release fence.  A section with a
- * zero extent copies nothing.  Returns HM_EARG for a bad ndim or itemsize. */
-int hm_copy_strided(void *dst, const int64_t *dst_strides, const void *src,
-                    const int64_t *src_strides, const int64_t *shape, int ndim, int64_t itemsize);
-
 /* Sequentially consistent atomics on an int64 in shared memory; both return
  * the old value. */
 int64_t hm_fetch_add(void *addr, int64_t value);
 int64_t hm_compare_swap(void *addr, int64_t expected, int64_t value);
 
-/* Pairwise epoch counters (sync_images inside a node): release-store
- * signal_value[i] into signal[i] for every i, then wait until each wait[i]
- * reached wait_value[i] (acquire).  On timeout err.peer is the index i. */
+/* Pairwise epoch counters (sync_images inside a node).  For every i:
+ * calls[peer[i]] += 1, then release-store that count into signal[i] (the
+ * counter of this rank in the peer's segment); then wait until each
+ * wait[i] (the peer's counter in this rank's segment) reached the same
+ * count (acquire).  On timeout err.peer is the index i. */
 typedef struct hm_pairs {
     int n;
     void **signal;
-    uint64_t *signal_value;
     void **wait;
-    uint64_t *wait_value;
+    const int64_t *peer;
+    uint64_t *calls;
     hm_wait_policy policy;
     hm_error err;
 } hm_pairs;

@@ -18,6 +18,7 @@ from .errors import FreedError, SyncTimeout
 
 _R = lib.HM_REGION
 _TAG_SYNC = 1
+_EMPTY = bytearray(0)
 #: communicators whose Iprobe drives MPI progress in waits (one per live _Sync across nodes)
 _PROGRESS = []
 
@@ -50,7 +51,7 @@ class _Sync:
         self.block = hc.arena.alloc(hc.node_size * _R, "sync_images counters")
         ffi.memmove(ffi.cast("char *", self.block.local), bytes(hc.node_size * _R), hc.node_size * _R)
         self.comm = hc.comm.Dup() if hc.num_nodes > 1 else None
-        self.calls = np.zeros(hc.size, dtype=np.int64)
+        self.calls = ffi.new("uint64_t[]", hc.size)  # sync_images calls naming each rank (node peers)
         self.node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
         self.plans = {}
         self.dirty = {}  # RMA windows with non-blocking operations not yet flushed, by id
@@ -60,19 +61,45 @@ class _Sync:
             lib.hm_set_progress(lib.hm_py_progress)
         hc.node_comm.Barrier()
 
-    def _plan(self, ranks):
-        """Counters and peers of a list of ranks, built once per list."""
-        plan = self.plans.get(ranks)
+    def _ranks(self, ranks, what):
+        """The checked, sorted ranks of a sync_images call, this rank left out."""
+        hc = self.hc
+        if isinstance(ranks, (int, np.integer)) and not isinstance(ranks, (bool, np.bool_)):
+            ranks = (int(ranks),)
+        try:
+            ranks = tuple(_int(r, "a rank of sync_images", hc.rank) for r in ranks)
+        except TypeError as e:
+            if "must be an int" in str(e):
+                raise
+            raise TypeError(f"hybridmpi: rank {hc.rank}: {what}: ranks must be an int or a sequence "
+                            f"of ints, got {type(ranks).__name__}") from None
+        for r in ranks:
+            if not 0 <= r < hc.size:
+                raise ValueError(f"hybridmpi: rank {hc.rank}: {what}: rank {r} is out of range "
+                                 f"(the communicator has {hc.size} ranks)")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"hybridmpi: rank {hc.rank}: {what}: ranks {list(ranks)} name a rank twice")
+        return tuple(sorted(r for r in ranks if r != hc.rank))
+
+    def _plan(self, ranks, what):
+        """Counters and peers of a sync_images argument, checked and built once per argument."""
+        try:
+            key = ranks if type(ranks) is int else tuple(ranks)
+            plan = self.plans.get(key)
+        except TypeError:
+            key = plan = None
         if plan is not None:
             return plan
+        ranks = self._ranks(ranks, what)
         hc = self.hc
         near = [r for r in ranks if r in self.node_rank]
         far = [r for r in ranks if r not in self.node_rank]
         p = ffi.new("hm_pairs *")
-        keep = [ffi.new("void *[]", max(len(near), 1)), ffi.new("uint64_t[]", max(len(near), 1)),
-                ffi.new("void *[]", max(len(near), 1)), ffi.new("uint64_t[]", max(len(near), 1))]
+        n = max(len(near), 1)
+        keep = [ffi.new("void *[]", n), ffi.new("void *[]", n), ffi.new("int64_t[]", near or [0])]
         p.n = len(near)
-        p.signal, p.signal_value, p.wait, p.wait_value = keep
+        p.signal, p.wait, p.peer = keep
+        p.calls = self.calls
         me = self.node_rank[hc.rank]
         for i, r in enumerate(near):
             nr = self.node_rank[r]
@@ -81,8 +108,9 @@ class _Sync:
         pol = hc._st.policy
         for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "order"):
             setattr(p.policy, field, getattr(pol, field))
-        plan = self.plans[ranks] = (near, far, p, keep, np.array(near, dtype=np.int64),
-                                    np.array(far, dtype=np.int64))
+        plan = (near, far, p, keep)
+        if key is not None:
+            self.plans[key] = plan
         return plan
 
     def check(self):
@@ -104,45 +132,25 @@ class _Sync:
                 win.Sync()
 
     def sync_images(self, ranks, what):
-        self.check()
+        near, far, p, _ = self._plan(ranks, what)
+        if self.broken:
+            self.check()
+        if self.dirty:
+            self.flush_dirty()
         hc = self.hc
-        if isinstance(ranks, (int, np.integer)) and not isinstance(ranks, (bool, np.bool_)):
-            ranks = (int(ranks),)
-        try:
-            ranks = tuple(_int(r, "a rank of sync_images", hc.rank) for r in ranks)
-        except TypeError as e:
-            if "must be an int" in str(e):
-                raise
-            raise TypeError(f"hybridmpi: rank {hc.rank}: {what}: ranks must be an int or a sequence "
-                            f"of ints, got {type(ranks).__name__}") from None
-        for r in ranks:
-            if not 0 <= r < hc.size:
-                raise ValueError(f"hybridmpi: rank {hc.rank}: {what}: rank {r} is out of range "
-                                 f"(the communicator has {hc.size} ranks)")
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"hybridmpi: rank {hc.rank}: {what}: ranks {list(ranks)} name a rank twice")
-        ranks = tuple(sorted(r for r in ranks if r != hc.rank))
-        near, far, p, _, near_arr, far_arr = self._plan(ranks)
-        self.flush_dirty()
-        calls = self.calls
-        reqs = []
+        reqs = None
         if far:
-            calls[far_arr] += 1
             comm = self.comm
-            reqs = [comm.Irecv(bytearray(0), r, _TAG_SYNC) for r in far]
-            reqs += [comm.Isend(bytearray(0), r, _TAG_SYNC) for r in far]
-        if near:
-            calls[near_arr] += 1
-            for i, r in enumerate(near):
-                p.signal_value[i] = p.wait_value[i] = int(calls[r])
-            if lib.hm_signal_wait(p):
-                peer = near[p.err.peer]
-                self.broken = "SyncTimeout"
-                raise SyncTimeout(
-                    f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: rank "
-                    f"{peer} has called sync_images naming rank {hc.rank} {int(p.err.seen)} times, "
-                    f"this rank {int(p.err.epoch)}", rank=hc.rank, peer=peer, counter="sync_images",
-                    epoch=int(p.err.epoch))
+            reqs = [comm.Irecv(_EMPTY, r, _TAG_SYNC) for r in far]
+            reqs += [comm.Isend(_EMPTY, r, _TAG_SYNC) for r in far]
+        if near and lib.hm_signal_wait(p):
+            peer = near[p.err.peer]
+            self.broken = "SyncTimeout"
+            raise SyncTimeout(
+                f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: rank "
+                f"{peer} has called sync_images naming rank {hc.rank} {int(p.err.seen)} times, "
+                f"this rank {int(p.err.epoch)}", rank=hc.rank, peer=peer, counter="sync_images",
+                epoch=int(p.err.epoch))
         if reqs:
             self._complete(reqs, far, what)
             for win in hc.arena.rma_windows():
@@ -318,6 +326,7 @@ class GlobalMemory:
         self.rank, self.size = hc.rank, hc.size
         self.dtype = dt
         self._views = None
+        self._near = {}
         self._sync = _sync_state(hc)
         self.counts = tuple(hc.comm.allgather(count))
         self._block = hc.arena.alloc(count * dt.itemsize, "GlobalMemory")
@@ -333,6 +342,7 @@ class GlobalMemory:
         self._addrs = addrs
         self._itemsize = dt.itemsize
         self._views = views
+        self._near = {r: views[r] for r in node_rank}  # the parts reached by load/store
         hc.comm.Barrier()  # every part zeroed before anyone reaches it
         hc._children[id(self)] = self
 
@@ -393,21 +403,24 @@ class GlobalMemory:
             IndexError: the range is outside the target's part.
             FreedError: after free().
         """
-        views = self._views
-        if views is None:
-            self._usable("Put")
-        if type(data) is not np.ndarray or data.dtype != self.dtype or not data.flags.c_contiguous:
-            self._buffer(data, "Put", False)
+        # The common case in as few Python operations as possible: a 1-D array
+        # of the right dtype to a peer on this node (_near is empty once freed).
+        v = self._near.get(rank)
+        if (v is not None and type(data) is np.ndarray and data.dtype is self.dtype
+                and data.ndim == 1 and type(offset) is int and 0 <= offset <= v.size - data.size):
+            v[offset:offset + data.size] = data
+            return
+        self._usable("Put")
+        self._buffer(data, "Put", False)
         rank, offset = self._target(rank, offset, data.size, "Put")
-        v = views[rank]
+        v = self._views[rank]
         if v is not None:
             v[offset:offset + data.size] = data.reshape(-1)
             return
         nb = data.nbytes
         if nb:
-            win = self._win
-            win.Put((data, nb, self.hc._MPI.BYTE), rank, (self._disp[rank] + offset * self._itemsize,
-                                                          nb, self.hc._MPI.BYTE))
+            win, BYTE = self._win, self.hc._MPI.BYTE
+            win.Put((data, nb, BYTE), rank, (self._disp[rank] + offset * self._itemsize, nb, BYTE))
             win.Flush(rank)
 
     def Get(self, out, rank, offset=0):
@@ -419,22 +432,25 @@ class GlobalMemory:
             IndexError: the range is outside the target's part.
             FreedError: after free().
         """
-        views = self._views
-        if views is None:
-            self._usable("Get")
-        if (type(out) is not np.ndarray or out.dtype != self.dtype or not out.flags.c_contiguous
-                or not out.flags.writeable):
-            self._buffer(out, "Get", True)
+        v = self._near.get(rank)
+        if (v is not None and type(out) is np.ndarray and out.dtype is self.dtype
+                and out.ndim == 1 and type(offset) is int and 0 <= offset <= v.size - out.size):
+            try:
+                out[:] = v[offset:offset + out.size]
+                return
+            except ValueError:
+                pass  # read-only: the checks below say so
+        self._usable("Get")
+        self._buffer(out, "Get", True)
         rank, offset = self._target(rank, offset, out.size, "Get")
-        v = views[rank]
+        v = self._views[rank]
         if v is not None:
-            out.reshape(-1)[...] = v[offset:offset + out.size]
+            out.reshape(-1)[:] = v[offset:offset + out.size]
             return
         nb = out.nbytes
         if nb:
-            win = self._win
-            win.Get((out, nb, self.hc._MPI.BYTE), rank, (self._disp[rank] + offset * self._itemsize,
-                                                         nb, self.hc._MPI.BYTE))
+            win, BYTE = self._win, self.hc._MPI.BYTE
+            win.Get((out, nb, BYTE), rank, (self._disp[rank] + offset * self._itemsize, nb, BYTE))
             win.Flush(rank)
 
     def Rput(self, data, rank, offset=0):
@@ -562,6 +578,7 @@ class GlobalMemory:
         if self._views is None:
             return
         self._views = None
+        self._near = {}
         self.local = None
         if self._win is not None and not self.hc._MPI.Is_finalized():
             self._win.Flush_all()
@@ -583,23 +600,38 @@ class GlobalMemory:
         return f"<GlobalMemory rank {self.rank}/{self.size} dtype={self.dtype}, {state}>"
 
 
-def _section(local, index, rank):
-    """(byte offset, shape, byte strides) of ``local[index]`` for basic indexing."""
-    idx = index if type(index) is tuple else (index,)
-    for i in idx:
-        if not (i is Ellipsis or isinstance(i, slice)
-                or (isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)))):
-            raise TypeError(f"hybridmpi: rank {rank}: Coarray: only basic indexing (ints, slices, ...) "
-                            f"is supported, got {type(i).__name__}")
-    if not any(i is Ellipsis for i in idx):
-        idx = idx + (Ellipsis,)  # a 0-d view, not a copy, when every index is an int
-    try:
-        view = local[idx]
-    except IndexError as e:
-        raise IndexError(f"hybridmpi: rank {rank}: Coarray: index {index!r} is outside the shape "
-                         f"{local.shape}: {e}") from None
-    start = view.__array_interface__["data"][0] - local.__array_interface__["data"][0]
-    return start, view.shape, view.strides, idx
+def _key(index, rank):
+    """A hashable form of a basic index (slices are not hashable before Python 3.12)."""
+    t = type(index)
+    if t is int or index is Ellipsis:
+        return index
+    if t is slice:
+        return (slice, index.start, index.stop, index.step)
+    if t is tuple:
+        return tuple(_key(i, rank) for i in index)
+    if isinstance(index, np.integer):
+        return int(index)
+    raise TypeError(f"hybridmpi: rank {rank}: Coarray: only basic indexing (ints, slices, ...) "
+                    f"is supported, got {type(index).__name__}")
+
+
+class _Section:
+    """Where a basic index lands in the array: byte offset, shape and byte strides,
+    and the index as numpy takes it (a 0-d view, not a copy, when every index is an int)."""
+
+    __slots__ = ("start", "shape", "strides", "idx")
+
+    def __init__(self, local, index, rank):
+        idx = index if type(index) is tuple else (index,)
+        if not any(i is Ellipsis for i in idx):
+            idx = idx + (Ellipsis,)
+        try:
+            view = local[idx]
+        except IndexError as e:
+            raise IndexError(f"hybridmpi: rank {rank}: Coarray: index {index!r} is outside the shape "
+                             f"{local.shape}: {e}") from None
+        self.start = view.__array_interface__["data"][0] - local.__array_interface__["data"][0]
+        self.shape, self.strides, self.idx = view.shape, view.strides, idx
 
 
 class Coarray:
@@ -607,10 +639,11 @@ class Coarray:
 
     ``a.local`` is this rank's array (shared memory).  ``a[r][index] = values``
     writes a section of rank ``r``'s array (blocking: complete at both ends
-    on return), ``a[r][index]`` reads one into a new array; ``index`` is
-    numpy basic indexing (ints, slices with steps, ``...``) in any dimension.
-    Strided sections move in one C strided copy inside a node and one MPI
-    derived datatype across nodes, never row by row.
+    on return; ``values`` broadcast to the section), ``a[r][index]`` reads one
+    into a new array; ``index`` is numpy basic indexing (ints, slices with
+    steps, ``...``) in any dimension.  Strided sections move in one call:
+    one numpy (C) strided copy inside a node, one MPI derived datatype
+    (nested hvectors) across nodes, never row by row.
 
     Args:
         hc: the HybridComm (collective).
@@ -648,22 +681,43 @@ class Coarray:
         self.hc = hc
         self.dtype = self.mem.dtype
         self.local = self.mem.local.reshape(shape)
-        self._types = {}
+        self._shaped = [None if v is None else v.reshape(shape) for v in self.mem._views]
+        self._images = [_Image(self, r) for r in range(hc.size)]
+        self._sections = {}   # index key -> _Section
+        self._targets = {}    # (rank, index key) -> view of a node peer's section
+        self._types = {}      # (shape, strides) -> committed MPI datatype
 
     def __getitem__(self, rank):
+        if type(rank) is int and 0 <= rank < len(self._images):
+            return self._images[rank]
         self.mem._usable("[rank]")
         rank, _ = self.mem._target(rank, 0, 0, "[rank]")
-        return _Image(self, rank)
+        return self._images[rank]
 
-    def _datatype(self, shape, strides):
+    def _section(self, key, index):
+        sec = self._sections.get(key)
+        if sec is None:
+            sec = self._sections[key] = _Section(self.local, index, self.mem.rank)
+        return sec
+
+    def _target(self, rank, index):
+        """(view of the section on a node peer or None, index key)."""
+        self.mem._usable("[rank][index]")
+        key = _key(index, self.mem.rank)
+        view = self._targets.get((rank, key))
+        if view is None and self._shaped[rank] is not None:
+            view = self._targets[(rank, key)] = self._shaped[rank][self._section(key, index).idx]
+        return view, key
+
+    def _datatype(self, sec):
         """An MPI datatype for a strided section (cached), built from nested hvectors."""
-        key = (shape, strides)
+        key = (sec.shape, sec.strides)
         t = self._types.get(key)
         if t is None:
             MPI = self.hc._MPI
             t = MPI.BYTE.Create_contiguous(self.dtype.itemsize)
-            for n, s in zip(reversed(shape), reversed(strides)):
-                outer = t.Create_hvector(n, 1, s)
+            for n, stride in zip(reversed(sec.shape), reversed(sec.strides)):
+                outer = t.Create_hvector(n, 1, stride)
                 t.Free()
                 t = outer
             t.Commit()
@@ -671,21 +725,25 @@ class Coarray:
         return t
 
     def _put(self, rank, index, values, blocking):
+        view, key = self._target(rank, index)
         mem = self.mem
-        start, shape, strides, idx = _section(self.local, index, mem.rank)
+        if view is not None:
+            try:
+                view[...] = values
+            except ValueError:
+                raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
+                                 f"{np.shape(values)} do not fit the section of shape {view.shape}") from None
+            return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
+        sec = self._section(key, index)
         try:
-            src = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=self.dtype), shape))
+            src = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=self.dtype), sec.shape))
         except ValueError:
             raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
-                             f"{np.shape(values)} do not fit the section of shape {shape}") from None
-        v = mem._views[rank]
-        if v is not None or src.size == 0:
-            if src.size:
-                dst = v.reshape(self.shape)[idx]
-                self._copy(dst, src)
+                             f"{np.shape(values)} do not fit the section of shape {sec.shape}") from None
+        if src.size == 0:
             return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
         MPI = self.hc._MPI
-        target = (mem._disp[rank] + start, 1, self._datatype(shape, strides))
+        target = (mem._disp[rank] + sec.start, 1, self._datatype(sec))
         if blocking:
             mem._win.Put((src, src.nbytes, MPI.BYTE), rank, target)
             mem._win.Flush(rank)
@@ -694,31 +752,17 @@ class Coarray:
         mem._sync.dirty[id(mem._win)] = mem._win
         return Request(mem, req, rank, src, "Coarray.Rput")
 
-    @staticmethod
-    def _copy(dst, src):
-        """One C strided copy (no Python loop over rows)."""
-        shape = ffi.new("int64_t[]", list(dst.shape) or [1])
-        dstr = ffi.new("int64_t[]", list(dst.strides) or [0])
-        sstr = ffi.new("int64_t[]", list(src.strides) or [0])
-        rc = lib.hm_copy_strided(ffi.cast("void *", dst.__array_interface__["data"][0]), dstr,
-                                 ffi.cast("void *", src.__array_interface__["data"][0]), sstr, shape,
-                                 dst.ndim, dst.itemsize)
-        if rc:
-            raise RuntimeError(f"hybridmpi: Coarray: C core returned {rc}")
-
     def _get(self, rank, index):
-        mem = self.mem
-        start, shape, strides, idx = _section(self.local, index, mem.rank)
-        out = np.empty(shape, dtype=self.dtype)
-        v = mem._views[rank]
-        if v is not None or out.size == 0:
-            if out.size:
-                self._copy(out, v.reshape(self.shape)[idx])
-            return out
-        MPI = self.hc._MPI
-        mem._win.Get((out, out.nbytes, MPI.BYTE), rank,
-                     (mem._disp[rank] + start, 1, self._datatype(shape, strides)))
-        mem._win.Flush(rank)
+        view, key = self._target(rank, index)
+        if view is not None:
+            return np.array(view)
+        sec = self._section(key, index)
+        out = np.empty(sec.shape, dtype=self.dtype)
+        if out.size:
+            mem, MPI = self.mem, self.hc._MPI
+            mem._win.Get((out, out.nbytes, MPI.BYTE), rank,
+                         (mem._disp[rank] + sec.start, 1, self._datatype(sec)))
+            mem._win.Flush(rank)
         return out
 
     def Rput(self, rank, index, values):
@@ -733,8 +777,10 @@ class Coarray:
 
     def sync_images(self, ranks):
         """As :meth:`GlobalMemory.sync_images`."""
-        self.mem._usable("sync_images")
-        self.mem._sync.sync_images(ranks, "Coarray.sync_images")
+        sync = self.mem._sync
+        if self.mem._views is None:
+            self.mem._usable("sync_images")
+        sync.sync_images(ranks, "Coarray.sync_images")
 
     def free(self):
         """Free the coarray (collective).  Idempotent."""
@@ -743,6 +789,8 @@ class Coarray:
             return
         self.mem.free()
         self.local = None
+        self._shaped = [None] * len(self._shaped)
+        self._targets = {}
         if not self.hc._MPI.Is_finalized():
             for t in self._types.values():
                 t.Free()
@@ -772,9 +820,7 @@ class _Image:
         self._rank = rank
 
     def __getitem__(self, index):
-        self._a.mem._usable("get")
         return self._a._get(self._rank, index)
 
     def __setitem__(self, index, values):
-        self._a.mem._usable("put")
         self._a._put(self._rank, index, values, True)

@@ -17,6 +17,7 @@ TINY = {
     "ghost": ["--reps", "2", "--iters", "5", "--h", "0.1"],
     "sync": ["--reps", "3", "--warmup", "5"],
     "cg": ["--reps", "2", "--iterations", "5", "--h", "0.1"],
+    "rma": ["--reps", "2", "--iters", "5", "--sizes", "8,4096", "--window", "2"],
 }
 
 
@@ -68,6 +69,18 @@ def test_bench_kind_json_and_plot(kind, tmp_path):
         with open(png, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         assert os.path.getsize(png) > 5000
+
+
+@pytest.mark.parametrize("layout", [["--node-size", "1"], ["--node-size", "2"]])
+def test_bench_rma_layouts(layout, tmp_path):
+    path = tmp_path / "rma.json"
+    mpirun(3, "bench", "rma", *TINY["rma"], *layout, "--json", str(path))
+    doc = validate(json.loads(path.read_text()))
+    assert doc["locality"] == ("internode" if layout[1] == "1" else "intranode")
+    series = {r["series"] for r in doc["results"]}
+    assert {"Put", "Get", "Rput+wait", "Rget+wait", "mpi4py Put+Flush", "coarray put 8 vars nb",
+            "overlap Rget", "bw Rget"} <= series
+    assert ("copy into peer" in series) == (doc["locality"] == "intranode")
 
 
 def test_bench_ghost_ring_and_virtual_nodes(tmp_path):

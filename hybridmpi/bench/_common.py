@@ -66,10 +66,17 @@ def add(doc, series, x, samples, *, baseline=False, **extra):
 
 
 def set_ratios(doc):
-    """ratio = mean / mean of the baseline row at the same x (None for the baseline)."""
-    base = {r["x"]: r["mean"] for r in doc["results"] if r["baseline"]}
+    """ratio = mean / mean of the baseline row at the same x (None for the baseline).
+
+    A row with a ``versus`` field is compared with that baseline series
+    (benchmarks with several baselines per x)."""
+    base, named = {}, {}
     for r in doc["results"]:
-        b = base.get(r["x"])
+        if r["baseline"]:
+            base.setdefault(r["x"], r["mean"])
+            named[(r["x"], r["series"])] = r["mean"]
+    for r in doc["results"]:
+        b = named.get((r["x"], r["versus"])) if r.get("versus") else base.get(r["x"])
         r["ratio"] = None if r["baseline"] or not b else r["mean"] / b
 
 

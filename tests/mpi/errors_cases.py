@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hybridmpi
-from hybridmpi import FreedError, GhostPattern, Halo, HybridComm, PatternError, mesh
+from hybridmpi import Coarray, FreedError, GhostPattern, GlobalMemory, Halo, HybridComm, PatternError, mesh
 
 comm = MPI.COMM_WORLD
 R, P = comm.rank, comm.size
@@ -79,6 +79,25 @@ def tiny_mesh():
 
 
 M = tiny_mesh()
+MEM = GlobalMemory(HC, 4)
+COUNTER = GlobalMemory(HC, 2, np.int64)
+CO = Coarray(HC, (4, 4))
+
+
+def freed_mem():
+    m = GlobalMemory(HC, 4)
+    m.free()
+    return m
+
+
+def wait_twice():
+    req = MEM.Rget(np.empty(2), OTHER)
+    req.wait()
+    req.wait()
+
+
+def co_put(index, values):
+    CO[OTHER][index] = values
 
 # (area, call as shown in the docs, exception, words its message contains, call, ranks needed)
 CASES = [
@@ -154,6 +173,45 @@ CASES = [
     ("Halo", "halo.update_end(y) after update_begin(x)", ValueError, "another array", end_other_array, 1),
     ("Halo", "halo.update(x) after halo.free()", FreedError, "after free()",
      lambda: freed_halo().update(np.zeros(PAT.size)), 1),
+    ("GlobalMemory", "GlobalMemory(None, 4)", TypeError, "needs a HybridComm",
+     lambda: GlobalMemory(None, 4), 1),
+    ("GlobalMemory", "GlobalMemory(hc, -1)", ValueError, "count must be >= 0",
+     lambda: GlobalMemory(HC, -1), 1),
+    ("GlobalMemory", "GlobalMemory(hc, 4, dtype=object)", TypeError, "numeric numpy dtype",
+     lambda: GlobalMemory(HC, 4, dtype=object), 1),
+    ("GlobalMemory", "GlobalMemory(hc, 4, dtype=np.int64 on rank 0, float64 elsewhere)", ValueError,
+     "different dtypes", lambda: GlobalMemory(HC, 4, dtype=np.int64 if R == 0 else np.float64), 2),
+    ("GlobalMemory", "mem.Put(np.ones(2), rank=size)", ValueError, "out of range",
+     lambda: MEM.Put(np.ones(2), P), 1),
+    ("GlobalMemory", "mem.Put(np.ones(3), next, offset=2)  # parts of 4", IndexError, "outside rank",
+     lambda: MEM.Put(np.ones(3), OTHER, 2), 1),
+    ("GlobalMemory", "mem.Put(np.ones(2, np.float32), next)", TypeError, "dtype float32",
+     lambda: MEM.Put(np.ones(2, np.float32), OTHER), 1),
+    ("GlobalMemory", "mem.Get(read_only_array, next)", ValueError, "read-only",
+     lambda: MEM.Get(_ro(2), OTHER), 1),
+    ("GlobalMemory", "mem.Get(np.empty(5), next)  # parts of 4", IndexError, "outside rank",
+     lambda: MEM.Get(np.empty(5), OTHER), 1),
+    ("GlobalMemory", "mem.fetch_add(next, 0, 1)  # float64 memory", TypeError, "need an int64",
+     lambda: MEM.fetch_add(OTHER, 0, 1), 1),
+    ("GlobalMemory", "counter.fetch_add(next, 2, 1)  # parts of 2", IndexError, "outside rank",
+     lambda: COUNTER.fetch_add(OTHER, 2, 1), 1),
+    ("GlobalMemory", "mem.Rget(out, next) waited twice", RuntimeError, "waited twice", wait_twice, 1),
+    ("GlobalMemory", "mem.sync_images([size])", ValueError, "out of range",
+     lambda: MEM.sync_images([P]), 1),
+    ("GlobalMemory", "mem.sync_images([next, next])", ValueError, "twice",
+     lambda: MEM.sync_images([OTHER, OTHER]), 2),
+    ("GlobalMemory", "mem.Put(x, next) after mem.free()", FreedError, "after free()",
+     lambda: freed_mem().Put(np.ones(1), OTHER), 1),
+    ("Coarray", "Coarray(hc, (2, -1))", ValueError, "extents must be >= 0",
+     lambda: Coarray(HC, (2, -1)), 1),
+    ("Coarray", "Coarray(hc, (4,) on rank 0, (5,) elsewhere)", ValueError, "different shapes",
+     lambda: Coarray(HC, (4,) if R == 0 else (5,)), 2),
+    ("Coarray", "a[next][4, 0]  # shape (4, 4)", IndexError, "outside the shape",
+     lambda: CO[OTHER][4, 0], 1),
+    ("Coarray", "a[next][[0, 1]]", TypeError, "basic indexing", lambda: CO[OTHER][[0, 1]], 1),
+    ("Coarray", "a[next][0:2] = np.ones(3)", ValueError, "do not fit",
+     lambda: co_put(slice(0, 2), np.ones(3)), 1),
+    ("Coarray", "a[size]", ValueError, "out of range", lambda: CO[P], 1),
     ("mesh", "mesh.cube(0)", ValueError, "h must be", lambda: mesh.cube(0), 1),
     ("mesh", "mesh.load('missing.vtu')", FileNotFoundError, "no such file",
      lambda: mesh.load("missing.vtu"), 1),
@@ -201,6 +259,9 @@ def main():
         if a.markdown:
             write_markdown(a.markdown, rows)
     HALO.free()
+    CO.free()
+    MEM.free()
+    COUNTER.free()
     HC.free()
     return 1 if failed else 0
 

@@ -51,6 +51,27 @@ def case_thousand_halos(comm, rng, **cfg):
         assert not hc._children
 
 
+def case_many_live_halos(comm, rng, **cfg):
+    """--halos live Halos at once (atomic, flat, neighbor in turn) on one HybridComm: a handful of
+    windows and communicators, every one of them correct; then all freed."""
+    with hybridmpi.HybridComm(comm, node_size=cfg["node_size"]) as hc:
+        pat = ring(hc, 20)
+        before = shm_mappings()
+        methods = ["atomic", "flat", "neighbor"]
+        halos = [Halo(pat, method=methods[i % 3]) for i in range(cfg["halos"])]
+        assert hc.arena.windows <= 8, hc.arena.windows
+        for h in halos[::97] + halos[-3:]:
+            x = rng.standard_normal(pat.size)
+            h.update(x)
+            expect = comm.sendrecv(x[:20], dest=(hc.rank + 1) % hc.size, source=(hc.rank - 1) % hc.size)
+            if hc.size > 1:
+                assert np.array_equal(x[20:], expect), h.method
+        for h in halos:
+            h.free()
+        assert hc.arena.windows == 0 and shm_mappings() <= before
+        assert pat._graph is None
+
+
 def case_too_large_for_shared_memory(comm, rng, **cfg):
     """Shared buffers over the limit: MemoryError on every rank; "auto" falls back to flat."""
     with hybridmpi.HybridComm(comm, node_size=cfg["node_size"]) as hc:
@@ -100,7 +121,7 @@ def case_env_method(comm, rng, **cfg):
             del os.environ["HYBRIDMPI_METHOD"]
 
 
-CASES = [case_thousand_halos, case_too_large_for_shared_memory, case_env_method]
+CASES = [case_thousand_halos, case_many_live_halos, case_too_large_for_shared_memory, case_env_method]
 
 if __name__ == "__main__":
-    main(CASES)
+    main(CASES, halos=10000)

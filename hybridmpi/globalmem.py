@@ -265,8 +265,32 @@ def waitall(requests):
         if r._waited:
             raise RuntimeError(f"hybridmpi: rank {r._mem.hc.rank}: waitall: a {r._what} request was "
                                "already waited")
+    pending = [r for r in requests if not r._done]
     for r in requests:
-        r.wait()
+        r._waited = True
+    if not pending:
+        return
+    hc = pending[0]._mem.hc
+    MPI = hc._MPI
+    reqs = [r._req for r in pending]
+    if hc.timeout is None:
+        MPI.Request.Waitall(reqs)
+    else:
+        deadline = time.monotonic() + hc.timeout
+        while not MPI.Request.Testall(reqs):
+            if time.monotonic() > deadline:
+                raise SyncTimeout(f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in "
+                                  f"waitall ({len(reqs)} requests)", rank=hc.rank, counter="rma")
+            os.sched_yield()
+    # one flush per window and target completes every put at its target
+    flushes = {}
+    for r in pending:
+        if r._target is not None:
+            flushes[(id(r._mem._win), r._target)] = r._mem._win
+        r._done = True
+        r._keep = None
+    for (_, target), win in flushes.items():
+        win.Flush(target)
 
 
 class GlobalMemory:
@@ -331,6 +355,7 @@ class GlobalMemory:
         self.counts = tuple(hc.comm.allgather(count))
         self._block = hc.arena.alloc(count * dt.itemsize, "GlobalMemory")
         self._win = self._block.rma
+        self._BYTE = hc._MPI.BYTE
         self._disp = self._block.offsets
         node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
         views, addrs = [None] * hc.size, [0] * hc.size
@@ -403,13 +428,22 @@ class GlobalMemory:
             IndexError: the range is outside the target's part.
             FreedError: after free().
         """
-        # The common case in as few Python operations as possible: a 1-D array
-        # of the right dtype to a peer on this node (_near is empty once freed).
+        # The common cases in as few Python operations as possible: a 1-D array
+        # of the right dtype to a peer on this node (_near is empty once freed)
+        # or on another node.
         v = self._near.get(rank)
-        if (v is not None and type(data) is np.ndarray and data.dtype is self.dtype
-                and data.ndim == 1 and type(offset) is int and 0 <= offset <= v.size - data.size):
-            v[offset:offset + data.size] = data
-            return
+        if type(data) is np.ndarray and data.dtype is self.dtype and data.ndim == 1 and type(offset) is int:
+            if v is not None:
+                if 0 <= offset <= v.size - data.size:
+                    v[offset:offset + data.size] = data
+                    return
+            elif (type(rank) is int and 0 <= rank < self.size and 0 <= offset
+                  and offset + data.size <= self.counts[rank] and data.flags.c_contiguous
+                  and self._views is not None):
+                nb, win, BYTE = data.nbytes, self._win, self._BYTE
+                win.Put((data, nb, BYTE), rank, (self._disp[rank] + offset * self._itemsize, nb, BYTE))
+                win.Flush(rank)
+                return
         self._usable("Put")
         self._buffer(data, "Put", False)
         rank, offset = self._target(rank, offset, data.size, "Put")
@@ -419,7 +453,7 @@ class GlobalMemory:
             return
         nb = data.nbytes
         if nb:
-            win, BYTE = self._win, self.hc._MPI.BYTE
+            win, BYTE = self._win, self._BYTE
             win.Put((data, nb, BYTE), rank, (self._disp[rank] + offset * self._itemsize, nb, BYTE))
             win.Flush(rank)
 
@@ -433,13 +467,21 @@ class GlobalMemory:
             FreedError: after free().
         """
         v = self._near.get(rank)
-        if (v is not None and type(out) is np.ndarray and out.dtype is self.dtype
-                and out.ndim == 1 and type(offset) is int and 0 <= offset <= v.size - out.size):
-            try:
-                out[:] = v[offset:offset + out.size]
+        if type(out) is np.ndarray and out.dtype is self.dtype and out.ndim == 1 and type(offset) is int:
+            if v is not None:
+                if 0 <= offset <= v.size - out.size:
+                    try:
+                        out[:] = v[offset:offset + out.size]
+                        return
+                    except ValueError:
+                        pass  # read-only: the checks below say so
+            elif (type(rank) is int and 0 <= rank < self.size and 0 <= offset
+                  and offset + out.size <= self.counts[rank] and out.flags.c_contiguous
+                  and out.flags.writeable and self._views is not None):
+                nb, win, BYTE = out.nbytes, self._win, self._BYTE
+                win.Get((out, nb, BYTE), rank, (self._disp[rank] + offset * self._itemsize, nb, BYTE))
+                win.Flush(rank)
                 return
-            except ValueError:
-                pass  # read-only: the checks below say so
         self._usable("Get")
         self._buffer(out, "Get", True)
         rank, offset = self._target(rank, offset, out.size, "Get")
@@ -449,7 +491,7 @@ class GlobalMemory:
             return
         nb = out.nbytes
         if nb:
-            win, BYTE = self._win, self.hc._MPI.BYTE
+            win, BYTE = self._win, self._BYTE
             win.Get((out, nb, BYTE), rank, (self._disp[rank] + offset * self._itemsize, nb, BYTE))
             win.Flush(rank)
 
@@ -619,7 +661,7 @@ class _Section:
     """Where a basic index lands in the array: byte offset, shape and byte strides,
     and the index as numpy takes it (a 0-d view, not a copy, when every index is an int)."""
 
-    __slots__ = ("start", "shape", "strides", "idx")
+    __slots__ = ("start", "shape", "strides", "idx", "nbytes", "contiguous")
 
     def __init__(self, local, index, rank):
         idx = index if type(index) is tuple else (index,)
@@ -632,6 +674,8 @@ class _Section:
                              f"{local.shape}: {e}") from None
         self.start = view.__array_interface__["data"][0] - local.__array_interface__["data"][0]
         self.shape, self.strides, self.idx = view.shape, view.strides, idx
+        self.nbytes = view.nbytes
+        self.contiguous = view.flags.c_contiguous  # moves as plain bytes across nodes
 
 
 class Coarray:
@@ -724,6 +768,12 @@ class Coarray:
             self._types[key] = t
         return t
 
+    def _where(self, mem, rank, sec):
+        """The RMA target of a section: plain bytes when contiguous, else a derived datatype."""
+        if sec.contiguous:
+            return (mem._disp[rank] + sec.start, sec.nbytes, self.hc._MPI.BYTE)
+        return (mem._disp[rank] + sec.start, 1, self._datatype(sec))
+
     def _put(self, rank, index, values, blocking):
         view, key = self._target(rank, index)
         mem = self.mem
@@ -736,14 +786,19 @@ class Coarray:
             return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
         sec = self._section(key, index)
         try:
-            src = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=self.dtype), sec.shape))
+            if (type(values) is np.ndarray and values.dtype is self.dtype and values.shape == sec.shape
+                    and values.flags.c_contiguous):
+                src = values
+            else:
+                src = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=self.dtype),
+                                                           sec.shape))
         except ValueError:
             raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
                              f"{np.shape(values)} do not fit the section of shape {sec.shape}") from None
         if src.size == 0:
             return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
         MPI = self.hc._MPI
-        target = (mem._disp[rank] + sec.start, 1, self._datatype(sec))
+        target = self._where(mem, rank, sec)
         if blocking:
             mem._win.Put((src, src.nbytes, MPI.BYTE), rank, target)
             mem._win.Flush(rank)
@@ -760,8 +815,7 @@ class Coarray:
         out = np.empty(sec.shape, dtype=self.dtype)
         if out.size:
             mem, MPI = self.mem, self.hc._MPI
-            mem._win.Get((out, out.nbytes, MPI.BYTE), rank,
-                         (mem._disp[rank] + sec.start, 1, self._datatype(sec)))
+            mem._win.Get((out, out.nbytes, MPI.BYTE), rank, self._where(mem, rank, sec))
             mem._win.Flush(rank)
         return out
 

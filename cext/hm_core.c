@@ -14,9 +14,14 @@ int hm_lock_free(void)
 
 uint64_t hm_load(const void *addr, int order) { return load_acq((const hm_counter *)addr, order); }
 
-uint64_t hm_coll_segment_bytes(uint64_t capacity)
+static uint64_t extra_offset(uint64_t capacity)
 {
     return ((HM_OFF_DATA + capacity + HM_REGION - 1) / HM_REGION) * HM_REGION;
+}
+
+uint64_t hm_coll_segment_bytes(uint64_t capacity)
+{
+    return extra_offset(capacity) + (uint64_t)(HM_STEPS + 2 * (HM_STEPS + 2)) * HM_REGION;
 }
 
 int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t capacity)
@@ -29,6 +34,7 @@ int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t
     c->radix = radix;
     c->seg = seg;
     c->capacity = capacity;
+    c->extra = extra_offset(capacity);
     c->parent = rank == 0 ? -1 : (rank - 1) / radix;
     for (int k = 1; k <= radix; k++) {
         long child = (long)rank * radix + k;
@@ -134,6 +140,31 @@ static int barrier_linear(hm_coll *c, int part, uint64_t e)
     return HM_OK;
 }
 
+/* Region k of `rank`'s dissemination signals (written by rank - 2^k only). */
+static inline hm_counter *diss(const hm_coll *c, int rank, int k)
+{
+    return (hm_counter *)(c->seg[rank] + c->extra + (uint64_t)k * HM_REGION);
+}
+
+static inline int wait_round(hm_coll *c, hm_counter *p, int peer, uint64_t e)
+{
+    uint64_t seen = 0;
+    if (wait_geq(p, e, &c->policy, &seen) != HM_OK)
+        return timed_out(c, peer, HM_CNT_ROUND, seen);
+    return HM_OK;
+}
+
+static int barrier_dissemination(hm_coll *c, uint64_t e)
+{
+    int n = c->size, r = c->rank, ord = c->policy.order, rc;
+    for (int k = 0, d = 1; d < n; k++, d <<= 1) {
+        store_rel(diss(c, (r + d) % n, k), e, ord);
+        if ((rc = wait_round(c, diss(c, r, k), (r - d + n) % n, e)))
+            return rc;
+    }
+    return HM_OK;
+}
+
 int hm_barrier(hm_coll *c, int method, int part)
 {
     if (part < HM_GATHER || part > HM_BOTH || (c->rank != 0 && part != HM_BOTH))
@@ -148,10 +179,20 @@ int hm_barrier(hm_coll *c, int method, int part)
         return barrier_linear(c, part, e);
     if (method == HM_TREE)
         return barrier_tree(c, part, e);
+    if (method == HM_DISSEMINATION && part == HM_BOTH)
+        return barrier_dissemination(c, e);
     return HM_EARG;
 }
 
 int hm_barrier_tree(hm_coll *c) { return hm_barrier(c, HM_TREE, HM_BOTH); }
+
+int hm_barrier_dissemination(hm_coll *c)
+{
+    uint64_t e = ++c->epoch;
+    enter(c, e);
+    c->err.code = HM_OK;
+    return c->size == 1 ? HM_OK : barrier_dissemination(c, e);
+}
 
 size_t hm_dtype_size(int dtype)
 {
@@ -345,4 +386,122 @@ int hm_allreduce_verdict(hm_coll *c, int elsewhere)
     if (elsewhere && mine->bad_rank == -1)
         mine->bad_rank = HM_BAD_ELSEWHERE;
     return (int)mine->bad_rank;
+}
+
+/* ------------------------------------------------------------------ recursive doubling */
+
+/* One step's region: the stamp (the call number, stored last with release),
+ * the running maximum of the argument signatures and of their negations,
+ * then the partial result. */
+typedef struct rd_head {
+    hm_counter stamp;
+    int64_t sig_max, sig_neg;
+    int64_t pad;
+} rd_head;
+
+_Static_assert(sizeof(rd_head) + HM_RD_BYTES <= HM_REGION, "recursive-doubling region too small");
+
+enum { RD_FOLD = HM_STEPS, RD_RESULT = HM_STEPS + 1 };
+
+static inline rd_head *rd(const hm_coll *c, int rank, int k, uint64_t e)
+{
+    return (rd_head *)(c->seg[rank] + c->extra +
+                       (uint64_t)(HM_STEPS + (e & 1) * (HM_STEPS + 2) + k) * HM_REGION);
+}
+
+static inline void rd_publish(rd_head *h, const void *acc, uint64_t nbytes, int64_t smax,
+                              int64_t sneg, uint64_t e, int ord)
+{
+    h->sig_max = smax;
+    h->sig_neg = sneg;
+    memcpy(h + 1, acc, nbytes);
+    store_rel(&h->stamp, e, ord);
+}
+
+static inline int64_t sig_of(uint64_t count, int dtype, int op)
+{
+    return (int64_t)((count << 8) | ((uint64_t)dtype << 4) | (uint64_t)op);
+}
+
+int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op)
+{
+    size_t esz = hm_dtype_size(dtype);
+    uint64_t nbytes = count * esz;
+    if (esz == 0 || op < 0 || op >= HM_NOPS || nbytes > HM_RD_BYTES)
+        return HM_EARG;
+    int n = c->size, r = c->rank, ord = c->policy.order, rc;
+    uint64_t e = ++c->epoch;
+    enter(c, e);
+    c->err.code = HM_OK;
+    _Alignas(16) char acc[HM_RD_BYTES], tmp[HM_RD_BYTES];
+    memcpy(acc, send, nbytes);
+    int64_t own = sig_of(count, dtype, op), smax = own, sneg = -own;
+    int p2 = 1;
+    while (p2 * 2 <= n)
+        p2 *= 2;
+    if (r >= p2) {
+        /* an extra rank: hand the value down, take the result back */
+        rd_publish(rd(c, r, RD_FOLD, e), acc, nbytes, smax, sneg, e, ord);
+        rd_head *h = rd(c, r - p2, RD_RESULT, e);
+        if ((rc = wait_round(c, &h->stamp, r - p2, e)))
+            return rc;
+        smax = h->sig_max;
+        sneg = h->sig_neg;
+        memcpy(acc, h + 1, nbytes);
+    } else {
+        if (r + p2 < n) {
+            rd_head *h = rd(c, r + p2, RD_FOLD, e);
+            if ((rc = wait_round(c, &h->stamp, r + p2, e)))
+                return rc;
+            smax = HM_MAX_(smax, h->sig_max);
+            sneg = HM_MAX_(sneg, h->sig_neg);
+            if (smax == -sneg)
+                hm_combine(acc, h + 1, count, dtype, op);
+        }
+        for (int k = 0, d = 1; d < p2; k++, d <<= 1) {
+            int peer = r ^ d;
+            rd_publish(rd(c, r, k, e), acc, nbytes, smax, sneg, e, ord);
+            rd_head *h = rd(c, peer, k, e);
+            if ((rc = wait_round(c, &h->stamp, peer, e)))
+                return rc;
+            smax = HM_MAX_(smax, h->sig_max);
+            sneg = HM_MAX_(sneg, h->sig_neg);
+            if (smax != -sneg)
+                continue;
+            if (peer > r) {
+                hm_combine(acc, h + 1, count, dtype, op);
+            } else {
+                memcpy(tmp, h + 1, nbytes);
+                hm_combine(tmp, acc, count, dtype, op);
+                memcpy(acc, tmp, nbytes);
+            }
+        }
+        if (r + p2 < n)
+            rd_publish(rd(c, r, RD_RESULT, e), acc, nbytes, smax, sneg, e, ord);
+    }
+    if (smax != -sneg) {
+        int64_t other = smax != own ? smax : -sneg;
+        c->err.code = HM_EMISMATCH;
+        c->err.bad_rank = HM_BAD_SOMEONE;
+        c->err.bad_count = (int64_t)((uint64_t)other >> 8);
+        c->err.bad_dtype = (other >> 4) & 15;
+        c->err.bad_op = other & 15;
+        c->err.root_count = (int64_t)count;
+        c->err.root_dtype = dtype;
+        c->err.root_op = op;
+        return HM_EMISMATCH;
+    }
+    memcpy(recv, acc, nbytes);
+    return HM_OK;
+}
+
+double hm_allreduce_rd_f64(hm_coll *c, double x, int op)
+{
+    double r;
+    if (hm_allreduce_rd(c, &x, &r, 1, HM_F64, op) != HM_OK) {
+        if (c->err.code == HM_OK)
+            c->err.code = HM_EARG;
+        return __builtin_nan("");
+    }
+    return r;
 }

@@ -37,8 +37,9 @@ enum {
 /* Memory orders. */
 enum { HM_ACQ_REL = 0, HM_SEQ_CST = 1 };
 
-/* Barrier methods and collective phases. */
-enum { HM_TREE = 0, HM_LINEAR = 1 };
+/* Barrier methods and collective phases.  Dissemination runs only as a
+ * whole barrier (HM_BOTH). */
+enum { HM_TREE = 0, HM_LINEAR = 1, HM_DISSEMINATION = 2 };
 enum { HM_GATHER = 1, HM_RELEASE = 2, HM_BOTH = 3 };
 
 /* Element types and reduction operations. */
@@ -48,11 +49,18 @@ enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
 /* Return codes. */
 enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3 };
 
-/* bad_rank of a mismatch found on another node. */
-enum { HM_BAD_ELSEWHERE = -2 };
+/* bad_rank of a mismatch found on another node, or by the recursive-
+ * doubling allreduce, which knows only that some rank differs. */
+enum { HM_BAD_ELSEWHERE = -2, HM_BAD_SOMEONE = -3 };
 
-/* Which counter a timed-out wait was watching. */
-enum { HM_CNT_ARRIVE = 1, HM_CNT_RELEASE = 2, HM_CNT_LINEAR = 3 };
+/* Which counter a timed-out wait was watching (HM_CNT_ROUND: a peer's
+ * signal of a dissemination round or recursive-doubling step, which holds
+ * the last call it reached). */
+enum { HM_CNT_ARRIVE = 1, HM_CNT_RELEASE = 2, HM_CNT_LINEAR = 3, HM_CNT_ROUND = 6 };
+
+/* Rounds of the dissemination barrier and steps of the recursive-doubling
+ * allreduce (2^16 ranks per node), and the largest payload of the latter. */
+enum { HM_STEPS = 16, HM_RD_BYTES = 96 };
 
 /* Wait policy: spin `spin` polls with a pause instruction, then
  * sched_yield until `yield_ns` have passed since the wait began, then
@@ -90,6 +98,7 @@ typedef struct hm_coll {
     int children[16];
     char **seg;               /* seg[r]: address of rank r's segment */
     uint64_t capacity;        /* bytes of each rank's data slot */
+    uint64_t extra;           /* offset of the dissemination and recursive-doubling regions */
     uint64_t epoch;           /* collective calls made so far */
     uint64_t linear_calls;    /* linear barriers made so far */
     hm_wait_policy policy;
@@ -99,7 +108,9 @@ typedef struct hm_coll {
 /* 1 if 64-bit atomics are lock-free (required across processes). */
 int hm_lock_free(void);
 
-/* Bytes of one rank's collective segment for a data slot of `capacity`. */
+/* Bytes of one rank's collective segment for a data slot of `capacity`
+ * (the slot, then HM_STEPS dissemination regions, then two sets, by epoch
+ * parity, of HM_STEPS + 2 recursive-doubling regions). */
 uint64_t hm_coll_segment_bytes(uint64_t capacity);
 
 /* Set up `c` for node rank `rank` of `size`, tree of arity `radix`;
@@ -114,9 +125,29 @@ int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg,
  * rank before the barrier is visible to every rank after it. */
 int hm_barrier(hm_coll *c, int method, int part);
 
-/* hm_barrier(c, HM_TREE, HM_BOTH) with one argument: every argument
- * costs a conversion on the Python side of the hottest call. */
+/* hm_barrier(c, HM_TREE, HM_BOTH) and hm_barrier(c, HM_DISSEMINATION,
+ * HM_BOTH) with one argument: every argument costs a conversion on the
+ * Python side of the hottest call.  Dissemination: in round k each rank
+ * release-stores the call number into its own region of rank + 2^k and
+ * acquire-waits for rank - 2^k's store into its region k; ceil(log2 n)
+ * rounds, one hop at two ranks. */
 int hm_barrier_tree(hm_coll *c);
+int hm_barrier_dissemination(hm_coll *c);
+
+/* Allreduce of up to HM_RD_BYTES by recursive doubling (whole node, no
+ * release phase): the ranks above the largest power of two first hand
+ * their value to rank - 2^m and get the result back at the end; in step k
+ * rank r exchanges its partial result with r ^ 2^k through epoch-stamped
+ * regions (two sets, by epoch parity) and combines lower rank's value op
+ * higher rank's value, so every rank computes the same bits.  The
+ * arguments travel as a signature whose maximum and minimum are reduced
+ * along: ranks that passed different ones all get HM_EMISMATCH with
+ * err.bad_rank = HM_BAD_SOMEONE.  HM_EARG if the payload is too large. */
+int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op);
+
+/* hm_allreduce_rd of one double, by value; NaN and c->err.code on failure,
+ * as hm_allreduce_f64. */
+double hm_allreduce_rd_f64(hm_coll *c, double x, int op);
 
 /* Allreduce of `count` elements of type `dtype` over the node with `op`,
  * combined in a fixed order (own value, then children in rank order), so

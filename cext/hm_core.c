@@ -186,6 +186,8 @@ int hm_barrier(hm_coll *c, int method, int part)
 
 int hm_barrier_tree(hm_coll *c) { return hm_barrier(c, HM_TREE, HM_BOTH); }
 
+int hm_barrier_linear(hm_coll *c) { return hm_barrier(c, HM_LINEAR, HM_BOTH); }
+
 int hm_barrier_dissemination(hm_coll *c)
 {
     uint64_t e = ++c->epoch;
@@ -396,8 +398,26 @@ int hm_allreduce_verdict(hm_coll *c, int elsewhere)
 typedef struct rd_head {
     hm_counter stamp;
     int64_t sig_max, sig_neg;
-    int64_t pad;
+    int32_t max_rank, min_rank;
 } rd_head;
+
+/* The running extremes of the argument signatures and who holds them. */
+typedef struct rd_sig {
+    int64_t max, neg;
+    int32_t max_rank, min_rank;
+} rd_sig;
+
+static inline void rd_merge(rd_sig *s, const rd_head *h)
+{
+    if (h->sig_max > s->max || (h->sig_max == s->max && h->max_rank < s->max_rank)) {
+        s->max = h->sig_max;
+        s->max_rank = h->max_rank;
+    }
+    if (h->sig_neg > s->neg || (h->sig_neg == s->neg && h->min_rank < s->min_rank)) {
+        s->neg = h->sig_neg;
+        s->min_rank = h->min_rank;
+    }
+}
 
 _Static_assert(sizeof(rd_head) + HM_RD_BYTES <= HM_REGION, "recursive-doubling region too small");
 
@@ -409,13 +429,22 @@ static inline rd_head *rd(const hm_coll *c, int rank, int k, uint64_t e)
                        (uint64_t)(HM_STEPS + (e & 1) * (HM_STEPS + 2) + k) * HM_REGION);
 }
 
-static inline void rd_publish(rd_head *h, const void *acc, uint64_t nbytes, int64_t smax,
-                              int64_t sneg, uint64_t e, int ord)
+static inline void rd_publish(rd_head *h, const void *acc, uint64_t nbytes, const rd_sig *s,
+                              uint64_t e, int ord)
 {
-    h->sig_max = smax;
-    h->sig_neg = sneg;
+    h->sig_max = s->max;
+    h->sig_neg = s->neg;
+    h->max_rank = s->max_rank;
+    h->min_rank = s->min_rank;
     memcpy(h + 1, acc, nbytes);
     store_rel(&h->stamp, e, ord);
+}
+
+static inline void sig_args(int64_t sig, int64_t *count, int64_t *dtype, int64_t *op)
+{
+    *count = (int64_t)((uint64_t)sig >> 8);
+    *dtype = (sig >> 4) & 15;
+    *op = sig & 15;
 }
 
 static inline int64_t sig_of(uint64_t count, int dtype, int op)
@@ -435,38 +464,36 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
     c->err.code = HM_OK;
     _Alignas(16) char acc[HM_RD_BYTES], tmp[HM_RD_BYTES];
     memcpy(acc, send, nbytes);
-    int64_t own = sig_of(count, dtype, op), smax = own, sneg = -own;
+    int64_t own = sig_of(count, dtype, op);
+    rd_sig sig = {own, -own, r, r};
     int p2 = 1;
     while (p2 * 2 <= n)
         p2 *= 2;
     if (r >= p2) {
         /* an extra rank: hand the value down, take the result back */
-        rd_publish(rd(c, r, RD_FOLD, e), acc, nbytes, smax, sneg, e, ord);
+        rd_publish(rd(c, r, RD_FOLD, e), acc, nbytes, &sig, e, ord);
         rd_head *h = rd(c, r - p2, RD_RESULT, e);
         if ((rc = wait_round(c, &h->stamp, r - p2, e)))
             return rc;
-        smax = h->sig_max;
-        sneg = h->sig_neg;
+        rd_merge(&sig, h);
         memcpy(acc, h + 1, nbytes);
     } else {
         if (r + p2 < n) {
             rd_head *h = rd(c, r + p2, RD_FOLD, e);
             if ((rc = wait_round(c, &h->stamp, r + p2, e)))
                 return rc;
-            smax = HM_MAX_(smax, h->sig_max);
-            sneg = HM_MAX_(sneg, h->sig_neg);
-            if (smax == -sneg)
+            rd_merge(&sig, h);
+            if (sig.max == -sig.neg)
                 hm_combine(acc, h + 1, count, dtype, op);
         }
         for (int k = 0, d = 1; d < p2; k++, d <<= 1) {
             int peer = r ^ d;
-            rd_publish(rd(c, r, k, e), acc, nbytes, smax, sneg, e, ord);
+            rd_publish(rd(c, r, k, e), acc, nbytes, &sig, e, ord);
             rd_head *h = rd(c, peer, k, e);
             if ((rc = wait_round(c, &h->stamp, peer, e)))
                 return rc;
-            smax = HM_MAX_(smax, h->sig_max);
-            sneg = HM_MAX_(sneg, h->sig_neg);
-            if (smax != -sneg)
+            rd_merge(&sig, h);
+            if (sig.max != -sig.neg)
                 continue;
             if (peer > r) {
                 hm_combine(acc, h + 1, count, dtype, op);
@@ -477,18 +504,14 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
             }
         }
         if (r + p2 < n)
-            rd_publish(rd(c, r, RD_RESULT, e), acc, nbytes, smax, sneg, e, ord);
+            rd_publish(rd(c, r, RD_RESULT, e), acc, nbytes, &sig, e, ord);
     }
-    if (smax != -sneg) {
-        int64_t other = smax != own ? smax : -sneg;
+    if (sig.max != -sig.neg) {
         c->err.code = HM_EMISMATCH;
-        c->err.bad_rank = HM_BAD_SOMEONE;
-        c->err.bad_count = (int64_t)((uint64_t)other >> 8);
-        c->err.bad_dtype = (other >> 4) & 15;
-        c->err.bad_op = other & 15;
-        c->err.root_count = (int64_t)count;
-        c->err.root_dtype = dtype;
-        c->err.root_op = op;
+        c->err.bad_rank = sig.max_rank;
+        sig_args(sig.max, &c->err.bad_count, &c->err.bad_dtype, &c->err.bad_op);
+        c->err.peer = sig.min_rank;
+        sig_args(-sig.neg, &c->err.root_count, &c->err.root_dtype, &c->err.root_op);
         return HM_EMISMATCH;
     }
     memcpy(recv, acc, nbytes);

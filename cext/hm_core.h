@@ -49,9 +49,8 @@ enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
 /* Return codes. */
 enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3 };
 
-/* bad_rank of a mismatch found on another node, or by the recursive-
- * doubling allreduce, which knows only that some rank differs. */
-enum { HM_BAD_ELSEWHERE = -2, HM_BAD_SOMEONE = -3 };
+/* bad_rank of a mismatch found on another node. */
+enum { HM_BAD_ELSEWHERE = -2 };
 
 /* Which counter a timed-out wait was watching (HM_CNT_ROUND: a peer's
  * signal of a dissemination round or recursive-doubling step, which holds
@@ -125,13 +124,14 @@ int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg,
  * rank before the barrier is visible to every rank after it. */
 int hm_barrier(hm_coll *c, int method, int part);
 
-/* hm_barrier(c, HM_TREE, HM_BOTH) and hm_barrier(c, HM_DISSEMINATION,
- * HM_BOTH) with one argument: every argument costs a conversion on the
+/* hm_barrier(c, HM_TREE | HM_LINEAR | HM_DISSEMINATION, HM_BOTH) with one
+ * argument: every argument costs a conversion on the
  * Python side of the hottest call.  Dissemination: in round k each rank
  * release-stores the call number into its own region of rank + 2^k and
  * acquire-waits for rank - 2^k's store into its region k; ceil(log2 n)
  * rounds, one hop at two ranks. */
 int hm_barrier_tree(hm_coll *c);
+int hm_barrier_linear(hm_coll *c);
 int hm_barrier_dissemination(hm_coll *c);
 
 /* Allreduce of up to HM_RD_BYTES by recursive doubling (whole node, no
@@ -140,9 +140,11 @@ int hm_barrier_dissemination(hm_coll *c);
  * rank r exchanges its partial result with r ^ 2^k through epoch-stamped
  * regions (two sets, by epoch parity) and combines lower rank's value op
  * higher rank's value, so every rank computes the same bits.  The
- * arguments travel as a signature whose maximum and minimum are reduced
- * along: ranks that passed different ones all get HM_EMISMATCH with
- * err.bad_rank = HM_BAD_SOMEONE.  HM_EARG if the payload is too large. */
+ * arguments travel as a signature whose maximum and minimum (with the
+ * lowest rank holding each) are reduced along: ranks that passed different
+ * ones all get HM_EMISMATCH, with err.bad_rank and err.bad_* the largest
+ * signature's rank and arguments, err.peer and err.root_* the smallest's.
+ * HM_EARG if the payload is too large. */
 int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op);
 
 /* hm_allreduce_rd of one double, by value; NaN and c->err.code on failure,

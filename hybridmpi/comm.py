@@ -26,11 +26,17 @@ DTYPES = {
 _F64, _I64, _C128 = lib.HM_F64, lib.HM_I64, lib.HM_C128
 _barrier = lib.hm_barrier
 _barrier_tree = lib.hm_barrier_tree
+_barrier_diss = lib.hm_barrier_dissemination
+_barrier_linear = lib.hm_barrier_linear
 _allreduce_f64 = lib.hm_allreduce_f64
+_allreduce_rd_f64 = lib.hm_allreduce_rd_f64
 _DTYPE_NAMES = {code: dt.name for dt, code in DTYPES.items()}
 _OPS = {"sum": lib.HM_SUM, "prod": lib.HM_PROD, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _OP_NAMES = {code: name for name, code in _OPS.items()}
-_BARRIERS = {"tree": lib.HM_TREE, "linear": lib.HM_LINEAR}
+_BARRIERS = {"dissemination": lib.HM_DISSEMINATION, "tree": lib.HM_TREE, "linear": lib.HM_LINEAR}
+_ALLREDUCES = ("recursive_doubling", "tree")
+#: payloads up to this many bytes go by recursive doubling (one node, allreduce="recursive_doubling")
+RD_BYTES = lib.HM_RD_BYTES
 _ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
 
 #: bytes of each rank's reduction slot; longer arrays go in chunks
@@ -77,6 +83,10 @@ def _install_finalize_hook(MPI):
     keyval = MPI.Comm.Create_keyval(delete_fn=_free_all_at_finalize)
     MPI.COMM_SELF.Set_attr(keyval, True)
     _FINALIZE_HOOK.append(keyval)
+
+
+def _describe_round(value):
+    return "no call yet" if value == 0 else f"reached call {value}"
 
 
 def _describe(value):
@@ -130,6 +140,9 @@ class HybridComm:
         spin: polls spent spinning before a wait yields the CPU; default:
             env ``HYBRIDMPI_SPIN``, else 2000 when each rank of the node has
             a core of its own and 16 when ranks outnumber cores.
+        allreduce: ``"recursive_doubling"`` (the default: payloads up to
+            96 bytes on one node go through a butterfly with no release
+            phase) or ``"tree"`` (the paper's Algorithm 3 for every size).
 
     Attributes:
         comm, node_comm, leader_comm (``MPI.COMM_NULL`` off the leaders),
@@ -142,7 +155,7 @@ class HybridComm:
     """
 
     def __init__(self, comm=None, *, node_size=None, memory_order="acq_rel", timeout=None,
-                 radix=DEFAULT_RADIX, spin=None):
+                 radix=DEFAULT_RADIX, spin=None, allreduce="recursive_doubling"):
         MPI = _mpi()
         self._MPI = MPI
         self._st = None
@@ -153,13 +166,18 @@ class HybridComm:
         # Checks that need no communication come first, then the ones that
         # need all ranks' view, so that every rank raises the same error.
         problem = self._check_args(node_size, memory_order, timeout, radix, spin)
-        views = comm.allgather((problem, node_size, radix))
-        problems = [p for p, _, _ in views if p]
+        if problem is None and allreduce not in _ALLREDUCES:
+            problem = f"allreduce must be one of {list(_ALLREDUCES)}, got {allreduce!r}"
+        views = comm.allgather((problem, node_size, radix, allreduce))
+        problems = [v[0] for v in views if v[0]]
         if problems:
             raise ValueError(f"hybridmpi: HybridComm(): {problems[0]}")
-        if len({(n, r) for _, n, r in views}) != 1:
+        if len({(n, r) for _, n, r, _ in views}) != 1:
             raise ValueError("hybridmpi: HybridComm(): ranks passed different node_size or "
-                             f"radix: {[(n, r) for _, n, r in views]}")
+                             f"radix: {[(n, r) for _, n, r, _ in views]}")
+        if len({a for *_, a in views}) != 1:
+            raise ValueError("hybridmpi: HybridComm(): ranks passed different allreduce: "
+                             f"{[a for *_, a in views]}")
         if timeout is None:
             timeout = _env_float("HYBRIDMPI_TIMEOUT")
         if spin is None:
@@ -218,6 +236,14 @@ class HybridComm:
         self._st = st
         self._live = st  # None once freed or broken: one check on hot paths
         self._leader_multi = self.is_leader and self.num_nodes > 1
+        # Recursive doubling needs the whole node in one phase: one node only.
+        self.allreduce_method = allreduce
+        self._one_node = self.num_nodes == 1
+        self._rd = allreduce == "recursive_doubling" and self._one_node and self.node_size > 1
+        # The drop-in barrier calls the C core straight through this (None when
+        # several nodes need the leaders' MPI_Barrier, or once freed or broken).
+        self._one_node_st = st if self._one_node else None
+        self._rd_st = st if self._rd else None  # likewise for the drop-in allreduce
         self._broken = None
         self._f64 = ffi.new("double[1]")
         self._scalar = {_I64: ffi.new("int64_t[1]"), _C128: ffi.new("double[2]")}
@@ -258,7 +284,7 @@ class HybridComm:
             self._gm.free()
             self._gm = None
         self.arena.free()
-        self._st = self._live = None
+        self._st = self._live = self._one_node_st = self._rd_st = None
         self._bufs = {}
         MPI = self._MPI
         if MPI.Is_finalized():
@@ -309,10 +335,13 @@ class HybridComm:
                              "arguments (count, dtype or op)")
         if rc == lib.HM_EMISMATCH:
             bad = self.node_ranks[err.bad_rank]
+            # the tree compares with the node root; recursive doubling names the
+            # rank with the smallest arguments in err.peer
+            other = self.node_ranks[err.peer if self._rd else 0]
             raise ValueError(
                 f"hybridmpi: {what}: ranks passed different arguments: rank {bad} passed "
                 f"{self._sig(err.bad_count, err.bad_dtype, err.bad_op)}, rank "
-                f"{self.node_ranks[0]} passed {self._sig(err.root_count, err.root_dtype, err.root_op)}"
+                f"{other} passed {self._sig(err.root_count, err.root_dtype, err.root_op)}"
             )
         if rc == lib.HM_ETIMEOUT:
             missing = [self.node_ranks[r] for r in range(self.node_size)
@@ -322,6 +351,10 @@ class HybridComm:
                 peer, counter = None, "linear-arrival"
                 waited = (f"the arrival counter of node root rank {self.node_ranks[0]} "
                           f"stayed at {err.seen} of {call} calls' arrivals")
+            elif err.counter == lib.HM_CNT_ROUND:
+                peer, counter = self.node_ranks[err.peer], "round"
+                waited = (f"rank {peer} did not reach call {call} "
+                          f"(its signal says: {_describe_round(int(err.seen))})")
             else:
                 peer = self.node_ranks[err.peer]
                 counter = "arrive" if err.counter == lib.HM_CNT_ARRIVE else "release"
@@ -335,7 +368,7 @@ class HybridComm:
 
     def _timeout(self, msg, peer, counter, epoch, missing):
         self._broken = "SyncTimeout"
-        self._live = None
+        self._live = self._one_node_st = self._rd_st = None
         return SyncTimeout(msg, rank=self.rank, peer=peer, counter=counter, epoch=epoch,
                            missing=missing)
 
@@ -362,15 +395,19 @@ class HybridComm:
 
     # ------------------------------------------------------------ barrier
 
-    def barrier(self, *, method="tree"):
+    def barrier(self, *, method="dissemination"):
         """Block until every rank of the communicator has called it.
 
         Memory: every write that any rank made to shared memory before the
         call is visible to every rank after it (a "barrier", not a mere sync).
 
         Args:
-            method: ``"tree"`` (k-ary tree, paper Algorithm 2) or ``"linear"``
-                (all arrive at the node root, Algorithm 1).
+            method: ``"dissemination"`` (the default: ceil(log2 n) rounds of
+                pairwise signals, one hop at two ranks), ``"tree"`` (k-ary
+                tree, paper Algorithm 2) or ``"linear"`` (all arrive at the
+                node root, Algorithm 1).  Across nodes, dissemination and
+                tree both gather the node up its tree, let the leaders meet
+                in ``MPI_Barrier`` and release the node down the tree.
 
         Raises:
             ValueError: unknown method.
@@ -379,19 +416,28 @@ class HybridComm:
         st = self._live
         if st is None:
             raise self._unusable()
-        if method == "tree" and not self._leader_multi:
-            rc = _barrier_tree(st)
-            if rc:
-                self._fail(rc, "barrier(tree)")
-            return
-        m = _BARRIERS.get(method)
-        if m is None:
-            raise ValueError(f"hybridmpi: barrier method must be 'tree' or 'linear', got {method!r}")
         if not self._leader_multi:
-            rc = _barrier(st, m, 3)
+            if method == "dissemination":
+                # one phase only: on several nodes the node's ranks all take the tree
+                rc = _barrier_diss(st) if self._one_node else _barrier_tree(st)
+            elif method == "tree":
+                rc = _barrier_tree(st)
+            elif method == "linear":
+                rc = _barrier_linear(st)
+            else:
+                m = _BARRIERS.get(method)
+                if m is None:
+                    raise ValueError(f"hybridmpi: barrier method must be one of {list(_BARRIERS)}, "
+                                     f"got {method!r}")
+                rc = _barrier(st, m, 3)
             if rc:
                 self._fail(rc, f"barrier({method})")
             return
+        m = _BARRIERS.get(method)
+        if m is None:
+            raise ValueError(f"hybridmpi: barrier method must be one of {list(_BARRIERS)}, got {method!r}")
+        if m == lib.HM_DISSEMINATION:
+            m = lib.HM_TREE
         rc = lib.hm_barrier(st, m, lib.HM_GATHER)
         if rc:
             self._fail(rc, f"barrier({method})")
@@ -405,7 +451,10 @@ class HybridComm:
         """Reduce ``count`` elements (fitting in one slot) at raw addresses."""
         st = self._st
         if not self._leader_multi:
-            rc = lib.hm_allreduce(st, sptr, rptr, count, dt, opc, 3)
+            if self._rd and count * lib.hm_dtype_size(dt) <= RD_BYTES:
+                rc = lib.hm_allreduce_rd(st, sptr, rptr, count, dt, opc)
+            else:
+                rc = lib.hm_allreduce(st, sptr, rptr, count, dt, opc, 3)
             if rc:
                 self._fail(rc, "allreduce")
             return
@@ -466,7 +515,10 @@ class HybridComm:
             if self._leader_multi:
                 self._reduce(sbuf, rbuf, n, dt, opc)
             else:
-                rc = lib.hm_allreduce(self._st, sbuf, rbuf, n, dt, opc, 3)
+                if self._rd and n * itemsize <= RD_BYTES:
+                    rc = lib.hm_allreduce_rd(self._st, sbuf, rbuf, n, dt, opc)
+                else:
+                    rc = lib.hm_allreduce(self._st, sbuf, rbuf, n, dt, opc, 3)
                 if rc:
                     self._fail(rc, "allreduce")
             return
@@ -505,7 +557,7 @@ class HybridComm:
         tx = type(x)
         if tx is float:
             if not self._leader_multi:
-                r = _allreduce_f64(st, x, opc)
+                r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
                 if r != r and st.err.code:
                     self._fail(st.err.code, "allreduce")
                 return r

@@ -4,10 +4,17 @@ The HybridComm is stored as an MPI attribute of the communicator, so it is
 freed when the communicator is freed; the rest are freed when MPI finalizes.
 """
 
-from .comm import HybridComm, _mpi
+from ._clib import lib
+from .comm import _OPS, HybridComm, _mpi
 
 _KEYVAL = []
 _WORLD = []
+_FAST = {}  # id(communicator) -> (communicator, HybridComm)
+# The communicator of the last call and its HybridComm: one identity test on the hot path
+# (a placeholder communicator until the first call).
+_LAST = [object(), None]
+_barrier_dissemination = lib.hm_barrier_dissemination
+_allreduce_rd_f64 = lib.hm_allreduce_rd_f64
 
 
 def _delete_attr(_comm, _keyval, hc):
@@ -39,13 +46,36 @@ def hybrid(comm=None):
     return hc
 
 
+def _cached(comm):
+    """The HybridComm of ``comm`` through a dictionary keyed by the communicator object
+    (which it keeps alive, so its id is not reused): one lookup on the hot path."""
+    hit = _FAST.get(id(comm))
+    if hit is not None and hit[0] is comm and hit[1]._st is not None:
+        hc = hit[1]
+    else:
+        hc = hybrid(comm)
+        for key in [k for k, (_, h) in _FAST.items() if h._st is None]:
+            del _FAST[key]
+        _FAST[id(comm)] = (comm, hc)
+    _LAST[:] = [comm, hc]
+    return hc
+
+
 def barrier(comm=None):
-    """Drop-in for ``comm.Barrier()`` through the shared-memory tree barrier.
+    """Drop-in for ``comm.Barrier()`` through the shared-memory barrier.
 
     Args:
         comm: an intracommunicator; default ``MPI.COMM_WORLD``.
     """
-    hybrid(comm).barrier()
+    last = _LAST
+    if comm is last[0]:
+        st = last[1]._one_node_st
+        if st is not None:
+            rc = _barrier_dissemination(st)
+            if rc:
+                last[1]._fail(rc, "barrier(dissemination)")
+            return
+    _cached(comm).barrier()
 
 
 def allreduce(x, op="sum", comm=None):
@@ -59,4 +89,17 @@ def allreduce(x, op="sum", comm=None):
     Returns:
         The combined value, of the same kind as ``x``.
     """
-    return hybrid(comm).allreduce(x, op)
+    last = _LAST
+    if comm is last[0]:
+        hc = last[1]
+        st = hc._rd_st
+        if st is not None and type(x) is float and type(op) is str:
+            opc = _OPS.get(op)
+            if opc is not None:
+                r = _allreduce_rd_f64(st, x, opc)
+                if r != r and st.err.code:
+                    hc._fail(st.err.code, "allreduce")
+                return r
+        if hc._st is not None:
+            return hc.allreduce(x, op)
+    return _cached(comm).allreduce(x, op)

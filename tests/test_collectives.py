@@ -9,6 +9,7 @@ CONFIGS = {
     "node_size2": (["--node-size", "2"], {}),
     "node_size3": (["--node-size", "3"], {}),
     "seq_cst": (["--memory-order", "seq_cst"], {}),
+    "tree_allreduce": (["--allreduce", "tree"], {}),
     "cliques2": ([], {"MPIR_CVAR_NUM_CLIQUES": "2"}),
 }
 

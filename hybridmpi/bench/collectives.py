@@ -14,17 +14,27 @@ def barrier_arguments(p):
 
 
 def run_barrier(hc, comm, a):
-    """Tree and linear shared-memory barriers, acq_rel and seq_cst, vs MPI_Barrier."""
+    """Dissemination, tree and linear shared-memory barriers, acq_rel and seq_cst, and the
+    drop-in, vs MPI_Barrier."""
+    from .. import dropin
+
     doc = document("barrier", "shared-memory barrier vs MPI_Barrier, time per call (us)", "ranks",
                    hc, a.node_size, iters=a.iters, reps=a.reps)
     sc = HybridComm(comm, node_size=a.node_size, memory_order="seq_cst")
-    bar = Progress(comm, 5, "barrier")
+    bar = Progress(comm, 8, "barrier")
     try:
         add(doc, "MPI_Barrier", comm.size, timed(comm, hc.barrier, comm.Barrier, a.iters, a.reps),
             baseline=True)
         bar.step("MPI_Barrier")
+        add(doc, "default (hc.barrier())", comm.size, timed(comm, hc.barrier, hc.barrier, a.iters, a.reps),
+            method="default", memory_order="acq_rel")
+        dropin.barrier(comm)  # the first call makes the drop-in's HybridComm
+        add(doc, "drop-in barrier(comm)", comm.size,
+            timed(comm, hc.barrier, lambda: dropin.barrier(comm), a.iters, a.reps),
+            method="drop-in", memory_order="acq_rel")
+        bar.step("default and drop-in")
         for h, order in ((hc, "acq_rel"), (sc, "seq_cst")):
-            for method in ("tree", "linear"):
+            for method in ("dissemination", "tree", "linear"):
                 samples = timed(comm, hc.barrier, lambda h=h, m=method: h.barrier(method=m),
                                 a.iters, a.reps)
                 add(doc, f"{method} {order}", comm.size, samples, method=method, memory_order=order)
@@ -44,23 +54,34 @@ def run_allreduce(hc, comm, a):
     sizes = [int(s) for s in a.sizes.split(",")]
     doc = document("allreduce", "shared-memory allreduce (sum of doubles) vs MPI_Allreduce, time "
                    "per call (us)", "doubles", hc, a.node_size, iters=a.iters, reps=a.reps)
+    from .. import dropin
+
     sc = HybridComm(comm, node_size=a.node_size, memory_order="seq_cst")
-    bar = Progress(comm, 3 * len(sizes), "allreduce")
+    tr = HybridComm(comm, node_size=a.node_size, allreduce="tree")
+    bar = Progress(comm, 5 * len(sizes), "allreduce")
+    dropin.allreduce(1.0, comm=comm)  # the first call makes the drop-in's HybridComm
     try:
         for n in sizes:
             x, y = np.full(n, 1.0), np.empty(n)
             add(doc, "MPI_Allreduce", n, timed(comm, hc.barrier, lambda x=x, y=y: comm.Allreduce(x, y),
                                                a.iters, a.reps), baseline=True)
             bar.step(f"MPI {n}")
-            for h, order in ((hc, "acq_rel"), (sc, "seq_cst")):
+            for h, name in ((hc, "acq_rel"), (sc, "seq_cst"), (tr, "tree acq_rel")):
                 if n == 1:
                     call = lambda h=h: h.allreduce(1.0)  # noqa: E731
                 else:
                     call = lambda h=h, x=x, y=y: h.Allreduce(x, y)  # noqa: E731
-                add(doc, order, n, timed(comm, hc.barrier, call, a.iters, a.reps), memory_order=order)
-                bar.step(f"{order} {n}")
+                add(doc, name, n, timed(comm, hc.barrier, call, a.iters, a.reps),
+                    memory_order="seq_cst" if h is sc else "acq_rel", method=h.allreduce_method)
+                bar.step(f"{name} {n}")
+            if n == 1:
+                add(doc, "drop-in allreduce", n, timed(comm, hc.barrier,
+                                                       lambda: dropin.allreduce(1.0, comm=comm),
+                                                       a.iters, a.reps), method="drop-in")
+            bar.step(f"drop-in {n}")
     finally:
         sc.free()
+        tr.free()
     return doc
 
 

@@ -48,7 +48,7 @@ def close(got, want, dtype):
 
 def hc_of(comm, cfg):
     return hybridmpi.HybridComm(comm, node_size=cfg["node_size"],
-                                memory_order=cfg["memory_order"])
+                                memory_order=cfg["memory_order"], allreduce=cfg["allreduce"])
 
 
 def case_layout(comm, rng, **cfg):
@@ -129,11 +129,13 @@ def case_stress_interleaved(comm, rng, **cfg):
         for it in range(iters):
             if rng.random() < 0.02:
                 time.sleep(rng.uniform(0, 2e-4))
-            kind = shared_rng.integers(0, 4)
+            kind = shared_rng.integers(0, 5)
             if kind == 0:
                 hc.barrier()
             elif kind == 1:
                 hc.barrier(method="linear")
+            elif kind == 4:
+                hc.barrier(method="tree")
             elif kind == 2:
                 got = hc.allreduce(comm.rank + it)
                 assert got == total + comm.size * it, (it, got)
@@ -152,7 +154,7 @@ def case_barrier_orders_memory(comm, rng, **cfg):
                    for r in range(hc.node_size)]
             for it in range(1, 2001):
                 mem[hc.node_rank][0] = it * 1000 + hc.node_rank
-                hc.barrier(method="tree" if it % 2 else "linear")
+                hc.barrier(method=("dissemination", "tree", "linear")[it % 3])
                 for r in range(hc.node_size):
                     assert mem[r][0] == it * 1000 + r, (it, r, mem[r][0])
                 hc.barrier()
@@ -261,18 +263,20 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
     if comm.size < 2:
         return
     hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"],
-                              memory_order=cfg["memory_order"], timeout=0.5)
+                              memory_order=cfg["memory_order"], timeout=0.5, allreduce=cfg["allreduce"])
     absent = hc.node_ranks[-1] if hc.node_size > 1 else None
     absent = comm.bcast(absent if comm.rank == 0 else None, root=0)
     if absent is None:
         hc.free()
         return
     same_node = absent in hc.node_ranks
-    for method in ("tree", "linear", "allreduce"):
+    for method in ("dissemination", "tree", "linear", "allreduce", "allreduce-array"):
         if comm.rank != absent:
             try:
                 if method == "allreduce":
                     hc.allreduce(1.0)
+                elif method == "allreduce-array":
+                    hc.allreduce(np.ones(100))  # beyond recursive doubling: the tree
                 else:
                     hc.barrier(method=method)
             except hybridmpi.SyncTimeout as e:
@@ -291,7 +295,8 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
         comm.Barrier()
         hc.free()
         hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"],
-                                  memory_order=cfg["memory_order"], timeout=0.5)
+                                  memory_order=cfg["memory_order"], timeout=0.5,
+                                  allreduce=cfg["allreduce"])
     hc.free()
 
 
@@ -301,4 +306,4 @@ CASES = [case_layout, case_values_match_mpi4py, case_python_scalars, case_stress
 
 
 if __name__ == "__main__":
-    main(CASES, memory_order="acq_rel", iters=10000)
+    main(CASES, memory_order="acq_rel", allreduce="recursive_doubling", iters=10000)

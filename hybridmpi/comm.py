@@ -413,6 +413,12 @@ class HybridComm:
             ValueError: unknown method.
             SyncTimeout: a peer did not arrive within the timeout.
         """
+        st = self._one_node_st
+        if st is not None and method == "dissemination":
+            rc = _barrier_diss(st)
+            if rc:
+                self._fail(rc, "barrier(dissemination)")
+            return
         st = self._live
         if st is None:
             raise self._unusable()
@@ -548,6 +554,14 @@ class HybridComm:
                 dtypes or ops.
             SyncTimeout: a peer did not arrive within the timeout.
         """
+        st = self._rd_st
+        if st is not None and type(x) is float and type(op) is str:
+            opc = _OPS.get(op)
+            if opc is not None:
+                r = _allreduce_rd_f64(st, x, opc)
+                if r != r and st.err.code:
+                    self._fail(st.err.code, "allreduce")
+                return r
         st = self._live
         if st is None:
             raise self._unusable()

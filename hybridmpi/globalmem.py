@@ -819,6 +819,28 @@ class Coarray:
             mem._win.Flush(rank)
         return out
 
+    def Rget(self, rank, index, out):
+        """Start ``out[...] = a[rank][index]``; returns a :class:`Request` (read ``out`` after it).
+
+        Args:
+            out: a writeable C-contiguous array of this dtype and the section's shape.
+        """
+        mem = self.mem
+        mem._usable("Rget")
+        rank, _ = mem._target(rank, 0, 0, "Rget")
+        view, key = self._target(rank, index)
+        sec = self._section(key, index)
+        if (type(out) is not np.ndarray or out.dtype != self.dtype or out.shape != sec.shape
+                or not out.flags.c_contiguous or not out.flags.writeable):
+            raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray.Rget: out must be a writeable "
+                             f"C-contiguous {self.dtype} array of shape {sec.shape}")
+        if view is not None or out.size == 0:
+            if out.size:
+                out[...] = view
+            return Request(mem, None, None, None, "Coarray.Rget")
+        req = mem._win.Rget((out, out.nbytes, self.hc._MPI.BYTE), rank, self._where(mem, rank, sec))
+        return Request(mem, req, None, out, "Coarray.Rget")
+
     def Rput(self, rank, index, values):
         """Start ``a[rank][index] = values``; returns a :class:`Request` (``values`` are copied)."""
         self.mem._usable("Rput")

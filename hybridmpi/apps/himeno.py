@@ -1,0 +1,124 @@
+"""The Himeno benchmark as its C reference (himenobmtxpa.c) defines it, decomposed over the
+two slowest indices: the application of the XcalableMP coarray paper (its Section 4.3).
+
+float32 arrays of ``mimax × mjmax × mkmax`` points in C order; ``p[i,j,k] = i²/(mimax−1)²``,
+``a0 = a1 = a2 = 1``, ``a3 = 1/6``, ``b0 = b1 = b2 = 0``, ``c0 = c1 = c2 = 1``, ``bnd = 1``,
+``wrk1 = 0``, ``omega = 0.8``; each iteration computes the 19-point sum on the interior,
+``ss = (s0·a3 − p)·bnd``, ``gosa += ss²`` and the new ``p = p + omega·ss``.  The two arrays
+take turns (the reference's ``wrk2`` and the copy back), ``gosa`` of the last iteration is
+summed over the ranks.  ``b0..b2 = 0`` make the diagonal terms vanish, so only faces travel
+(as in the MPI reference).
+"""
+
+import numpy as np
+
+from ._stepper import Stepper, check_names, start_arrays
+from .grid import Grid, make_exchange
+
+#: problem sizes (mimax, mjmax, mkmax)
+SIZES = {"XS": (32, 32, 64), "S": (64, 64, 128), "M": (128, 128, 256), "L": (256, 256, 512)}
+#: the ways of filling the halos (``--exchange``)
+EXCHANGES = ("mpi", "mpi-nb", "coarray", "halo")
+
+_F = np.float32
+A0 = A1 = A2 = _F(1.0)
+A3 = _F(1.0 / 6.0)
+B0 = B1 = B2 = _F(0.0)
+C0 = C1 = C2 = _F(1.0)
+OMEGA = _F(0.8)
+
+
+class Himeno:
+    """One run of the Himeno benchmark (collective).
+
+    Args:
+        hc: the HybridComm.
+        size: ``"XS"``, ``"S"``, ``"M"`` or ``"L"``, or a (mimax, mjmax, mkmax) tuple.
+        exchange: ``"mpi"`` (the reference: one direction after the other, ``Isend``/
+            ``Irecv`` and a wait each), ``"mpi-nb"`` (all messages at once), ``"coarray"``
+            (non-blocking coarray puts into the neighbours' halos + ``sync_images``),
+            ``"halo"`` (a Halo with ``update_begin``/``update_end`` around the inner points).
+        dims: ranks along i and j (default ``MPI.Compute_dims``).
+
+    Raises:
+        ValueError: unknown size or exchange, fewer points than ranks.
+    """
+
+    def __init__(self, hc, size="S", *, exchange="mpi", dims=None):
+        check_names(exchange, EXCHANGES, "Himeno")
+        if isinstance(size, str):
+            if size not in SIZES:
+                raise ValueError(f"hybridmpi: Himeno: unknown size {size!r}; use one of {list(SIZES)}")
+            size = SIZES[size]
+        self.hc = hc
+        self.exchange = exchange
+        self.size = tuple(int(n) for n in size)
+        mimax, mjmax, mkmax = self.size
+        self.grid = Grid(hc, (mimax - 2, mjmax - 2), full=(mkmax,), dims=dims)
+        self.ex = make_exchange(exchange, self.grid, _F)
+        lo = self.grid.lo[0]
+        n_i = self.grid.shape[0]
+
+        def init(x):
+            gi = np.arange(lo, lo + n_i, dtype=_F)  # global i of local planes 0..n_i-1
+            x[...] = (gi * gi / _F((mimax - 1) ** 2))[:, None, None]
+
+        self.stepper = Stepper(self.ex, start_arrays(self.ex, init), self.grid.owned, (mkmax,))
+        if exchange == "coarray":
+            self.ex.after(self.stepper.current)
+        self.gosa = None
+        self._gosa_local = _F(0)
+
+    def _update(self, y, x, box):
+        i, j, k = box
+        sh = {}
+
+        def at(di, dj, dk):
+            key = (di, dj, dk)
+            if key not in sh:
+                sh[key] = x[slice(i.start + di, i.stop + di), slice(j.start + dj, j.stop + dj),
+                            slice(k.start + dk, k.stop + dk)]
+            return sh[key]
+
+        p = at(0, 0, 0)
+        s0 = (A0 * at(1, 0, 0) + A1 * at(0, 1, 0) + A2 * at(0, 0, 1)
+              + B0 * (at(1, 1, 0) - at(1, -1, 0) - at(-1, 1, 0) + at(-1, -1, 0))
+              + B1 * (at(0, 1, 1) - at(0, -1, 1) - at(0, 1, -1) + at(0, -1, -1))
+              + B2 * (at(1, 0, 1) - at(-1, 0, 1) - at(1, 0, -1) + at(-1, 0, -1))
+              + C0 * at(-1, 0, 0) + C1 * at(0, -1, 0) + C2 * at(0, 0, -1) + _F(0.0))  # + wrk1
+        ss = (s0 * A3 - p) * _F(1.0)  # * bnd
+        self._gosa_local += np.sum(ss * ss, dtype=_F)
+        y[box] = p + OMEGA * ss
+
+    def run(self, iterations):
+        """Run ``iterations`` Jacobi iterations; returns ``gosa`` of the last one (summed over ranks)."""
+        st = self.stepper
+        for _ in range(iterations):
+            self._gosa_local = _F(0)
+            st.step(self._update)
+            self.gosa = st.reduce(lambda: self.hc.allreduce(float(self._gosa_local)))
+        return self.gosa
+
+    @property
+    def flops_per_iteration(self):
+        """Floating-point operations per iteration as the reference counts them."""
+        imax, jmax, kmax = (n - 1 for n in self.size)
+        return (imax - 2) * (jmax - 2) * (kmax - 2) * 34
+
+    @property
+    def pressure(self):
+        """This rank's current ``p`` (halos included)."""
+        return self.stepper.current
+
+    def gather(self):
+        """The global interior of ``p`` in i and j (all of k) on rank 0, None elsewhere."""
+        return self.grid.gather(self.pressure)
+
+    def free(self):
+        self.ex.free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()

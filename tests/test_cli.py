@@ -18,6 +18,8 @@ TINY = {
     "sync": ["--reps", "3", "--warmup", "5"],
     "cg": ["--reps", "2", "--iterations", "5", "--h", "0.1"],
     "rma": ["--reps", "2", "--iters", "5", "--sizes", "8,4096", "--window", "2"],
+    "heat3d": ["--reps", "2", "--steps", "3", "--grid", "8,6,6"],
+    "himeno": ["--reps", "2", "--iterations", "3", "--size", "XS"],
 }
 
 
@@ -81,6 +83,19 @@ def test_bench_rma_layouts(layout, tmp_path):
     assert {"Put", "Get", "Rput+wait", "Rget+wait", "mpi4py Put+Flush", "coarray put 8 vars nb",
             "overlap Rget", "bw Rget"} <= series
     assert ("copy into peer" in series) == (doc["locality"] == "intranode")
+
+
+def test_bench_apps_sweep_and_checksums(tmp_path):
+    path = tmp_path / "heat3d.json"
+    mpirun(3, "bench", "heat3d", *TINY["heat3d"], "--ranks", "1,3", "--node-size", "2", "--json", str(path))
+    doc = validate(json.loads(path.read_text()))
+    assert sorted({r["x"] for r in doc["results"]}) == [1, 3]
+    assert len({r["checksum"] for r in doc["results"]}) == 1  # every exchange, every rank count
+    path = tmp_path / "himeno.json"
+    mpirun(2, "bench", "himeno", *TINY["himeno"], "--exchange", "mpi,coarray", "--json", str(path))
+    doc = validate(json.loads(path.read_text()))
+    gosa = [r["gosa"] for r in doc["results"]]
+    assert gosa[0] > 0 and gosa[0] == gosa[1] and all(r["mflops"] > 0 for r in doc["results"])
 
 
 def test_bench_ghost_ring_and_virtual_nodes(tmp_path):

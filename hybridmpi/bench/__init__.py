@@ -5,7 +5,7 @@ and the ratio to it, and writes a JSON document (schema in bench/README.md,
 checked by :func:`validate`).
 """
 
-from . import cg, collectives, dot, ghost, rma
+from . import apps, cg, collectives, dot, ghost, rma
 from ._common import SCHEMA, print_table, set_ratios, validate, write_json
 
 #: kind -> (add its arguments to a parser, run it: (hc, comm, args) -> document,
@@ -23,6 +23,14 @@ KINDS = {
              "first call after 100 MPI_Barrier vs after 100 shm barriers (4.1, Fig. 10)"),
     "cg": (cg.arguments, cg.run, (),
            "time per CG iteration of P1 Poisson: atomic vs flat vs flat-numpy"),
+    "heat3d": (apps.heat3d_arguments, apps.run_heat3d,
+               (("halo", "halo_us"), ("compute", "compute_us"), ("reduce", "reduce_us"),
+                ("halo/MPI", "halo_ratio"), ("checksum", "checksum")),
+               "3D heat conduction: time per step by exchange, split halo/compute/reduce"),
+    "himeno": (apps.himeno_arguments, apps.run_himeno,
+               (("halo", "halo_us"), ("compute", "compute_us"), ("reduce", "reduce_us"),
+                ("halo/MPI", "halo_ratio"), ("MFLOPS", "mflops"), ("gosa", "gosa")),
+               "Himeno benchmark: time per iteration by exchange, MFLOPS, gosa"),
     "rma": (rma.arguments, rma.run, (("MB/s", "mb_per_s"), ("overlap%", "overlap_pct")),
             "one-sided put/get latency, bandwidth, overlap and coarray ping-pong vs mpi4py RMA"),
 }

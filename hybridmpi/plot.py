@@ -108,6 +108,32 @@ def plot(source, outdir):
             ax.set_ylabel("ratio to the MPI baseline (below 1: faster)")
         paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
                            os.path.join(outdir, f"{name}-{kind}.png")))
+    split = [r for r in doc["results"] if isinstance(r.get("halo_us"), (int, float))]
+    if split:
+        # stacked bars per rank count and exchange, as DART-MPI's Fig. 8
+        fig, ax = plt.subplots(figsize=(8, 5))
+        labels = [f"{r['series']}\n{r['x']} ranks" for r in split]
+        bottom = [0.0] * len(split)
+        for key, part in (("compute_us", "computation"), ("halo_us", "halo exchange"),
+                          ("reduce_us", "reduction")):
+            vals = [r.get(key) or 0.0 for r in split]
+            ax.bar(range(len(split)), vals, bottom=bottom, label=part)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(range(len(split)), labels, fontsize=7)
+        ax.set_ylabel(f"time per step ({doc['unit']}), mean over ranks")
+        paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
+                           os.path.join(outdir, f"{doc['benchmark']}-split.png")))
+    flops = [r for r in doc["results"] if isinstance(r.get("mflops"), (int, float))]
+    if flops:
+        # MFLOPS against ranks, as XcalableMP's Fig. 9
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for s_name, rows in _series({"results": flops}).items():
+            rows = sorted(rows, key=lambda r: r["x"])
+            ax.plot([r["x"] for r in rows], [r["mflops"] for r in rows], marker="o", label=s_name)
+        ax.set_xlabel(doc["x_label"])
+        ax.set_ylabel("MFLOPS")
+        paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
+                           os.path.join(outdir, f"{doc['benchmark']}-mflops.png")))
     rated = [r for r in doc["results"] if isinstance(r.get("gflops"), (int, float))]
     if rated:
         fig, ax = plt.subplots(figsize=(8, 5))

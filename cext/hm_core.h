@@ -210,7 +210,12 @@ typedef struct hm_chan {
     char *buf[2];
     void *ready;
     void *done;
+    void *tag;                /* next to READY: which vector was published (HM_TAG_PRIVATE
+                                 for a packed buffer); NULL when nothing checks it */
 } hm_chan;
+
+/* The tag of a packed (private-array) update; shared vectors are numbered 0, 1, ... */
+enum { HM_TAG_PRIVATE = -1 };
 
 /* The channels that one call packs or unpacks, in order. */
 typedef struct hm_xchg {
@@ -223,6 +228,11 @@ typedef struct hm_xchg {
     hm_wait_policy policy;
     hm_error err;             /* peer: rank of the channel that timed out */
 } hm_xchg;
+
+/* (A channel's tag, when set, is written by the sender before READY and
+ * checked by the receiver after it: a receiver that finds another tag
+ * (one rank passed a shared vector, the other a private array) returns
+ * HM_EMISMATCH with err.peer set, and copies nothing.) */
 
 /* Sender side of epoch `epoch` (1, 2, ...): record the epoch in `entered`
  * (relaxed; diagnostic only), then for each channel wait until
@@ -241,6 +251,50 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t epoch, int op, int ordered);
 /* hm_xchg_send(s, ...) then hm_xchg_recv(r, ...): a whole exchange in one
  * call. */
 int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t epoch, int op, int ordered);
+
+/* ------------------------------------------------------------------ zero-copy (shared vectors) */
+
+/* One channel of a zero-copy update, seen from the rank that copies: the
+ * peer's vector (in shared memory), the runs of (my point, peer's point)
+ * pairs, the READY counter the peer publishes (in my segment, with the tag
+ * word next to it) and the DONE counter this rank publishes (in the
+ * peer's segment).  Forward: I copy the owner's values into my ghosts.
+ * Reverse: I (the owner) combine the peer's ghost values into my points. */
+typedef struct hm_pull {
+    int peer;
+    int64_t nruns;
+    const int64_t *mine;      /* first point of each run in my vector */
+    const int64_t *theirs;    /* first point of each run in the peer's vector */
+    const int64_t *len;
+    const char *src;          /* the peer's vector */
+    void *ready;
+    void *tag;
+    void *done;
+} hm_pull;
+
+typedef struct hm_pulls {
+    int n;
+    hm_pull *chan;
+    int esz;
+    int dtype;
+    hm_wait_policy policy;
+    hm_error err;             /* peer: the channel's peer; bad_count: the tag found */
+} hm_pulls;
+
+/* Publish vector `tag` at epoch e on each (ready, tag) pair: the tag word,
+ * then READY = e with a release store (the values are in place). */
+void hm_publish(int n, void **ready, void **tag, int64_t tagval, uint64_t epoch, int order);
+
+/* For each channel: acquire-wait READY >= e, check that the tag is `tag`
+ * (else HM_EMISMATCH, and DONE is set to e | 2^63 so the peer learns it
+ * too), copy (op HM_INSERT) or combine the pairs straight from the peer's
+ * vector into x, release-store DONE = e.  `ordered`: in channel order (a
+ * fixed combination order), else whichever is ready first. */
+int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t epoch, int op, int ordered);
+
+/* Wait until every DONE counter (the readers', in this rank's segment)
+ * reached e; HM_EMISMATCH (err.peer) if a reader found another vector. */
+int hm_wait_done(hm_pulls *p, uint64_t epoch);
 
 /* ------------------------------------------------------------------ global memory */
 

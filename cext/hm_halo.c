@@ -80,17 +80,32 @@ int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
             wait_geq((const hm_counter *)c->done, e - 2, &s->policy, &seen) != HM_OK)
             return xchg_timeout(s, c, HM_CNT_DONE, e - 2, seen);
         pack(c, c->buf[e & 1], buf, esz);
+        if (c->tag)
+            atomic_store_explicit((_Atomic int64_t *)c->tag, HM_TAG_PRIVATE, memory_order_relaxed);
         if (c->ready)
             store_rel((hm_counter *)c->ready, e, ord);
     }
     return HM_OK;
 }
 
-static inline void take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op)
+static inline int take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op)
 {
+    if (c->tag) {
+        int64_t t = atomic_load_explicit((_Atomic int64_t *)c->tag, memory_order_relaxed);
+        if (t != HM_TAG_PRIVATE) {
+            /* the peer published a shared vector: nothing was packed */
+            s->err.code = HM_EMISMATCH;
+            s->err.peer = c->peer;
+            s->err.bad_count = t;
+            if (c->done)
+                store_rel((hm_counter *)c->done, e | (1ULL << 63), s->policy.order);
+            return HM_EMISMATCH;
+        }
+    }
     unpack(c, c->buf[e & 1], x, s->esz, s->dtype, op);
     if (c->done)
         store_rel((hm_counter *)c->done, e, s->policy.order);
+    return HM_OK;
 }
 
 int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
@@ -106,7 +121,8 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
             if (c->ready &&
                 wait_geq((const hm_counter *)c->ready, e, &s->policy, &seen) != HM_OK)
                 return xchg_timeout(s, c, HM_CNT_READY, e, seen);
-            take(s, c, x, e, op);
+            if (take(s, c, x, e, op))
+                return HM_EMISMATCH;
         }
         return HM_OK;
     }
@@ -119,8 +135,8 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
         left[i] = s->chan[i].ready != NULL;
         if (left[i])
             pending++;
-        else
-            take(s, &s->chan[i], x, e, op);
+        else if (take(s, &s->chan[i], x, e, op))
+            return HM_EMISMATCH;
     }
     int64_t polls = 0, start = 0, deadline = 0;
     struct timespec nap = {0, s->policy.sleep_ns > 0 ? s->policy.sleep_ns : 50000};
@@ -128,7 +144,8 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
         int got = 0;
         for (int i = 0; i < n; i++) {
             if (left[i] && load_acq((const hm_counter *)s->chan[i].ready, ord) >= e) {
-                take(s, &s->chan[i], x, e, op);
+                if (take(s, &s->chan[i], x, e, op))
+                    return HM_EMISMATCH;
                 left[i] = 0;
                 pending--;
                 got = 1;
@@ -160,4 +177,146 @@ int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t e, int op, int ordere
 {
     int rc = hm_xchg_send(s, x, e);
     return rc != HM_OK ? rc : hm_xchg_recv(r, x, e, op, ordered);
+}
+
+/* ------------------------------------------------------------------ zero-copy (shared vectors) */
+
+void hm_publish(int n, void **ready, void **tag, int64_t tagval, uint64_t e, int order)
+{
+    for (int i = 0; i < n; i++) {
+        atomic_store_explicit((_Atomic int64_t *)tag[i], tagval, memory_order_relaxed);
+        store_rel((hm_counter *)ready[i], e, order);
+    }
+}
+
+/* Copy or combine the runs of (mine, theirs) pairs of one channel.  Long
+ * runs move with memcpy; the point sizes of block 1 and 3 get their own
+ * loops, so scattered points cost a few moves each, not a memcpy call. */
+#define PULL_RUNS(SZ)                                                          \
+    for (int64_t k = 0; k < c->nruns; k++) {                                   \
+        int64_t len = c->len[k];                                               \
+        char *d = x + c->mine[k] * (SZ);                                       \
+        const char *s = c->src + c->theirs[k] * (SZ);                          \
+        if (len == 1)                                                          \
+            memcpy(d, s, (SZ));                                                \
+        else                                                                   \
+            memcpy(d, s, (size_t)len * (SZ));                                  \
+    }
+
+static void pull(const hm_pull *c, char *restrict x, int esz, int dtype, int op)
+{
+    if (op == HM_INSERT) {
+        switch (esz) {
+        case 4: PULL_RUNS(4) break;
+        case 8: PULL_RUNS(8) break;
+        case 12: PULL_RUNS(12) break;
+        case 16: PULL_RUNS(16) break;
+        case 24: PULL_RUNS(24) break;
+        case 48: PULL_RUNS(48) break;
+        default: PULL_RUNS(esz) break;
+        }
+        return;
+    }
+    uint64_t per_point = (uint64_t)esz / hm_dtype_size(dtype);
+    for (int64_t k = 0; k < c->nruns; k++)
+        hm_combine(x + c->mine[k] * esz, c->src + c->theirs[k] * esz,
+                   (uint64_t)c->len[k] * per_point, dtype, op);
+}
+
+static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, int op)
+{
+    int64_t t = atomic_load_explicit((_Atomic int64_t *)c->tag, memory_order_relaxed);
+    if (t != tag) {
+        p->err.code = HM_EMISMATCH;
+        p->err.peer = c->peer;
+        p->err.bad_count = t;
+        store_rel((hm_counter *)c->done, e | (1ULL << 63), p->policy.order);
+        return HM_EMISMATCH;
+    }
+    pull(c, x, p->esz, p->dtype, op);
+    store_rel((hm_counter *)c->done, e, p->policy.order);
+    return HM_OK;
+}
+
+static int pull_timeout(hm_pulls *p, const hm_pull *c, int cnt, uint64_t e, uint64_t seen)
+{
+    p->err.code = HM_ETIMEOUT;
+    p->err.peer = c->peer;
+    p->err.counter = cnt;
+    p->err.epoch = e;
+    p->err.seen = seen;
+    return HM_ETIMEOUT;
+}
+
+int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int ordered)
+{
+    int n = p->n, ord = p->policy.order;
+    p->err.code = HM_OK;
+    if (op != HM_INSERT && (op < 0 || op >= HM_NOPS || op == HM_PROD))
+        return HM_EARG;
+    if (ordered) {
+        for (int i = 0; i < n; i++) {
+            hm_pull *c = &p->chan[i];
+            uint64_t seen = 0;
+            if (wait_geq((const hm_counter *)c->ready, e, &p->policy, &seen) != HM_OK)
+                return pull_timeout(p, c, HM_CNT_READY, e, seen);
+            if (pull_one(p, c, x, tag, e, op))
+                return HM_EMISMATCH;
+        }
+        return HM_OK;
+    }
+    unsigned char left[n + 1];
+    int pending = n;
+    for (int i = 0; i < n; i++)
+        left[i] = 1;
+    int64_t polls = 0, start = 0, deadline = 0;
+    struct timespec nap = {0, p->policy.sleep_ns > 0 ? p->policy.sleep_ns : 50000};
+    while (pending) {
+        int got = 0;
+        for (int i = 0; i < n; i++) {
+            if (left[i] && load_acq((const hm_counter *)p->chan[i].ready, ord) >= e) {
+                if (pull_one(p, &p->chan[i], x, tag, e, op))
+                    return HM_EMISMATCH;
+                left[i] = 0;
+                pending--;
+                got = 1;
+            }
+        }
+        if (got || !pending)
+            continue;
+        if (polls++ < p->policy.spin) {
+            cpu_relax();
+            continue;
+        }
+        int64_t t = now_ns();
+        if (!start) {
+            start = t;
+            deadline = p->policy.timeout_ns > 0 ? t + p->policy.timeout_ns : 0;
+        }
+        if (deadline && t >= deadline) {
+            for (int i = 0; i < n; i++)
+                if (left[i])
+                    return pull_timeout(p, &p->chan[i], HM_CNT_READY, e,
+                                        load_acq((const hm_counter *)p->chan[i].ready, ord));
+        }
+        wait_idle(t - start, &p->policy, &nap);
+    }
+    return HM_OK;
+}
+
+int hm_wait_done(hm_pulls *p, uint64_t e)
+{
+    p->err.code = HM_OK;
+    for (int i = 0; i < p->n; i++) {
+        hm_pull *c = &p->chan[i];
+        uint64_t seen = 0;
+        if (wait_geq((const hm_counter *)c->done, e, &p->policy, &seen) != HM_OK)
+            return pull_timeout(p, c, HM_CNT_DONE, e, seen);
+        if (load_acq((const hm_counter *)c->done, p->policy.order) >> 63) {
+            p->err.code = HM_EMISMATCH;
+            p->err.peer = c->peer;
+            return HM_EMISMATCH;
+        }
+    }
+    return HM_OK;
 }

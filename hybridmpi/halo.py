@@ -11,6 +11,7 @@ from .errors import FreedError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV
+from .transport.atomic import ZeroCopy
 
 _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _WHAT = {FWD: "update", REV: "reverse"}
@@ -98,6 +99,8 @@ class Halo:
         self._current = FWD
         self._view = (None, None)
         self._broken = None
+        self._vectors = []   # (array, arena block, ZeroCopy or None) of vector()
+        self._theirs = None  # per direction: each node peer's ids of its channel to this rank
         if method == "auto":
             try:
                 self._t = METHODS["atomic"](self)
@@ -108,6 +111,67 @@ class Halo:
         if self._t is None:
             self._t = METHODS[self.method](self)
         hc._children[id(self)] = self
+
+    def vector(self):
+        """A zeroed vector of this Halo's shape and dtype in shared memory (collective: every
+        rank calls it in the same order; freed with the Halo).
+
+        With method ``"atomic"``, updates of such a vector inside a node copy nothing
+        twice: the receiver copies straight from the owner's vector into its ghosts, and
+        the reverse combines straight from the neighbours' ghost entries (in the order of
+        the sending ranks, on one node; across nodes the reverse packs as for any array).
+        Between ``update_begin`` and ``update_end`` the owned entries must not change
+        (they are read in place); between ``reverse_begin`` and ``reverse_end`` the ghost
+        entries must not.  Every rank must pass its corresponding vector: a rank that
+        passes another vector, or a private array, makes the call raise ``ValueError``
+        on it and on the peers it exchanges with inside the node.
+
+        Raises:
+            MemoryError: the vector does not fit in /dev/shm (every rank).
+            FreedError: after free().
+        """
+        self._usable()
+        hc = self.hc
+        nbytes = self.size * self.esz
+        block = hc.arena.alloc(nbytes, "Halo.vector")
+        shape = (self.size,) if self.block == 1 else (self.size, self.block)
+        if nbytes:
+            arr = np.frombuffer(ffi.buffer(ffi.cast("char *", block.local), nbytes),
+                                dtype=self.dtype).reshape(shape)
+            arr[...] = 0
+        else:
+            arr = np.zeros(shape, dtype=self.dtype)
+        zc = None
+        if self.method == "atomic":
+            if self._theirs is None:
+                self._theirs = []
+                for d in (FWD, REV):
+                    sends = dict(self.plan(d)[0])
+                    got = hc.node_comm.alltoall([sends.get(r) for r in hc.node_ranks])
+                    self._theirs.append({hc.node_ranks[i]: ids for i, ids in enumerate(got)
+                                         if ids is not None})
+            bases = [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)]
+            zc = ZeroCopy(self._t, len(self._vectors), bases, self._theirs)
+        hc.node_comm.Barrier()  # every vector zeroed before a peer reads it
+        self._vectors.append((arr, block, zc))
+        return arr
+
+    def _zero_copy(self, x, d):
+        """The ZeroCopy of a shared vector of this Halo (None for other arrays, and for the
+        reverse across nodes, which packs)."""
+        for arr, _, zc in self._vectors:
+            if arr is x:
+                if d == REV and self.hc.num_nodes > 1:
+                    return None
+                return zc
+        return None
+
+    def mismatch_error(self, peer):
+        """The error of ranks that passed non-corresponding vectors (the Halo becomes unusable)."""
+        self._broken = "ValueError"
+        return ValueError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed another vector "
+                          "than this rank (each rank must pass its own Halo.vector() of the same "
+                          "call, or every rank a private array)")
 
     def plan(self, d):
         """(sends, recvs) of direction ``d`` as lists of (peer, local ids), peers in rank order."""
@@ -122,6 +186,8 @@ class Halo:
         if rc == lib.HM_OK:
             return
         err = xchg.x.err
+        if rc == lib.HM_EMISMATCH:
+            raise self.mismatch_error(int(err.peer))
         if rc == lib.HM_ETIMEOUT:
             e = int(err.epoch)
             if err.counter == lib.HM_CNT_READY:
@@ -200,7 +266,12 @@ class Halo:
             raise self._state_error("update")
         e = self._epoch[FWD] = self._epoch[FWD] + 1
         self._current = FWD
-        self._t.run(FWD, buf, e, lib.HM_INSERT)
+        zc = self._vectors and self._zero_copy(x, FWD)
+        if zc:
+            zc.begin(FWD, buf, e)
+            zc.end(FWD, buf, e, lib.HM_INSERT)
+        else:
+            self._t.run(FWD, buf, e, lib.HM_INSERT)
 
     def update_begin(self, x):
         """Start :meth:`update`: the owned values are sent (copied) now."""
@@ -208,8 +279,9 @@ class Halo:
         if self._pending:
             raise self._state_error("update_begin")
         e = self._epoch[FWD] = self._epoch[FWD] + 1
-        self._pending = (FWD, x, lib.HM_INSERT)
-        self._t.begin(FWD, buf, e)
+        zc = self._vectors and self._zero_copy(x, FWD)
+        self._pending = (FWD, x, lib.HM_INSERT, zc)
+        (zc or self._t).begin(FWD, buf, e)
 
     def update_end(self, x):
         """Finish :meth:`update_begin`; the ghosts of ``x`` then hold the owners' values."""
@@ -238,7 +310,12 @@ class Halo:
             raise self._state_error("reverse")
         e = self._epoch[REV] = self._epoch[REV] + 1
         self._current = REV
-        self._t.run(REV, buf, e, code)
+        zc = self._vectors and self._zero_copy(x, REV)
+        if zc:
+            zc.begin(REV, buf, e)
+            zc.end(REV, buf, e, code)
+        else:
+            self._t.run(REV, buf, e, code)
 
     def reverse_begin(self, x, op="add"):
         """Start :meth:`reverse`: the ghost values are sent (copied) now."""
@@ -247,8 +324,9 @@ class Halo:
         if self._pending:
             raise self._state_error("reverse_begin")
         e = self._epoch[REV] = self._epoch[REV] + 1
-        self._pending = (REV, x, code)
-        self._t.begin(REV, buf, e)
+        zc = self._vectors and self._zero_copy(x, REV)
+        self._pending = (REV, x, code, zc)
+        (zc or self._t).begin(REV, buf, e)
 
     def reverse_end(self, x):
         """Finish :meth:`reverse_begin`, combining into the owned entries of ``x``."""
@@ -264,7 +342,7 @@ class Halo:
             raise ValueError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() got another array "
                              f"than {'update' if d == FWD else 'reverse'}_begin()")
         try:
-            self._t.end(d, buf, self._epoch[d], pending[2])
+            (pending[3] or self._t).end(d, buf, self._epoch[d], pending[2])
         finally:
             self._pending = None
 
@@ -281,9 +359,12 @@ class Halo:
         self.hc._children.pop(id(self), None)
         t, self._t = self._t, None
         self._view = (None, None)
+        vectors, self._vectors = self._vectors, []
         if t is None or self.hc._MPI.Is_finalized():
             return
         t.free()
+        for _, block, _ in vectors:
+            block.free()
 
     @property
     def closed(self):

@@ -13,8 +13,8 @@ FWD, REV = 0, 1
 #: One direction of traffic with one peer: local ids, the two buffers (by
 #: epoch parity; the same address twice for a private buffer), and the
 #: addresses of the READY and DONE counters (None when something else
-#: synchronizes).
-Chan = namedtuple("Chan", "peer ids buf0 buf1 ready done")
+#: synchronizes) and of the tag word next to READY (which vector was published).
+Chan = namedtuple("Chan", "peer ids buf0 buf1 ready done tag", defaults=(None,))
 
 
 def runs(ids):
@@ -46,6 +46,7 @@ class Xchg:
             h.buf[1] = ffi.cast("char *", c.buf1)
             h.ready = ffi.cast("void *", c.ready or 0)
             h.done = ffi.cast("void *", c.done or 0)
+            h.tag = ffi.cast("void *", c.tag or 0)
         x = self.x = ffi.new("hm_xchg *")
         x.n = len(chans)
         x.chan = self._arr

@@ -118,14 +118,16 @@ class SharedWindow:
         key = (d, self.me, peer)
         return Chan(peer, ids, self._at(self.me, key, 1), self._at(self.me, key, 2),
                     self._at(peer, key, 0) if counters else None,
-                    self._at(self.me, key, 0) if counters else None)
+                    self._at(self.me, key, 0) if counters else None,
+                    self._at(peer, key, 0) + 8 if counters else None)
 
     def recv_chan(self, d, peer, ids, counters=True):
         """The channel from ``peer`` to this rank in direction ``d``."""
         key = (d, peer, self.me)
         return Chan(peer, ids, self._at(peer, key, 1), self._at(peer, key, 2),
                     self._at(self.me, key, 0) if counters else None,
-                    self._at(peer, key, 0) if counters else None)
+                    self._at(peer, key, 0) if counters else None,
+                    self._at(self.me, key, 0) + 8 if counters else None)
 
     def free(self):
         if self.block is not None:

@@ -8,7 +8,10 @@ intranode part of a call is one C call.  Internode channels are persistent
 MPI requests, started before the intranode work and completed after it.
 """
 
-from .._clib import lib
+import numpy as np
+
+from .._clib import ffi, lib
+from ._base import FWD, REV
 from ._shm import ShmTransport
 
 
@@ -24,3 +27,100 @@ class Atomic(ShmTransport):
         rc = lib.hm_xchg_both(s.send.x, s.recv.x, xbuf, e, op, d)
         if rc:
             self.halo.check(rc, s.send if s.send.x.err.code else s.recv)
+
+
+def _pair_runs(mine, theirs):
+    """Runs of (my point, peer's point) pairs that both advance by one: (mine, theirs, lengths)."""
+    if mine.size == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, z
+    breaks = np.flatnonzero((np.diff(mine) != 1) | (np.diff(theirs) != 1)) + 1
+    first = np.concatenate(([0], breaks))
+    lengths = np.diff(np.append(first, mine.size))
+    return (np.ascontiguousarray(mine[first], dtype=np.int64),
+            np.ascontiguousarray(theirs[first], dtype=np.int64), lengths.astype(np.int64))
+
+
+class ZeroCopy:
+    """Updates of one shared vector (Halo.vector()) inside a node without staging buffers.
+
+    Direction d, channel s -> r: s release-stores the vector's tag and READY = e
+    in r's segment once its values are in place; r copies (forward) or
+    combines (reverse) straight from s's vector and release-stores DONE = e in
+    s's segment; s's ``*_end`` waits until every reader's DONE >= e.  The
+    counters are the ones of the packed path, so both kinds of call can follow
+    each other on one Halo.
+    """
+
+    def __init__(self, transport, tag, bases, theirs):
+        halo = transport.halo
+        self.halo, self.tag, self.t = halo, tag, transport
+        pol = halo.hc._st.policy
+        node_rank = transport.shm.node_rank
+        self.dirs = []
+        for d in (FWD, REV):
+            s = transport.dirs[d]
+            keep = []
+            pulls = ffi.new("hm_pulls *")
+            arr = ffi.new("hm_pull[]", max(len(s.recv_chans), 1))
+            for i, c in enumerate(s.recv_chans):
+                mine, other, lengths = _pair_runs(np.asarray(c.ids), np.asarray(theirs[d][c.peer]))
+                keep += [mine, other, lengths]
+                h = arr[i]
+                h.peer = c.peer
+                h.nruns = mine.size
+                h.mine = ffi.cast("int64_t *", mine.ctypes.data)
+                h.theirs = ffi.cast("int64_t *", other.ctypes.data)
+                h.len = ffi.cast("int64_t *", lengths.ctypes.data)
+                h.src = ffi.cast("char *", bases[node_rank[c.peer]])
+                h.ready = ffi.cast("void *", c.ready)
+                h.tag = ffi.cast("void *", c.tag)
+                h.done = ffi.cast("void *", c.done)
+            pulls.n, pulls.chan, pulls.esz, pulls.dtype = len(s.recv_chans), arr, halo.esz, halo.dtype_code
+            readers = ffi.new("hm_pulls *")
+            rarr = ffi.new("hm_pull[]", max(len(s.send_chans), 1))
+            for i, c in enumerate(s.send_chans):
+                rarr[i].peer = c.peer
+                rarr[i].done = ffi.cast("void *", c.done)
+            readers.n, readers.chan = len(s.send_chans), rarr
+            for p in (pulls, readers):
+                for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "order"):
+                    setattr(p.policy, field, getattr(pol, field))
+            n = max(len(s.send_chans), 1)
+            ready = ffi.new("void *[]", [ffi.cast("void *", c.ready) for c in s.send_chans] or [ffi.NULL] * n)
+            tags = ffi.new("void *[]", [ffi.cast("void *", c.tag) for c in s.send_chans] or [ffi.NULL] * n)
+            self.dirs.append((pulls, readers, ready, tags, len(s.send_chans), keep, arr, rarr))
+
+    def begin(self, d, xbuf, e):
+        """Start the messages (packed, across nodes), then publish this vector inside the node."""
+        s = self.t.dirs[d]
+        s.msgs.start(xbuf, e)
+        _, _, ready, tags, n, *_ = self.dirs[d]
+        lib.hm_publish(n, ready, tags, self.tag, e, self.halo.hc._st.policy.order)
+
+    def end(self, d, xbuf, e, op):
+        """Copy from the node's owners (forward, whichever is ready first) or combine from
+        every peer in rank order (reverse), then wait until this rank's readers are done."""
+        s = self.t.dirs[d]
+        pulls, readers, *_ = self.dirs[d]
+        halo = self.halo
+        if d == FWD:
+            self._check(lib.hm_pull_recv(pulls, xbuf, self.tag, e, op, 0), pulls)
+            if not s.msgs.empty:
+                s.msgs.wait("update", e)
+                halo.check(lib.hm_xchg_recv(s.msgs.recv.x, xbuf, e, op, 0), s.msgs.recv)
+        else:
+            self._check(lib.hm_pull_recv(pulls, xbuf, self.tag, e, op, 1), pulls)
+        self._check(lib.hm_wait_done(readers, e), readers)
+
+    def _check(self, rc, pulls):
+        if rc != lib.HM_OK:
+            self.halo.check(rc, _Failed(pulls.err))
+
+
+class _Failed:
+    """A failed zero-copy call as Halo.check reads it (``.x.err``)."""
+
+    def __init__(self, err):
+        self.x = self
+        self.err = err

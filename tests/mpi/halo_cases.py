@@ -128,9 +128,20 @@ def case_pattern_from_global(comm, rng, **cfg):
             assert again.n_owned == pat.n_owned and again.neighbors == pat.neighbors
 
 
-def check_halo(comm, hc, lay, pat, method, dtype, block, rng, iters):
+def check_halo(comm, hc, lay, pat, method, dtype, block, rng, iters, shared=False):
     shape = (pat.size,) if block == 1 else (pat.size, block)
     with Halo(pat, dtype=dtype, block=block, method=method) as h:
+        vec = h.vector() if shared else None
+        if shared:
+            assert vec.shape == shape and vec.dtype == np.dtype(dtype) and not vec.any()
+
+        def rand(rng, dtype, shape):
+            values = globals()["rand"](rng, dtype, shape)
+            if vec is None:
+                return values
+            vec[...] = values  # the shared vector, refilled in place
+            return vec
+
         for _ in range(iters):
             x = rand(rng, dtype, shape)
             want = ref_forward(comm, lay, x)
@@ -164,6 +175,55 @@ def case_every_method_dtype_block(comm, rng, **cfg):
                 for dtype in DTYPES:
                     for block in (1, 3):
                         check_halo(comm, hc, lay, pat, method, dtype, block, rng, 2)
+
+
+def case_shared_vectors(comm, rng, **cfg):
+    """Halo.vector(): zero-copy updates give the bits of the reference, every dtype, block,
+    op and layout; shared and private arrays in turn on one Halo."""
+    with hc_of(comm, cfg) as hc:
+        for seed, sorted_ids in ((21, False), (22, True)):
+            lay = Layout(comm, seed, sorted_ids=sorted_ids)
+            pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+            for method in ("atomic", "flat"):
+                for dtype in DTYPES:
+                    for block in (1, 3):
+                        check_halo(comm, hc, lay, pat, method, dtype, block, rng, 2, shared=True)
+            with Halo(pat, block=3) as h:
+                vs = [h.vector(), h.vector()]
+                for it in range(30):
+                    x = vs[it % 2] if it % 3 else rand(rng, np.float64, (pat.size, 3))
+                    x[...] = rand(rng, np.float64, (pat.size, 3))
+                    want = ref_forward(comm, lay, x)
+                    h.update_begin(x)
+                    h.update_end(x)
+                    assert same(x, want), it
+                    # owned entries changed right after update_end never reach a ghost late
+                    x[:lay.n_owned] = -1.0
+                    comm.Barrier()
+                    assert same(x[lay.n_owned:], want[lay.n_owned:]), it
+                    x[...] = rand(rng, np.float64, (pat.size, 3))
+                    want = ref_reverse(comm, lay, x, "add")
+                    h.reverse(x, "add")
+                    assert same(x, want), it
+
+
+def case_mismatched_vectors(comm, rng, **cfg):
+    """One rank passes a private array, its node peer the shared vector: both raise."""
+    with hc_of(comm, cfg) as hc:
+        if hc.size != 2 or hc.node_size != 2:
+            return
+        other = 1 - hc.rank
+        pat = GhostPattern(hc, send={other: np.arange(4)}, recv={other: np.arange(4, 8)}, size=8)
+        h = Halo(pat)
+        v = h.vector()
+        x = v if hc.rank == 0 else np.zeros(8)
+        try:
+            h.update(x)
+        except ValueError as e:
+            assert f"rank {other} passed another vector" in str(e), e
+        else:
+            raise AssertionError("mismatch not detected")
+        h.free()
 
 
 def case_consecutive_updates(comm, rng, iters, **cfg):
@@ -390,7 +450,8 @@ def case_timeout_names_peer(comm, rng, **cfg):
     hc.free()
 
 
-CASES = [case_pattern_from_global, case_every_method_dtype_block, case_consecutive_updates,
+CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_vectors,
+         case_mismatched_vectors, case_consecutive_updates,
          case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
          case_timeout_names_peer]
 

@@ -19,6 +19,8 @@ _WHAT = {FWD: "update", REV: "reverse"}
 # match each other's messages.
 _TAG_BASE = 100
 _TAG_SLOTS = 16000
+#: channel size (bytes) from which shared vectors are updated without staging buffers
+ZERO_COPY_BYTES = 32 * 1024
 
 
 class Halo:
@@ -100,6 +102,7 @@ class Halo:
         self._view = (None, None)
         self._broken = None
         self._vectors = []   # (array, arena block, ZeroCopy or None) of vector()
+        self.zero_copy = False  # whether vector()s are updated without staging buffers
         self._theirs = None  # per direction: each node peer's ids of its channel to this rank
         if method == "auto":
             try:
@@ -116,15 +119,19 @@ class Halo:
         """A zeroed vector of this Halo's shape and dtype in shared memory (collective: every
         rank calls it in the same order; freed with the Halo).
 
-        With method ``"atomic"``, updates of such a vector inside a node copy nothing
-        twice: the receiver copies straight from the owner's vector into its ghosts, and
-        the reverse combines straight from the neighbours' ghost entries (in the order of
-        the sending ranks, on one node; across nodes the reverse packs as for any array).
+        With method ``"atomic"``, when the largest channel inside a node carries at
+        least ``ZERO_COPY_BYTES`` (32 KiB, env ``HYBRIDMPI_ZERO_COPY_BYTES``; below that
+        the extra hop costs more than the copy it saves, and the vector is updated as any
+        array), updates of such a vector inside a node copy nothing twice: the receiver
+        copies straight from the owner's vector into its ghosts, and the reverse combines
+        straight from the neighbours' ghost entries (in the order of the sending ranks,
+        on one node; across nodes the reverse packs as for any array).
+
         Between ``update_begin`` and ``update_end`` the owned entries must not change
         (they are read in place); between ``reverse_begin`` and ``reverse_end`` the ghost
         entries must not.  Every rank must pass its corresponding vector: a rank that
-        passes another vector, or a private array, makes the call raise ``ValueError``
-        on it and on the peers it exchanges with inside the node.
+        passes another vector, or a private array, makes the call raise ``ValueError`` on
+        it and on the peers it exchanges with inside the node.
 
         Raises:
             MemoryError: the vector does not fit in /dev/shm (every rank).
@@ -142,7 +149,13 @@ class Halo:
         else:
             arr = np.zeros(shape, dtype=self.dtype)
         zc = None
-        if self.method == "atomic":
+        # Zero copy needs one more hop (the owner waits until its readers copied): it pays
+        # off once the largest channel inside a node has ZERO_COPY_BYTES (same choice on
+        # every rank, so every rank takes the same path).
+        mine = max([ids.size * self.esz for p, ids in self.pattern.send.items()
+                    if p in self.pattern.intranode] + [0])
+        threshold = int(os.environ.get("HYBRIDMPI_ZERO_COPY_BYTES") or ZERO_COPY_BYTES)
+        if self.method == "atomic" and hc.comm.allreduce(mine, op=hc._MPI.MAX) >= threshold:
             if self._theirs is None:
                 self._theirs = []
                 for d in (FWD, REV):
@@ -152,6 +165,7 @@ class Halo:
                                          if ids is not None})
             bases = [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)]
             zc = ZeroCopy(self._t, len(self._vectors), bases, self._theirs)
+            self.zero_copy = True
         hc.node_comm.Barrier()  # every vector zeroed before a peer reads it
         self._vectors.append((arr, block, zc))
         return arr

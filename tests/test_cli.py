@@ -104,7 +104,7 @@ def test_bench_ghost_ring_and_virtual_nodes(tmp_path):
            "--node-size", "2", "--json", str(path))
     doc = validate(json.loads(path.read_text()))
     assert doc["nodes"] == 2 and doc["node_size"] == 2
-    assert {r["series"] for r in doc["results"]} == {"flat-numpy", "atomic", "flat", "floor"}
+    assert {r["series"] for r in doc["results"]} == {"flat-numpy", "atomic", "atomic shared", "flat", "floor"}
 
 
 def test_demo(tmp_path):

@@ -8,4 +8,11 @@ if not lib.hm_lock_free():
         "synchronize processes through shared memory"
     )
 
-__all__ = ["ffi", "lib"]
+
+def copy_policy(dst, src):
+    """Copy a wait policy (spin, yield, sleep, timeout, memory order) into a C struct's."""
+    for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "order"):
+        setattr(dst, field, getattr(src, field))
+
+
+__all__ = ["copy_policy", "ffi", "lib"]

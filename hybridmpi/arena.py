@@ -42,6 +42,35 @@ def shm_room():
     return room, where
 
 
+def check_room(hc, nbytes, what, hint=""):
+    """Refuse, on every rank, shared memory that would not fit in /dev/shm (collective).
+
+    A tmpfs that runs out of room mid-run kills the process with SIGBUS
+    instead of failing the allocation, so the room is checked first.  Env
+    ``HYBRIDMPI_SHM_LIMIT`` (bytes per node) lowers the room further.
+
+    Args:
+        nbytes: this rank's bytes (the node's are summed).
+
+    Returns:
+        The bytes every rank of this node asked for, in node rank order.
+
+    Raises:
+        MemoryError: on every rank, naming ``what``; ``hint`` is appended.
+    """
+    node = hc.node_comm.allgather(nbytes)
+    need = sum(node)
+    room, where = shm_room()
+    problem = None
+    if room is not None and need > room:
+        problem = (f"rank {hc.rank}: {what} needs {need / 2**20:.1f} MiB of shared memory on "
+                   f"its node, {where} {room / 2**20:.1f} MiB free")
+    problems = [q for q in hc.comm.allgather(problem) if q]  # every node agrees
+    if problems:
+        raise MemoryError(f"hybridmpi: {what}: {problems[0]}{hint}")
+    return node
+
+
 class Block:
     """One allocation: every rank's part in one chunk.
 
@@ -221,17 +250,8 @@ class Arena:
         return Block(self, chunk, offsets, sizes, hc.rank)
 
     def _new_chunk(self, nb, what, hint):
-        hc = self.hc
-        node = hc.node_comm.allgather(nb)
-        need = sum(node)
-        room, where = shm_room()
-        problem = None
-        if room is not None and need > room:
-            problem = (f"rank {hc.rank}: {what} needs {need / 2**20:.1f} MiB of shared memory on "
-                       f"its node, {where} {room / 2**20:.1f} MiB free")
-        problems = [q for q in hc.comm.allgather(problem) if q]  # every node agrees
-        if problems:
-            raise MemoryError(f"hybridmpi: {what}: {problems[0]}{hint}")
+        node = check_room(self.hc, nb, what, hint)
+        room, _ = shm_room()
         size = max(nb, CHUNK_BYTES)
         # A full chunk when it fits, else just what was asked for.
         if room is not None and sum(max(n, CHUNK_BYTES) for n in node) > room:

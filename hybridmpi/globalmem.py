@@ -1,7 +1,8 @@
 """Global memory: arrays in the shared arena with locality-aware one-sided access.
 
-A peer on this rank's node is reached with loads and stores (C core copies
-and fences, no MPI call); a peer on another node with MPI-3 RMA on the
+A peer on this rank's node is reached with loads and stores (a copy into or
+out of its shared segment, no MPI call; the release/acquire of the
+synchronizations order it); a peer on another node with MPI-3 RMA on the
 window that exposes the same memory (DART-MPI's design).  ``sync_all`` and
 ``sync_images`` are XcalableMP's synchronization; ``Coarray`` is its
 facade.
@@ -12,7 +13,7 @@ import time
 
 import numpy as np
 
-from ._clib import ffi, lib
+from ._clib import copy_policy, ffi, lib
 from .comm import HybridComm
 from .errors import FreedError, SyncTimeout
 
@@ -105,9 +106,7 @@ class _Sync:
             nr = self.node_rank[r]
             p.signal[i] = ffi.cast("void *", self.block.addr(nr, r) + me * _R)
             p.wait[i] = ffi.cast("void *", self.block.local + nr * _R)
-        pol = hc._st.policy
-        for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "order"):
-            setattr(p.policy, field, getattr(pol, field))
+        copy_policy(p.policy, hc._st.policy)
         plan = (near, far, p, keep)
         if key is not None:
             self.plans[key] = plan
@@ -157,22 +156,18 @@ class _Sync:
                 win.Sync()
 
     def _complete(self, reqs, far, what):
-        MPI = self.hc._MPI
-        if self.hc.timeout is None:
-            MPI.Request.Waitall(reqs)
+        left = _wait_requests(self.hc, reqs)
+        if left is None:
             return
-        deadline = time.monotonic() + self.hc.timeout
-        while not MPI.Request.Testall(reqs):
-            if time.monotonic() > deadline:
-                late = [far[i] for i in range(len(far)) if not reqs[i].Test()]
-                self.broken = "SyncTimeout"
-                who = f"rank {late[0]} on another node" if len(late) == 1 else f"ranks {late} on other nodes"
-                raise SyncTimeout(
-                    f"hybridmpi: rank {self.hc.rank} timed out after {self.hc.timeout:g} s in {what}: "
-                    f"{who} did not call sync_images naming rank {self.hc.rank}",
-                    rank=self.hc.rank, peer=late[0] if len(late) == 1 else None,
-                    counter="sync_images", epoch=None)
-            os.sched_yield()
+        # the receives come first in reqs, one per rank of far
+        late = [far[i] for i in left if i < len(far)] or list(far)
+        self.broken = "SyncTimeout"
+        who = f"rank {late[0]} on another node" if len(late) == 1 else f"ranks {late} on other nodes"
+        raise SyncTimeout(
+            f"hybridmpi: rank {self.hc.rank} timed out after {self.hc.timeout:g} s in {what}: "
+            f"{who} did not call sync_images naming rank {self.hc.rank}",
+            rank=self.hc.rank, peer=late[0] if len(late) == 1 else None,
+            counter="sync_images", epoch=None)
 
     def free(self):
         self.block.free()
@@ -183,6 +178,30 @@ class _Sync:
             if not self.hc._MPI.Is_finalized():
                 self.comm.Free()
         self.comm = None
+
+
+def _wait_requests(hc, reqs):
+    """Complete MPI requests, under the HybridComm's deadline if it has one.
+
+    Returns:
+        None, or on timeout the indices of the requests still incomplete
+        (the caller names who it waited for).
+    """
+    MPI = hc._MPI
+    if hc.timeout is None:
+        MPI.Request.Waitall(reqs)
+        return None
+    deadline = time.monotonic() + hc.timeout
+    while not MPI.Request.Testall(reqs):
+        if time.monotonic() > deadline:
+            return [i for i, r in enumerate(reqs) if not r.Test()]
+        os.sched_yield()
+    return None
+
+
+def _rma_timeout(hc, what):
+    return SyncTimeout(f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s waiting for "
+                       f"{what}", rank=hc.rank, counter="rma")
 
 
 def _sync_state(hc):
@@ -235,20 +254,9 @@ class Request:
         self._waited = True
         if self._done:
             return
-        if hc.timeout is None:
-            self._req.Wait()
-        else:
-            deadline = time.monotonic() + hc.timeout
-            while not self._req.Test():
-                if time.monotonic() > deadline:
-                    raise SyncTimeout(f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s "
-                                      f"waiting for {self._what}", rank=hc.rank, counter="rma")
-                os.sched_yield()
+        if _wait_requests(hc, [self._req]) is not None:
+            raise _rma_timeout(hc, self._what)
         self._finish()
-
-    @property
-    def waited(self):
-        return self._waited
 
 
 def waitall(requests):
@@ -271,17 +279,8 @@ def waitall(requests):
     if not pending:
         return
     hc = pending[0]._mem.hc
-    MPI = hc._MPI
-    reqs = [r._req for r in pending]
-    if hc.timeout is None:
-        MPI.Request.Waitall(reqs)
-    else:
-        deadline = time.monotonic() + hc.timeout
-        while not MPI.Request.Testall(reqs):
-            if time.monotonic() > deadline:
-                raise SyncTimeout(f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in "
-                                  f"waitall ({len(reqs)} requests)", rank=hc.rank, counter="rma")
-            os.sched_yield()
+    if _wait_requests(hc, [r._req for r in pending]) is not None:
+        raise _rma_timeout(hc, f"waitall ({len(pending)} requests)")
     # one flush per window and target completes every put at its target
     flushes = {}
     for r in pending:

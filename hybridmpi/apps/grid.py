@@ -104,6 +104,10 @@ class Grid:
                 index.append(slice(None))
         return tuple(index)
 
+    def plane_shape(self, axis):
+        """Shape of this rank's planes across ``axis`` (as :meth:`plane` indexes them)."""
+        return tuple(n - 2 if a < self.nd else n for a, n in enumerate(self.shape) if a != axis)
+
     def gather(self, x, root=0):
         """The global interior (halos dropped) on ``root``, None elsewhere (collective)."""
         inner = np.ascontiguousarray(x[tuple(slice(1, -1) for _ in range(self.nd))])
@@ -158,7 +162,7 @@ class SendRecv(Exchange):
                 src = grid.rank_of(c) if 0 <= c[axis] < grid.dims[axis] else MPI.PROC_NULL
                 out = grid.plane(axis, side, False)
                 into = grid.plane(axis, -side, True)
-                buf = np.empty(np.empty(grid.shape, bool)[into].shape, self.dtype)
+                buf = np.empty(grid.plane_shape(axis), self.dtype)
                 self.plan.append((dest, src, out, into, buf))
 
     def before(self, x):
@@ -178,7 +182,7 @@ class Messages(Exchange):
         self.groups = {}
         for axis, side, rank in grid.neighbors:
             into = grid.plane(axis, side, True)
-            buf = np.empty(np.empty(grid.shape, bool)[into].shape, self.dtype)
+            buf = np.empty(grid.plane_shape(axis), self.dtype)
             key = axis if per_axis else 0
             self.groups.setdefault(key, []).append((rank, grid.plane(axis, side, False), into, buf,
                                                     axis * 2 + (side > 0)))
@@ -270,7 +274,7 @@ class CoarrayExchange(Exchange):
             into = grid.plane(axis, side, True)
             self.plan.append((rank, grid.plane(axis, -side, False, shape), into,
                               grid.plane(axis, -side, True, shape), grid.plane(axis, side, False),
-                              np.empty(np.empty(grid.shape, bool)[into].shape, self.dtype)))
+                              np.empty(grid.plane_shape(axis), self.dtype)))
         self.nbrs = grid.neighbor_ranks
 
     def arrays(self):

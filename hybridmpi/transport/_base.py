@@ -6,7 +6,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .._clib import ffi, lib
+from .._clib import copy_policy, ffi, lib
 
 FWD, REV = 0, 1
 
@@ -53,9 +53,7 @@ class Xchg:
         x.esz = halo.esz
         x.dtype = halo.dtype_code
         x.entered = ffi.cast("void *", entered or 0)
-        pol = halo.hc._st.policy
-        for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "order"):
-            setattr(x.policy, field, getattr(pol, field))
+        copy_policy(x.policy, halo.hc._st.policy)
 
 
 def private_chans(specs, esz):

@@ -8,32 +8,14 @@ per direction, read after a timeout to name the ranks that never came.
 """
 
 from .._clib import ffi, lib
+from ..arena import check_room
 from ..arena import round_up as _round
-from ..arena import shm_room
 from ._base import FWD, REV, Chan, Messages, Transport, Xchg
 
 _R = lib.HM_REGION
 
 
 _HINT = " (method 'flat' needs no shared memory; method 'auto' falls back to it)"
-
-
-def _check_room(hc, nbytes):
-    """Refuse, on every rank, shared segments that would not fit in /dev/shm.
-
-    A tmpfs that runs out of room mid-run kills the process with SIGBUS
-    instead of failing the allocation, so the room is checked first.  Env
-    ``HYBRIDMPI_SHM_LIMIT`` (bytes per node) lowers the room further.
-    """
-    need = sum(hc.node_comm.allgather(nbytes))
-    room, where = shm_room()
-    problem = None
-    if room is not None and need > room:
-        problem = (f"rank {hc.rank}: the shared buffers of this Halo need {need / 2**20:.1f} MiB on "
-                   f"its node, {where} {room / 2**20:.1f} MiB free")
-    problems = [q for q in hc.comm.allgather(problem) if q]  # every node agrees
-    if problems:
-        raise MemoryError(f"hybridmpi: Halo: {problems[0]}{_HINT}")
 
 
 class SharedWindow:
@@ -74,7 +56,7 @@ class SharedWindow:
                 self.base.append(self.block.addr(r, rank))
                 self.pad.append(None)
         else:
-            _check_room(hc, off + _R)
+            check_room(hc, off + _R, "Halo", _HINT)
             info = MPI.Info.Create()
             info.Set("alloc_shared_noncontig", "true")
             try:

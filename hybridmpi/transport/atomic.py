@@ -10,7 +10,7 @@ MPI requests, started before the intranode work and completed after it.
 
 import numpy as np
 
-from .._clib import ffi, lib
+from .._clib import copy_policy, ffi, lib
 from ._base import FWD, REV
 from ._shm import ShmTransport
 
@@ -83,9 +83,8 @@ class ZeroCopy:
                 rarr[i].peer = c.peer
                 rarr[i].done = ffi.cast("void *", c.done)
             readers.n, readers.chan = len(s.send_chans), rarr
-            for p in (pulls, readers):
-                for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "order"):
-                    setattr(p.policy, field, getattr(pol, field))
+            copy_policy(pulls.policy, pol)
+            copy_policy(readers.policy, pol)
             n = max(len(s.send_chans), 1)
             ready = ffi.new("void *[]", [ffi.cast("void *", c.ready) for c in s.send_chans] or [ffi.NULL] * n)
             tags = ffi.new("void *[]", [ffi.cast("void *", c.tag) for c in s.send_chans] or [ffi.NULL] * n)

@@ -207,6 +207,8 @@ typedef struct hm_chan {
     int64_t nruns;
     const int64_t *run_start; /* first local id of each run */
     const int64_t *run_len;   /* length of each run */
+    const int32_t *idx;       /* if set: the `count` local ids, moved point by point
+                                 (chosen for short runs; run_start/run_len unused) */
     char *buf[2];
     void *ready;
     void *done;
@@ -266,6 +268,9 @@ typedef struct hm_pull {
     const int64_t *mine;      /* first point of each run in my vector */
     const int64_t *theirs;    /* first point of each run in the peer's vector */
     const int64_t *len;
+    int64_t count;            /* points, when moved point by point: */
+    const int32_t *imine;     /* if set: every point of mine and theirs (short runs; */
+    const int32_t *itheirs;   /* nruns, mine, theirs and len are then unused) */
     const char *src;          /* the peer's vector */
     void *ready;
     void *tag;

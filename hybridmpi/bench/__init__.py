@@ -17,8 +17,10 @@ KINDS = {
                   "scalar allreduce, acq_rel and seq_cst, vs MPI_Allreduce (paper 4.4)"),
     "dot": (dot.arguments, dot.run, (("Gflop/s", "gflops"),),
             "dot-product flop rate per core vs length, with and without the reduction (4.5)"),
-    "ghost": (ghost.arguments, ghost.run, (("kB/rank", "data_kb"),),
-              "every Halo method and flat-numpy on cube meshes or a ring (4.6, 6.4)"),
+    "ghost": (ghost.arguments, ghost.run,
+              (("kB/rank", "data_kb"), ("/PETSc", "vs_petsc"), ("/DOLFINx", "vs_dolfinx")),
+              "every Halo method, flat-numpy and (--peers) PETSc and DOLFINx on cube meshes, "
+              "a mesh file or a ring (4.6, 6.4)"),
     "sync": (collectives.sync_arguments, collectives.run_sync, (),
              "first call after 100 MPI_Barrier vs after 100 shm barriers (4.1, Fig. 10)"),
     "cg": (cg.arguments, cg.run, (),

@@ -3,9 +3,9 @@
 Imports gmsh and pymetis only when a function needs them.
 """
 
-from .distribute import LocalMesh, distribute, distribute_cube
+from .distribute import LocalMesh, distribute, distribute_cube, distribute_file
 from .generate import cube, load
 from .partition import partition, partition_stats, point_edges
 
-__all__ = ["LocalMesh", "cube", "distribute", "distribute_cube", "load", "partition", "partition_stats",
-           "point_edges"]
+__all__ = ["LocalMesh", "cube", "distribute", "distribute_cube", "distribute_file", "load", "partition",
+           "partition_stats", "point_edges"]

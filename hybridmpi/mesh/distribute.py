@@ -95,6 +95,41 @@ def distribute_cube(hc, h):
     return m, distribute(hc, m, part)
 
 
+def distribute_file(hc, path):
+    """Rank 0 reads a mesh file (any format meshio reads, tetrahedra) and partitions it for
+    the job's ranks, as :func:`distribute_cube` does with the cube.  Collective.
+
+    Returns:
+        (mesh on rank 0 and None elsewhere, this rank's LocalMesh)
+
+    Raises:
+        FileNotFoundError: no such file (every rank).
+        ValueError: the file cannot be read, has no tetrahedra, or has fewer points than
+            ranks (every rank).
+    """
+    from .generate import load
+    from .partition import partition
+
+    m = part = None
+    problem = None
+    if hc.rank == 0:
+        try:
+            m = load(path)
+            if len(m.points) < hc.size:
+                raise ValueError(f"{len(m.points)} points cannot be shared by {hc.size} ranks")
+            two_level = hc.num_nodes > 1 and hc.size % hc.node_size == 0
+            part = partition(m, hc.size, node_size=hc.node_size if two_level else None)
+        except Exception as e:  # every rank raises, none waits in the scatter
+            problem = (type(e) is FileNotFoundError, f"{e}")
+    problem = hc.comm.bcast(problem, root=0)
+    if problem:
+        missing, msg = problem
+        if missing:
+            raise FileNotFoundError(msg)
+        raise ValueError(f"hybridmpi.mesh: cannot use mesh file {path}: {msg}")
+    return m, distribute(hc, m, part)
+
+
 def distribute(hc, m, part, *, root=0):
     """Give every rank its part of a partitioned mesh (collective).
 

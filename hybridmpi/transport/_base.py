@@ -17,6 +17,19 @@ FWD, REV = 0, 1
 Chan = namedtuple("Chan", "peer ids buf0 buf1 ready done tag", defaults=(None,))
 
 
+#: channels whose runs of consecutive ids are shorter than this on average are
+#: moved point by point through an index list (no branch per point), the others
+#: run by run (one memcpy per run)
+RUN_KERNEL_MIN = int(os.environ.get("HYBRIDMPI_RUN_KERNEL_MIN") or 8)
+
+
+def point_kernel(count, nruns, *arrays):
+    """Whether a channel of ``count`` points in ``nruns`` runs goes point by point: its runs
+    are short and its ``arrays`` of ids fit int32."""
+    return (count > 0 and count < RUN_KERNEL_MIN * nruns
+            and all(int(a.max()) < 2**31 and int(a.min()) >= 0 for a in arrays))
+
+
 def runs(ids):
     """Split sorted-or-not local ids into runs of consecutive ids: (starts, lengths)."""
     if ids.size == 0:
@@ -42,6 +55,10 @@ class Xchg:
             h.nruns = start.size
             h.run_start = ffi.cast("int64_t *", start.ctypes.data)
             h.run_len = ffi.cast("int64_t *", length.ctypes.data)
+            if point_kernel(c.ids.size, start.size, c.ids):
+                idx = np.ascontiguousarray(c.ids, dtype=np.int32)
+                self._keep.append(idx)
+                h.idx = ffi.cast("int32_t *", idx.ctypes.data)
             h.buf[0] = ffi.cast("char *", c.buf0)
             h.buf[1] = ffi.cast("char *", c.buf1)
             h.ready = ffi.cast("void *", c.ready or 0)

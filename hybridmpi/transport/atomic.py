@@ -11,7 +11,7 @@ MPI requests, started before the intranode work and completed after it.
 import numpy as np
 
 from .._clib import copy_policy, ffi, lib
-from ._base import FWD, REV
+from ._base import FWD, REV, point_kernel
 from ._shm import ShmTransport
 
 
@@ -64,10 +64,18 @@ class ZeroCopy:
             pulls = ffi.new("hm_pulls *")
             arr = ffi.new("hm_pull[]", max(len(s.recv_chans), 1))
             for i, c in enumerate(s.recv_chans):
-                mine, other, lengths = _pair_runs(np.asarray(c.ids), np.asarray(theirs[d][c.peer]))
+                ids, their_ids = np.asarray(c.ids), np.asarray(theirs[d][c.peer])
+                mine, other, lengths = _pair_runs(ids, their_ids)
                 keep += [mine, other, lengths]
                 h = arr[i]
                 h.peer = c.peer
+                h.count = ids.size
+                if point_kernel(ids.size, mine.size, ids, their_ids):
+                    im = np.ascontiguousarray(ids, dtype=np.int32)
+                    it = np.ascontiguousarray(their_ids, dtype=np.int32)
+                    keep += [im, it]
+                    h.imine = ffi.cast("int32_t *", im.ctypes.data)
+                    h.itheirs = ffi.cast("int32_t *", it.ctypes.data)
                 h.nruns = mine.size
                 h.mine = ffi.cast("int64_t *", mine.ctypes.data)
                 h.theirs = ffi.cast("int64_t *", other.ctypes.data)

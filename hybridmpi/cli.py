@@ -151,7 +151,7 @@ def cmd_solve(args):
     from .fem import solve
 
     def body(hc, comm):
-        r = solve.run(hc, args.h, method=args.method, tol=args.tol, vtu=args.vtu)
+        r = solve.run(hc, args.h, method=args.method, tol=args.tol, vtu=args.vtu, mesh_file=args.mesh)
         if comm.rank == 0:
             solve.report(r)
             if args.vtu:
@@ -203,7 +203,10 @@ def parser():
     from .transport import METHODS
 
     q = sub.add_parser("solve", help="P1 Poisson with conjugate gradients on the cube (run under mpiexec)")
-    q.add_argument("--h", type=_positive_float, default=0.05, help="cube mesh (default 0.05)")
+    src = q.add_mutually_exclusive_group()
+    src.add_argument("--h", type=_positive_float, default=0.05, help="cube mesh (default 0.05)")
+    src.add_argument("--mesh", help="solve on this mesh file instead (any format meshio reads, "
+                     "tetrahedra; u = g on its surface)")
     q.add_argument("--method", choices=list(METHODS), default="atomic", help="Halo method")
     q.add_argument("--tol", type=float, default=1e-10, help="relative residual (default 1e-10)")
     q.add_argument("--node-size", type=_positive_int, help="ranks per virtual node")
@@ -217,7 +220,10 @@ def parser():
 
     q = sub.add_parser("demo", help="ghost update and collectives vs MPI on the shipped mesh "
                        "(run under mpiexec -n N)")
-    q.add_argument("--h", type=_positive_float, default=0.05, help="cube mesh (default 0.05, shipped)")
+    src = q.add_mutually_exclusive_group()
+    src.add_argument("--h", type=_positive_float, default=0.05, help="cube mesh (default 0.05, shipped)")
+    src.add_argument("--mesh", help="time the ghost update on this mesh file instead (any format "
+                     "meshio reads, tetrahedra)")
     q.add_argument("--iters", type=_positive_int, default=1000, help="calls per repetition")
     q.add_argument("--reps", type=_positive_int, default=10, help="repetitions")
     q.add_argument("--node-size", type=_positive_int, help="ranks per virtual node")

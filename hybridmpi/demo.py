@@ -12,13 +12,14 @@ import numpy as np
 
 from .bench._common import Progress, add, document, print_table, set_ratios, timed, write_json
 from .bench.ghost import measure
-from .mesh import distribute_cube
+from .mesh import distribute_cube, distribute_file
 from .transport import METHODS
 
 
 def run(hc, comm, a):
-    h = a.h
-    doc = document("demo", f"ghost update on the unit cube (h = {h:g}, block 3) and collectives, "
+    h, path = a.h, getattr(a, "mesh", None)
+    where = f"mesh {path}" if path else f"the unit cube, h = {h:g}"
+    doc = document("demo", f"ghost update on {where} (block 3) and collectives, "
                    "time per call (us)", "operation", hc, a.node_size, reps=a.reps)
     bar = Progress(comm, 5 + len(METHODS), "demo")
     one, res = np.ones(1), np.empty(1)
@@ -29,7 +30,7 @@ def run(hc, comm, a):
         add(doc, "hybridmpi", op, timed(comm, hc.barrier, call, a.iters, a.reps))
         bar.step(op)
         bar.step(op)
-    pattern = distribute_cube(hc, h)[1].pattern
+    pattern = (distribute_file(hc, path) if path else distribute_cube(hc, h))[1].pattern
     rng = np.random.default_rng(comm.rank)
     measure(doc, hc, pattern, "ghost update", 3, list(METHODS), max(a.iters // 5, 10), a.reps, rng, bar)
     for r in doc["results"]:

@@ -20,7 +20,7 @@ _WHAT = {FWD: "update", REV: "reverse"}
 _TAG_BASE = 100
 _TAG_SLOTS = 16000
 #: channel size (bytes) from which shared vectors are updated without staging buffers
-ZERO_COPY_BYTES = 32 * 1024
+ZERO_COPY_BYTES = 6 * 1024
 
 
 class Halo:
@@ -120,7 +120,7 @@ class Halo:
         rank calls it in the same order; freed with the Halo).
 
         With method ``"atomic"``, when the largest channel inside a node carries at
-        least ``ZERO_COPY_BYTES`` (32 KiB, env ``HYBRIDMPI_ZERO_COPY_BYTES``; below that
+        least ``ZERO_COPY_BYTES`` (6 KiB, env ``HYBRIDMPI_ZERO_COPY_BYTES``; below that
         the extra hop costs more than the copy it saves, and the vector is updated as any
         array), updates of such a vector inside a node copy nothing twice: the receiver
         copies straight from the owner's vector into its ghosts, and the reverse combines

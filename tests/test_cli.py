@@ -107,6 +107,59 @@ def test_bench_ghost_ring_and_virtual_nodes(tmp_path):
     assert {r["series"] for r in doc["results"]} == {"flat-numpy", "atomic", "atomic shared", "flat", "floor"}
 
 
+def _importable(*names):
+    import importlib.util
+
+    return all(importlib.util.find_spec(n) is not None for n in names)
+
+
+@pytest.mark.parametrize("layout,block", [("runs", "1"), ("scattered", "3")])
+def test_bench_ghost_layouts_and_peers_note(layout, block, tmp_path):
+    """--peers always runs: each peer is a row (checked against flat-numpy's bits by the
+    benchmark itself) or a note says why it was skipped."""
+    path = tmp_path / "ring.json"
+    out = mpirun(3, "bench", "ghost", "--sizes", "8", "--layout", layout, "--block", block, "--peers",
+                 "--methods", "atomic", "--reps", "2", "--iters", "5", "--json", str(path))
+    doc = validate(json.loads(path.read_text()))
+    assert doc["layout"] == layout and all(r["block"] == int(block) for r in doc["results"])
+    series = {r["series"] for r in doc["results"]}
+    assert {"flat-numpy", "atomic", "atomic shared", "floor"} <= series
+    for peer in ("petsc", "dolfinx"):
+        assert (peer in series) == (peer in doc["peers"])
+        if peer not in series:
+            assert any(f"peer {peer} skipped" in n for n in doc["notes"]) and f"peer {peer} skipped" in out
+
+
+@pytest.mark.skipif(not _importable("petsc4py", "dolfinx"),
+                    reason="petsc4py and dolfinx are not importable (README: the strongest peers)")
+def test_bench_ghost_peers_run(tmp_path):
+    path = tmp_path / "peers.json"
+    mpirun(2, "bench", "ghost", "--sizes", "4,78", "--layout", "scattered", "--peers", "--methods",
+           "atomic", "--reps", "2", "--iters", "5", "--json", str(path))
+    doc = validate(json.loads(path.read_text()))
+    assert doc["peers"] == ["petsc", "dolfinx"]
+    for x in (4.0, 78.0):
+        rows = {r["series"]: r for r in doc["results"] if r["x"] == x}
+        assert {"petsc", "dolfinx"} <= set(rows)
+        shared = rows["atomic shared"]
+        assert shared["vs_petsc"] == pytest.approx(shared["mean"] / rows["petsc"]["mean"])
+        assert shared["vs_dolfinx"] == pytest.approx(shared["mean"] / rows["dolfinx"]["mean"])
+
+
+def test_bench_ghost_and_demo_on_a_mesh_file(tmp_path):
+    from test_fem import ball_mesh
+
+    path = ball_mesh(str(tmp_path / "ball.msh"))
+    out_json = tmp_path / "g.json"
+    mpirun(3, "bench", "ghost", "--mesh", path, "--methods", "atomic,flat", "--reps", "2", "--iters", "5",
+           "--json", str(out_json))
+    doc = validate(json.loads(out_json.read_text()))
+    assert doc["pattern"] == "mesh" and {r["x"] for r in doc["results"]} == {path}
+    assert all(r["block"] == 3 and r["data_kb"] > 0 for r in doc["results"])
+    out = mpirun(2, "demo", "--mesh", path, "--iters", "10", "--reps", "2", cwd=tmp_path)
+    assert f"mesh {path}" in out and "fastest ghost update method" in out
+
+
 def test_demo(tmp_path):
     out = mpirun(2, "demo", "--iters", "20", "--reps", "2", cwd=tmp_path)
     assert "fastest ghost update method" in out

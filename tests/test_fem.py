@@ -42,3 +42,27 @@ def test_solve_command_and_example(tmp_path):
     example = subprocess.run([sys.executable, os.path.join(HERE, "..", "examples", "poisson.py"), "0.1"],
                              capture_output=True, text=True, timeout=300)
     assert example.returncode == 0 and "iterations, L2 error" in example.stdout, example.stderr
+
+
+def ball_mesh(path):
+    """A ball cut out of the shipped cube mesh (h = 0.1): a domain that is not a box."""
+    m = meshio.read(os.path.join(HERE, "..", "meshes", "cube-h0.1.vtu"))
+    tets = m.cells_dict["tetra"]
+    keep = np.linalg.norm(m.points[tets].mean(axis=1) - 0.5, axis=1) < 0.45
+    meshio.write(path, meshio.Mesh(m.points, [("tetra", tets[keep])]), file_format="gmsh22")
+    return path
+
+
+def test_solve_on_a_mesh_file(tmp_path):
+    path = ball_mesh(str(tmp_path / "ball.msh"))
+    out = {n: mpirun(n, "solve", "--mesh", path) for n in (1, 3)}
+    for n, text in out.items():
+        assert f"on mesh {path}" in text and f"on {n} ranks" in text, text
+        its = int(re.search(r"iterations\s+(\d+)", text).group(1))
+        err = float(re.search(r"L2 error\s+(\S+)", text).group(1))
+        assert 5 < its < 200 and 1e-4 < err < 5e-2, text
+    errs = {n: re.search(r"L2 error\s+(\S+)", text).group(1) for n, text in out.items()}
+    assert abs(float(errs[1]) - float(errs[3])) < 1e-6 * float(errs[1]), errs
+    bad = subprocess.run([sys.executable, "-m", "hybridmpi", "solve", "--mesh", str(tmp_path / "no.vtu")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr

@@ -36,6 +36,12 @@ def test_cube_volume_and_boundary(cube05, tmp_path):
     assert np.isclose(area, 6.0, rtol=1e-9)
     on_face = np.any(np.isclose(p, 0.0, atol=1e-9) | np.isclose(p, 1.0, atol=1e-9), axis=2)
     assert on_face.all()
+    # boundary_points: the vertices of those faces, which on the cube are the points on its faces.
+    from hybridmpi.mesh import boundary_points
+    surface = boundary_points(m)
+    assert np.array_equal(np.flatnonzero(surface), np.unique(outer))
+    on_cube = np.any(np.isclose(m.points, 0.0, atol=1e-9) | np.isclose(m.points, 1.0, atol=1e-9), axis=1)
+    assert np.array_equal(surface, on_cube)
     # Every point is a vertex of some tetrahedron; the paper's density at h = 0.05.
     assert np.unique(t).size == len(m.points)
     assert 5000 < len(m.points) < 9000

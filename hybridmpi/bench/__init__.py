@@ -23,8 +23,9 @@ KINDS = {
               "a mesh file or a ring (4.6, 6.4)"),
     "sync": (collectives.sync_arguments, collectives.run_sync, (),
              "first call after 100 MPI_Barrier vs after 100 shm barriers (4.1, Fig. 10)"),
-    "cg": (cg.arguments, cg.run, (),
-           "time per CG iteration of P1 Poisson: atomic vs flat vs flat-numpy"),
+    "cg": (cg.arguments, cg.run, (("zc", "zc"), ("/private", "vs_private")),
+           "time per CG iteration of P1 Poisson: atomic (private or shared search direction) "
+           "vs flat vs flat-numpy"),
     "heat3d": (apps.heat3d_arguments, apps.run_heat3d,
                (("halo", "halo_us"), ("compute", "compute_us"), ("reduce", "reduce_us"),
                 ("halo/MPI", "halo_ratio"), ("checksum", "checksum")),

@@ -119,6 +119,7 @@ class Poisson:
         self.outer = np.flatnonzero(has_ghost)
         self.A_inner, self.A_outer = a[self.inner], a[self.outer]
         self.n_inner = int(self.inner.size)
+        self._p = None  # the shared search direction of cg()
 
     def matvec(self, p, out, exchange=None):
         """out = A p; the ghost update of ``p`` overlaps the rows that need no ghost."""
@@ -128,7 +129,7 @@ class Poisson:
         ex.update_end(p)
         out[self.outer] = self.A_outer @ p
 
-    def cg(self, *, tol=1e-10, maxiter=None, exchange=None, allreduce=None, fixed=None):
+    def cg(self, *, tol=1e-10, maxiter=None, exchange=None, allreduce=None, fixed=None, shared=True):
         """Jacobi-preconditioned conjugate gradients.
 
         Args:
@@ -139,6 +140,10 @@ class Poisson:
             allreduce: ``f(float) -> float`` sum over ranks (default the
                 hybrid ``hc.allreduce``).
             fixed: run exactly this many iterations (benchmarks), ignoring tol.
+            shared: keep the search direction in a shared vector of the Halo
+                (``Halo.vector()``, made at the first call and reused), whose
+                updates inside a node read the owners' values in place; False:
+                a private array.  Only with the system's own Halo.
 
         Returns:
             (x, iterations, seconds): the solution over the local points
@@ -161,7 +166,13 @@ class Poisson:
         r = self.b - q
         d = np.where(self.diag != 0, self.diag, 1.0)
         z = r / d
-        p = np.zeros(size)
+        if shared and exchange is None:
+            if self._p is None:
+                self._p = self.halo.vector()  # collective, like cg()
+            p = self._p
+            p[...] = 0
+        else:
+            p = np.zeros(size)
         p[:n] = z
         rz = red(float(r @ z))
         norm_b = red(float(self.b @ self.b)) ** 0.5 or 1.0

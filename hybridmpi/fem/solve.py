@@ -22,12 +22,19 @@ def write_vtu(hc, m, lm, x, path):
                                                                          "u_exact": exact(m.points)}))
 
 
-def run(hc, h, *, method="atomic", tol=1e-10, vtu=None):
-    """Solve, and return a dict of figures (the same on every rank)."""
+def run(hc, h, *, method="atomic", tol=1e-10, vtu=None, mesh_file=None):
+    """Solve on the cube of mesh size ``h``, or on ``mesh_file`` (any format meshio reads,
+    tetrahedra; u = g on its surface), and return a dict of figures (the same on every rank)."""
     t0 = time.perf_counter()
-    m, lm = mesh.distribute_cube(hc, h)
+    boundary = None
+    if mesh_file:
+        m, lm = mesh.distribute_file(hc, mesh_file)
+        surface = hc.comm.bcast(mesh.boundary_points(m) if hc.rank == 0 else None, root=0)
+        boundary = surface[lm.global_ids]
+    else:
+        m, lm = mesh.distribute_cube(hc, h)
     t1 = time.perf_counter()
-    system = Poisson(hc, lm, rhs, exact, method=method)
+    system = Poisson(hc, lm, rhs, exact, method=method, boundary=boundary)
     t2 = time.perf_counter()
     try:
         x, its, split = system.cg(tol=tol)
@@ -41,7 +48,8 @@ def run(hc, h, *, method="atomic", tol=1e-10, vtu=None):
 
     comm = hc.comm
     split = {k: comm.allreduce(v, op=MPI.MAX) / max(its, 1) * 1e6 for k, v in split.items()}
-    return {"h": h, "points": comm.allreduce(lm.n_owned), "ranks": hc.size, "nodes": hc.num_nodes,
+    return {"h": h, "mesh": mesh_file, "points": comm.allreduce(lm.n_owned), "ranks": hc.size,
+            "nodes": hc.num_nodes,
             "method": method, "iterations": its, "l2_error": err, "tol": tol,
             "us_per_iteration": split, "mesh_s": t1 - t0, "assemble_s": t2 - t1,
             "solve_s": comm.allreduce(t3 - t2, op=MPI.MAX)}
@@ -50,9 +58,11 @@ def run(hc, h, *, method="atomic", tol=1e-10, vtu=None):
 def report(r):
     s = r["us_per_iteration"]
     total = sum(s.values())
-    print(f"# -Δu = f on the unit cube, u = sin(πx)sin(πy)sin(πz) + x; P1 elements, Jacobi CG "
+    where = f"mesh {r['mesh']}" if r.get("mesh") else "the unit cube"
+    print(f"# -Δu = f on {where}, u = sin(πx)sin(πy)sin(πz) + x; P1 elements, Jacobi CG "
           f"(tol {r['tol']:g}), Halo method {r['method']!r}")
-    print(f"# h = {r['h']:g}: {r['points']} points on {r['ranks']} ranks, {r['nodes']} node(s)")
+    size = r["mesh"] if r.get("mesh") else f"h = {r['h']:g}"
+    print(f"# {size}: {r['points']} points on {r['ranks']} ranks, {r['nodes']} node(s)")
     print(f"iterations        {r['iterations']}")
     print(f"L2 error          {r['l2_error']:.6e}")
     print(f"solve             {r['solve_s']:.3f} s (mesh and partition {r['mesh_s']:.2f} s, "

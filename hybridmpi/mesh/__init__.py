@@ -5,7 +5,7 @@ Imports gmsh and pymetis only when a function needs them.
 
 from .distribute import LocalMesh, distribute, distribute_cube, distribute_file
 from .generate import cube, load
-from .partition import partition, partition_stats, point_edges
+from .partition import boundary_points, partition, partition_stats, point_edges
 
-__all__ = ["LocalMesh", "cube", "distribute", "distribute_cube", "distribute_file", "load", "partition",
-           "partition_stats", "point_edges"]
+__all__ = ["LocalMesh", "boundary_points", "cube", "distribute", "distribute_cube", "distribute_file",
+           "load", "partition", "partition_stats", "point_edges"]

@@ -23,6 +23,18 @@ def point_edges(m):
     return key // len(m.points), key % len(m.points)
 
 
+def boundary_points(m):
+    """Boolean mask of the points on the surface of ``m``: the vertices of the triangles that
+    belong to one tetrahedron only."""
+    tets = _tets(m)
+    faces = np.sort(np.concatenate([tets[:, [0, 1, 2]], tets[:, [0, 1, 3]], tets[:, [0, 2, 3]],
+                                    tets[:, [1, 2, 3]]]), axis=1)
+    _, first, counts = np.unique(faces, axis=0, return_index=True, return_counts=True)
+    mask = np.zeros(len(m.points), dtype=bool)
+    mask[faces[first[counts == 1]].ravel()] = True
+    return mask
+
+
 def _csr(n, i, j):
     """Symmetric CSR adjacency (xadj, adjncy) of ``n`` vertices from edges i-j."""
     src = np.concatenate((i, j))

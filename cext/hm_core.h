@@ -47,7 +47,7 @@ enum { HM_F64 = 0, HM_F32 = 1, HM_I64 = 2, HM_I32 = 3, HM_C128 = 4, HM_NTYPES = 
 enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
 
 /* Return codes. */
-enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3 };
+enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3, HM_ECMA = 4 };
 
 /* bad_rank of a mismatch found on another node. */
 enum { HM_BAD_ELSEWHERE = -2 };
@@ -217,7 +217,7 @@ typedef struct hm_chan {
 } hm_chan;
 
 /* The tag of a packed (private-array) update; shared vectors are numbered 0, 1, ... */
-enum { HM_TAG_PRIVATE = -1 };
+enum { HM_TAG_PRIVATE = -1, HM_TAG_CMA = -2 };
 
 /* The channels that one call packs or unpacks, in order. */
 typedef struct hm_xchg {
@@ -272,6 +272,8 @@ typedef struct hm_pull {
     const int32_t *imine;     /* if set: every point of mine and theirs (short runs; */
     const int32_t *itheirs;   /* nruns, mine, theirs and len are then unused) */
     const char *src;          /* the peer's vector */
+    int pid;                  /* cross-memory attach (hm_pulls.cma): the peer's process, */
+    void *addr;               /* and the word next to its tag where it publishes its array */
     void *ready;
     void *tag;
     void *done;
@@ -282,13 +284,24 @@ typedef struct hm_pulls {
     hm_pull *chan;
     int esz;
     int dtype;
+    int cma;                  /* 1: read the peers' private arrays with process_vm_readv
+                                 (forward only; src unused) */
     hm_wait_policy policy;
-    hm_error err;             /* peer: the channel's peer; bad_count: the tag found */
+    hm_error err;             /* peer: the channel's peer; bad_count: the tag found;
+                                 HM_ECMA: bad_dtype holds errno */
 } hm_pulls;
 
 /* Publish vector `tag` at epoch e on each (ready, tag) pair: the tag word,
  * then READY = e with a release store (the values are in place). */
 void hm_publish(int n, void **ready, void **tag, int64_t tagval, uint64_t epoch, int order);
+
+/* hm_publish with tag HM_TAG_CMA and the address of this rank's array `x` in the
+ * word after each tag, for readers that copy with process_vm_readv. */
+void hm_publish_cma(int n, void **ready, void **tag, const void *x, uint64_t epoch, int order);
+
+/* 1 if this process can read `len` bytes at `remote` in process `pid` with
+ * process_vm_readv into `local` (the cross-memory-attach probe). */
+int hm_cma_probe(int pid, const void *remote, void *local, uint64_t len);
 
 /* For each channel: acquire-wait READY >= e, check that the tag is `tag`
  * (else HM_EMISMATCH, and DONE is set to e | 2^63 so the peer learns it

@@ -3,7 +3,9 @@
 #define _GNU_SOURCE
 #include "hm_wait.h"
 
+#include <errno.h>
 #include <string.h>
+#include <sys/uio.h>
 
 /* Move every run between x and the contiguous buffer b with MOVE(x_part,
  * b_part, bytes).  SZ is a constant in the specialized cases, so a
@@ -284,6 +286,45 @@ static void pull(const hm_pull *c, char *restrict x, int esz, int dtype, int op)
                    (uint64_t)c->len[k] * per_point, dtype, op);
 }
 
+void hm_publish_cma(int n, void **ready, void **tag, const void *x, uint64_t e, int order)
+{
+    for (int i = 0; i < n; i++) {
+        atomic_store_explicit((_Atomic int64_t *)tag[i], HM_TAG_CMA, memory_order_relaxed);
+        atomic_store_explicit((_Atomic intptr_t *)((char *)tag[i] + 8), (intptr_t)x,
+                              memory_order_relaxed);
+        store_rel((hm_counter *)ready[i], e, order);
+    }
+}
+
+int hm_cma_probe(int pid, const void *remote, void *local, uint64_t len)
+{
+    struct iovec l = {local, len}, r = {(void *)remote, len};
+    return process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)len;
+}
+
+/* Copy the runs of one channel from the peer's private array at `base` with
+ * process_vm_readv, IOV_MAX runs per call.  Returns 0 or errno. */
+static int pull_cma(const hm_pull *c, char *x, const char *base, int esz)
+{
+    enum { CHUNK = 1024 };
+    struct iovec l[CHUNK], r[CHUNK];
+    for (int64_t k0 = 0; k0 < c->nruns; k0 += CHUNK) {
+        int m = c->nruns - k0 < CHUNK ? (int)(c->nruns - k0) : CHUNK;
+        ssize_t want = 0;
+        for (int j = 0; j < m; j++) {
+            size_t n = (size_t)c->len[k0 + j] * esz;
+            l[j].iov_base = x + c->mine[k0 + j] * esz;
+            r[j].iov_base = (void *)(base + c->theirs[k0 + j] * esz);
+            l[j].iov_len = r[j].iov_len = n;
+            want += (ssize_t)n;
+        }
+        ssize_t got = process_vm_readv(c->pid, l, m, r, m, 0);
+        if (got != want)
+            return got < 0 ? errno : EFAULT;
+    }
+    return 0;
+}
+
 static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, int op)
 {
     int64_t t = atomic_load_explicit((_Atomic int64_t *)c->tag, memory_order_relaxed);
@@ -294,7 +335,20 @@ static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, i
         store_rel((hm_counter *)c->done, e | (1ULL << 63), p->policy.order);
         return HM_EMISMATCH;
     }
-    pull(c, x, p->esz, p->dtype, op);
+    if (p->cma) {
+        const char *base = (const char *)atomic_load_explicit(
+            (_Atomic intptr_t *)((char *)c->tag + 8), memory_order_relaxed);
+        int bad = pull_cma(c, x, base, p->esz);
+        if (bad) {
+            p->err.code = HM_ECMA;
+            p->err.peer = c->peer;
+            p->err.bad_dtype = bad;
+            store_rel((hm_counter *)c->done, e | (1ULL << 62), p->policy.order);
+            return HM_ECMA;
+        }
+    } else {
+        pull(c, x, p->esz, p->dtype, op);
+    }
     store_rel((hm_counter *)c->done, e, p->policy.order);
     return HM_OK;
 }
@@ -321,8 +375,9 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
             uint64_t seen = 0;
             if (wait_geq((const hm_counter *)c->ready, e, &p->policy, &seen) != HM_OK)
                 return pull_timeout(p, c, HM_CNT_READY, e, seen);
-            if (pull_one(p, c, x, tag, e, op))
-                return HM_EMISMATCH;
+            int rc = pull_one(p, c, x, tag, e, op);
+            if (rc)
+                return rc;
         }
         return HM_OK;
     }
@@ -336,8 +391,9 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
         int got = 0;
         for (int i = 0; i < n; i++) {
             if (left[i] && load_acq((const hm_counter *)p->chan[i].ready, ord) >= e) {
-                if (pull_one(p, &p->chan[i], x, tag, e, op))
-                    return HM_EMISMATCH;
+                int rc = pull_one(p, &p->chan[i], x, tag, e, op);
+                if (rc)
+                    return rc;
                 left[i] = 0;
                 pending--;
                 got = 1;
@@ -373,10 +429,12 @@ int hm_wait_done(hm_pulls *p, uint64_t e)
         uint64_t seen = 0;
         if (wait_geq((const hm_counter *)c->done, e, &p->policy, &seen) != HM_OK)
             return pull_timeout(p, c, HM_CNT_DONE, e, seen);
-        if (load_acq((const hm_counter *)c->done, p->policy.order) >> 63) {
-            p->err.code = HM_EMISMATCH;
+        uint64_t v = load_acq((const hm_counter *)c->done, p->policy.order);
+        if (v >> 62) {  /* bit 63: the reader found another tag; bit 62: it could not read */
+            p->err.code = (v >> 63) ? HM_EMISMATCH : HM_ECMA;
             p->err.peer = c->peer;
-            return HM_EMISMATCH;
+            p->err.bad_dtype = 0;
+            return p->err.code;
         }
     }
     return HM_OK;

@@ -254,6 +254,7 @@ class HybridComm:
         self._tags = 0
         self.arena = Arena(self)  # shared memory of Halos and global memory
         self._gm = None  # the state of sync_images, made with the first GlobalMemory
+        self._cma = None  # _cma_pids(): not probed yet
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
 
@@ -295,6 +296,27 @@ class HybridComm:
             self.leader_comm.Free()
         self.node_comm.Free()
         self.comm.Free()
+
+    def _cma_pids(self):
+        """The process ids of this node's ranks (by node rank) if every rank can read every
+        other node rank's memory with process_vm_readv (cross-memory attach), else None.
+        Collective the first time (cached); env HYBRIDMPI_CMA=0 turns it off."""
+        if self._cma is None:
+            import os
+
+            MPI = self._MPI
+            word = np.array([os.getpid(), self.rank], dtype=np.int64)
+            peers = self.node_comm.allgather((os.getpid(), word.ctypes.data, self.rank))
+            ok = os.environ.get("HYBRIDMPI_CMA", "1") != "0" and self.node_size > 1
+            got = np.zeros(2, dtype=np.int64)
+            for pid, addr, rank in peers:
+                if ok and rank != self.rank:
+                    ok = bool(lib.hm_cma_probe(pid, ffi.cast("void *", addr),
+                                               ffi.cast("void *", got.ctypes.data), 16))
+                    ok = ok and got.tolist() == [pid, rank]
+            ok = self.comm.allreduce(int(ok), op=MPI.MIN)  # word stays alive until here
+            self._cma = [pid for pid, _, _ in peers] if ok else False
+        return self._cma or None
 
     def _next_tag(self):
         """A number for the next Halo's MPI tags (Halos are built collectively, in order)."""

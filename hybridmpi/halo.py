@@ -11,7 +11,7 @@ from .errors import FreedError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV
-from .transport.atomic import ZeroCopy
+from .transport.atomic import ZeroCopy, long_runs
 
 _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _WHAT = {FWD: "update", REV: "reverse"}
@@ -21,6 +21,10 @@ _TAG_BASE = 100
 _TAG_SLOTS = 16000
 #: channel size (bytes) from which shared vectors are updated without staging buffers
 ZERO_COPY_BYTES = 6 * 1024
+#: channel size (bytes) from which blocking updates of private arrays read the owner's array
+#: with process_vm_readv (cross-memory attach), when the runs average CMA_MIN_RUN points
+CMA_BYTES = 16 * 1024
+CMA_MIN_RUN = 64
 
 
 class Halo:
@@ -77,7 +81,11 @@ class Halo:
             problem = f"block must be an int >= 1, got {block!r}"
         elif method not in METHODS and method != "auto":
             problem = f"unknown method {method!r}{source}; use one of {list(METHODS) + ['auto']}"
-        views = hc.comm.allgather((problem, str(dt), block, method))
+        near = 0 if problem else max([ids.size * dt.itemsize * block for p, ids in pattern.send.items()
+                                      if p in pattern.intranode] + [0])
+        views = hc.comm.allgather((problem, str(dt), block, method, near))
+        biggest = max(v[4] for v in views)
+        views = [v[:4] for v in views]
         bad = [(r, p) for r, (p, *_) in enumerate(views) if p]
         if bad:
             exc = TypeError if bad[0][1].startswith("unsupported dtype") else ValueError
@@ -113,7 +121,31 @@ class Halo:
                 self.method = "flat"
         if self._t is None:
             self._t = METHODS[self.method](self)
+        self._biggest = biggest  # the largest channel inside a node, over all ranks (bytes)
+        # Blocking forward updates of private arrays by cross-memory attach: large channels
+        # of long runs, on a node where process_vm_readv works (the same choice everywhere).
+        self._cma = None
+        threshold = int(os.environ.get("HYBRIDMPI_CMA_BYTES") or CMA_BYTES)
+        if self.method == "atomic" and hc.node_size > 1 and biggest >= threshold:
+            pids = hc._cma_pids()
+            on = os.environ.get("HYBRIDMPI_CMA", "1") != "0"
+            if pids and hc.comm.allreduce(int(on and long_runs(self._t, self._node_ids(), CMA_MIN_RUN)),
+                                          op=hc._MPI.MIN):
+                self._cma = ZeroCopy(self._t, lib.HM_TAG_CMA, None, self._theirs, pids)
         hc._children[id(self)] = self
+
+    def _node_ids(self):
+        """Per direction: each node peer's ids of its channel to this rank (collective on the
+        node the first time)."""
+        if self._theirs is None:
+            hc = self.hc
+            self._theirs = []
+            for d in (FWD, REV):
+                sends = dict(self.plan(d)[0])
+                got = hc.node_comm.alltoall([sends.get(r) for r in hc.node_ranks])
+                self._theirs.append({hc.node_ranks[i]: ids for i, ids in enumerate(got)
+                                     if ids is not None})
+        return self._theirs
 
     def vector(self):
         """A zeroed vector of this Halo's shape and dtype in shared memory (collective: every
@@ -152,19 +184,10 @@ class Halo:
         # Zero copy needs one more hop (the owner waits until its readers copied): it pays
         # off once the largest channel inside a node has ZERO_COPY_BYTES (same choice on
         # every rank, so every rank takes the same path).
-        mine = max([ids.size * self.esz for p, ids in self.pattern.send.items()
-                    if p in self.pattern.intranode] + [0])
         threshold = int(os.environ.get("HYBRIDMPI_ZERO_COPY_BYTES") or ZERO_COPY_BYTES)
-        if self.method == "atomic" and hc.comm.allreduce(mine, op=hc._MPI.MAX) >= threshold:
-            if self._theirs is None:
-                self._theirs = []
-                for d in (FWD, REV):
-                    sends = dict(self.plan(d)[0])
-                    got = hc.node_comm.alltoall([sends.get(r) for r in hc.node_ranks])
-                    self._theirs.append({hc.node_ranks[i]: ids for i, ids in enumerate(got)
-                                         if ids is not None})
+        if self.method == "atomic" and self._biggest >= threshold:
             bases = [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)]
-            zc = ZeroCopy(self._t, len(self._vectors), bases, self._theirs)
+            zc = ZeroCopy(self._t, len(self._vectors), bases, self._node_ids())
             self.zero_copy = True
         hc.node_comm.Barrier()  # every vector zeroed before a peer reads it
         self._vectors.append((arr, block, zc))
@@ -202,6 +225,12 @@ class Halo:
         err = xchg.x.err
         if rc == lib.HM_EMISMATCH:
             raise self.mismatch_error(int(err.peer))
+        if rc == lib.HM_ECMA:
+            self._broken = "RuntimeError"
+            why = f" ({os.strerror(int(err.bad_dtype))})" if err.bad_dtype else ""
+            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.update: a cross-memory read "
+                               f"between this rank and rank {int(err.peer)} failed{why}; set "
+                               "HYBRIDMPI_CMA=0 to update private arrays through shared buffers")
         if rc == lib.HM_ETIMEOUT:
             e = int(err.epoch)
             if err.counter == lib.HM_CNT_READY:
@@ -280,7 +309,7 @@ class Halo:
             raise self._state_error("update")
         e = self._epoch[FWD] = self._epoch[FWD] + 1
         self._current = FWD
-        zc = self._vectors and self._zero_copy(x, FWD)
+        zc = (self._vectors and self._zero_copy(x, FWD)) or self._cma
         if zc:
             zc.begin(FWD, buf, e)
             zc.end(FWD, buf, e, lib.HM_INSERT)

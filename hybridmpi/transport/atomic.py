@@ -41,8 +41,20 @@ def _pair_runs(mine, theirs):
             np.ascontiguousarray(theirs[first], dtype=np.int64), lengths.astype(np.int64))
 
 
+def long_runs(transport, theirs, min_run):
+    """Whether every forward channel inside the node moves runs of at least ``min_run``
+    points on average (counted in (my point, peer's point) pairs)."""
+    for c in transport.dirs[FWD].recv_chans:
+        mine, _, _ = _pair_runs(np.asarray(c.ids), np.asarray(theirs[FWD][c.peer]))
+        if c.ids.size < min_run * mine.size:
+            return False
+    return True
+
+
 class ZeroCopy:
-    """Updates of one shared vector (Halo.vector()) inside a node without staging buffers.
+    """Updates of one shared vector (Halo.vector()) inside a node without staging buffers;
+    with ``pids``, forward updates of private arrays copied by cross-memory attach
+    (process_vm_readv from the owner's array, published at each call).
 
     Direction d, channel s -> r: s release-stores the vector's tag and READY = e
     in r's segment once its values are in place; r copies (forward) or
@@ -52,9 +64,10 @@ class ZeroCopy:
     each other on one Halo.
     """
 
-    def __init__(self, transport, tag, bases, theirs):
+    def __init__(self, transport, tag, bases, theirs, pids=None):
         halo = transport.halo
         self.halo, self.tag, self.t = halo, tag, transport
+        self.cma = pids is not None
         pol = halo.hc._st.policy
         node_rank = transport.shm.node_rank
         self.dirs = []
@@ -70,7 +83,7 @@ class ZeroCopy:
                 h = arr[i]
                 h.peer = c.peer
                 h.count = ids.size
-                if point_kernel(ids.size, mine.size, ids, their_ids):
+                if pids is None and point_kernel(ids.size, mine.size, ids, their_ids):
                     im = np.ascontiguousarray(ids, dtype=np.int32)
                     it = np.ascontiguousarray(their_ids, dtype=np.int32)
                     keep += [im, it]
@@ -80,11 +93,15 @@ class ZeroCopy:
                 h.mine = ffi.cast("int64_t *", mine.ctypes.data)
                 h.theirs = ffi.cast("int64_t *", other.ctypes.data)
                 h.len = ffi.cast("int64_t *", lengths.ctypes.data)
-                h.src = ffi.cast("char *", bases[node_rank[c.peer]])
+                if pids is None:
+                    h.src = ffi.cast("char *", bases[node_rank[c.peer]])
+                else:
+                    h.pid = pids[node_rank[c.peer]]
                 h.ready = ffi.cast("void *", c.ready)
                 h.tag = ffi.cast("void *", c.tag)
                 h.done = ffi.cast("void *", c.done)
             pulls.n, pulls.chan, pulls.esz, pulls.dtype = len(s.recv_chans), arr, halo.esz, halo.dtype_code
+            pulls.cma = int(self.cma)
             readers = ffi.new("hm_pulls *")
             rarr = ffi.new("hm_pull[]", max(len(s.send_chans), 1))
             for i, c in enumerate(s.send_chans):
@@ -103,7 +120,10 @@ class ZeroCopy:
         s = self.t.dirs[d]
         s.msgs.start(xbuf, e)
         _, _, ready, tags, n, *_ = self.dirs[d]
-        lib.hm_publish(n, ready, tags, self.tag, e, self.halo.hc._st.policy.order)
+        if self.cma:
+            lib.hm_publish_cma(n, ready, tags, xbuf, e, self.halo.hc._st.policy.order)
+        else:
+            lib.hm_publish(n, ready, tags, self.tag, e, self.halo.hc._st.policy.order)
 
     def end(self, d, xbuf, e, op):
         """Copy from the node's owners (forward, whichever is ready first) or combine from

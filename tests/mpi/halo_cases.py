@@ -216,6 +216,61 @@ def shared_vectors(comm, rng, cfg):
                     assert same(x, want), it
 
 
+class RunLayout:
+    """Each rank owns a block of 300 consecutive global ids and ghosts 150 consecutive ids of
+    each ring neighbour: channels of long runs, as distribute() numbers meshes."""
+
+    def __init__(self, comm):
+        p, r = comm.size, comm.rank
+        self.owned = np.arange(300 * r, 300 * (r + 1), dtype=np.int64)
+        near = sorted({(r - 1) % p, (r + 1) % p} - {r})
+        self.ghosts = np.concatenate([np.arange(300 * q + 100, 300 * q + 250) for q in near]
+                                     + [np.zeros(0)]).astype(np.int64)
+        self.n_owned = self.owned.size
+        self.gids = np.concatenate((self.owned, self.ghosts))
+
+
+def case_cross_memory_attach(comm, rng, **cfg):
+    """Blocking updates of private arrays by process_vm_readv (forced for this small pattern)
+    give the reference's bits, every dtype and block, mixed with packed begin/end calls, reverse
+    calls and shared vectors on one Halo; HYBRIDMPI_CMA=0 turns it off."""
+    with hc_of(comm, cfg) as hc:
+        lay = RunLayout(comm)
+        pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+        probe = hc._cma_pids()
+        agree(comm, probe is not None)
+        for env in ({"HYBRIDMPI_CMA_BYTES": "0"}, {"HYBRIDMPI_CMA_BYTES": "0", "HYBRIDMPI_CMA": "0"}):
+            os.environ.update(env)
+            try:
+                for dtype in DTYPES:
+                    for block in (1, 3):
+                        shape = (pat.size,) if block == 1 else (pat.size, block)
+                        with Halo(pat, dtype=dtype, block=block) as h:
+                            expect = probe is not None and hc.node_size > 1 and "HYBRIDMPI_CMA" not in env
+                            assert (h._cma is not None) == expect, (env, h._cma, probe)
+                            vec = h.vector()
+                            for it in range(8):
+                                x = rand(rng, dtype, shape)
+                                if it % 4 == 3:
+                                    vec[...] = x
+                                    x = vec
+                                want = ref_forward(comm, lay, x)
+                                if it % 4 == 1:
+                                    h.update_begin(x)
+                                    h.update_end(x)
+                                else:
+                                    h.update(x)
+                                assert same(x, want), (dtype, block, it)
+                                if it % 4 == 2:
+                                    y = rand(rng, dtype, shape)
+                                    want = ref_reverse(comm, lay, y, "add")
+                                    h.reverse(y)
+                                    assert same(y, want), (dtype, block, it)
+            finally:
+                for k in env:
+                    del os.environ[k]
+
+
 def case_mismatched_vectors(comm, rng, **cfg):
     """One rank passes a private array, its node peer the shared vector: both raise."""
     with hc_of(comm, cfg) as hc:
@@ -464,7 +519,7 @@ def case_timeout_names_peer(comm, rng, **cfg):
 
 
 CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_vectors,
-         case_mismatched_vectors, case_consecutive_updates,
+         case_cross_memory_attach, case_mismatched_vectors, case_consecutive_updates,
          case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
          case_timeout_names_peer]
 

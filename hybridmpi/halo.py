@@ -297,7 +297,10 @@ class Halo:
         """Copy every owned value to the ghosts of it on the other ranks (forward scatter).
 
         Memory: when it returns, this rank's ghost entries hold the owners'
-        values as they were when the owners called it.
+        values as they were when the owners called it.  With method ``"atomic"``, a
+        Halo whose channels inside the node are large runs (``CMA_BYTES``) lets the node
+        peers read the owned entries of ``x`` in place, by cross-memory attach, before
+        this call returns (README: "Private arrays: cross-memory attach").
 
         Raises:
             TypeError, ValueError: bad ``x`` (nothing was sent).

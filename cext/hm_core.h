@@ -299,6 +299,13 @@ void hm_publish(int n, void **ready, void **tag, int64_t tagval, uint64_t epoch,
  * word after each tag, for readers that copy with process_vm_readv. */
 void hm_publish_cma(int n, void **ready, void **tag, const void *x, uint64_t epoch, int order);
 
+/* A whole zero-copy forward update on one node in one call: publish x on the
+ * `n` (ready, tag) pairs (tag `tagval`, or with `pulls->cma` the address of x),
+ * pull from every peer whichever is ready first, then wait until this rank's
+ * readers are done.  Errors of the readers' wait are copied into pulls->err. */
+int hm_zc_update(hm_pulls *pulls, hm_pulls *readers, int n, void **ready, void **tag,
+                 int64_t tagval, void *x, uint64_t epoch);
+
 /* 1 if this process can read `len` bytes at `remote` in process `pid` with
  * process_vm_readv into `local` (the cross-memory-attach probe). */
 int hm_cma_probe(int pid, const void *remote, void *local, uint64_t len);

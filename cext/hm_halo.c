@@ -439,3 +439,20 @@ int hm_wait_done(hm_pulls *p, uint64_t e)
     }
     return HM_OK;
 }
+
+int hm_zc_update(hm_pulls *pulls, hm_pulls *readers, int n, void **ready, void **tag,
+                 int64_t tagval, void *x, uint64_t e)
+{
+    int order = pulls->policy.order;
+    if (pulls->cma)
+        hm_publish_cma(n, ready, tag, x, e, order);
+    else
+        hm_publish(n, ready, tag, tagval, e, order);
+    int rc = hm_pull_recv(pulls, x, tagval, e, HM_INSERT, 0);
+    if (rc != HM_OK)
+        return rc;
+    rc = hm_wait_done(readers, e);
+    if (rc != HM_OK)
+        pulls->err = readers->err;
+    return rc;
+}

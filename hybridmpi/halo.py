@@ -314,8 +314,7 @@ class Halo:
         self._current = FWD
         zc = (self._vectors and self._zero_copy(x, FWD)) or self._cma
         if zc:
-            zc.begin(FWD, buf, e)
-            zc.end(FWD, buf, e, lib.HM_INSERT)
+            zc.update(buf, e)
         else:
             self._t.run(FWD, buf, e, lib.HM_INSERT)
 

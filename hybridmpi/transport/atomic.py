@@ -115,6 +115,17 @@ class ZeroCopy:
             tags = ffi.new("void *[]", [ffi.cast("void *", c.tag) for c in s.send_chans] or [ffi.NULL] * n)
             self.dirs.append((pulls, readers, ready, tags, len(s.send_chans), keep, arr, rarr))
 
+    def update(self, xbuf, e):
+        """A whole forward update: one C call when every peer is on this node."""
+        if not self.t.dirs[FWD].msgs.empty:
+            self.begin(FWD, xbuf, e)
+            self.end(FWD, xbuf, e, lib.HM_INSERT)
+            return
+        pulls, readers, ready, tags, n, *_ = self.dirs[FWD]
+        rc = lib.hm_zc_update(pulls, readers, n, ready, tags, self.tag, xbuf, e)
+        if rc:
+            self._check(rc, pulls)
+
     def begin(self, d, xbuf, e):
         """Start the messages (packed, across nodes), then publish this vector inside the node."""
         s = self.t.dirs[d]

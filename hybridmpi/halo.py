@@ -23,7 +23,7 @@ _TAG_SLOTS = 16000
 ZERO_COPY_BYTES = 6 * 1024
 #: channel size (bytes) from which blocking updates of private arrays read the owner's array
 #: with process_vm_readv (cross-memory attach), when the runs average CMA_MIN_RUN points
-CMA_BYTES = 16 * 1024
+CMA_BYTES = 8 * 1024
 CMA_MIN_RUN = 64
 
 

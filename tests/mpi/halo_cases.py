@@ -271,6 +271,41 @@ def case_cross_memory_attach(comm, rng, **cfg):
                     del os.environ[k]
 
 
+def case_cross_memory_attach_failure(comm, rng, **cfg):
+    """A cross-memory read that fails (here: the reader's record of the owner's process is
+    made wrong) raises RuntimeError on the reader and on the owner waiting for it, and the
+    Halo is unusable after."""
+    with hc_of(comm, cfg) as hc:
+        if hc.size != 2 or hc.node_size != 2 or hc._cma_pids() is None:
+            return
+        lay = RunLayout(comm)
+        pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+        os.environ["HYBRIDMPI_CMA_BYTES"] = "0"
+        try:
+            h = Halo(pat)
+        finally:
+            del os.environ["HYBRIDMPI_CMA_BYTES"]
+        assert h._cma is not None
+        if hc.rank == 1:
+            pulls = h._cma.dirs[0][0]
+            pulls.chan[0].pid = 2**22 + 12345  # above pid_max: no such process
+        x = rand(rng, np.float64, pat.size)
+        try:
+            h.update(x)
+        except RuntimeError as e:
+            assert "cross-memory read between this rank and rank" in str(e), e
+            assert f"rank {1 - hc.rank}" in str(e), e
+        else:
+            raise AssertionError("the failed read was not reported")
+        try:
+            h.update(x)
+        except RuntimeError as e:
+            assert "unusable" in str(e), e
+        else:
+            raise AssertionError("the Halo stayed usable")
+        h.free()
+
+
 def case_mismatched_vectors(comm, rng, **cfg):
     """One rank passes a private array, its node peer the shared vector: both raise."""
     with hc_of(comm, cfg) as hc:
@@ -519,7 +554,8 @@ def case_timeout_names_peer(comm, rng, **cfg):
 
 
 CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_vectors,
-         case_cross_memory_attach, case_mismatched_vectors, case_consecutive_updates,
+         case_cross_memory_attach, case_cross_memory_attach_failure, case_mismatched_vectors,
+         case_consecutive_updates,
          case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
          case_timeout_names_peer]
 

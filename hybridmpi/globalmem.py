@@ -364,6 +364,12 @@ class GlobalMemory:
         self.local = views[hc.rank]
         self.local[...] = 0
         self._addrs = addrs
+        # Open MPI 4's osc/rdma crashes in MPI_Compare_and_swap aimed at the calling rank over
+        # its shared-memory BTL (open-mpi/ompi#7967, #11349); there the CAS on this rank's own
+        # part is a CPU atomic, which stays atomic with MPI's (executed on this rank's memory
+        # by this rank's own progress, or with CPU atomics)
+        vendor, version = hc._MPI.get_vendor()
+        self._self_cas = vendor == "Open MPI" and version < (5,)
         self._itemsize = dt.itemsize
         self._views = views
         self._near = {r: views[r] for r in node_rank}  # the parts reached by load/store
@@ -573,7 +579,7 @@ class GlobalMemory:
         rank, offset = self._atomic(rank, offset, "compare_swap")
         expected = _int(expected, "GlobalMemory.compare_swap: expected", self.rank)
         value = _int(value, "GlobalMemory.compare_swap: value", self.rank)
-        if self._win is None:
+        if self._win is None or (rank == self.rank and self._self_cas):
             return int(lib.hm_compare_swap(ffi.cast("void *", self._addrs[rank] + 8 * offset),
                                            expected, value))
         res = np.zeros(1, dtype=np.int64)

@@ -300,14 +300,14 @@ class HybridComm:
     def _cma_pids(self):
         """The process ids of this node's ranks (by node rank) if every rank can read every
         other node rank's memory with process_vm_readv (cross-memory attach), else None.
-        Collective the first time (cached); env HYBRIDMPI_CMA=0 turns it off."""
+        Collective over the whole communicator the first time (cached)."""
         if self._cma is None:
             import os
 
             MPI = self._MPI
             word = np.array([os.getpid(), self.rank], dtype=np.int64)
             peers = self.node_comm.allgather((os.getpid(), word.ctypes.data, self.rank))
-            ok = os.environ.get("HYBRIDMPI_CMA", "1") != "0" and self.node_size > 1
+            ok = self.node_size > 1
             got = np.zeros(2, dtype=np.int64)
             for pid, addr, rank in peers:
                 if ok and rank != self.rank:

@@ -123,10 +123,11 @@ class Halo:
             self._t = METHODS[self.method](self)
         self._biggest = biggest  # the largest channel inside a node, over all ranks (bytes)
         # Blocking forward updates of private arrays by cross-memory attach: large channels
-        # of long runs, on a node where process_vm_readv works (the same choice everywhere).
+        # of long runs, on a node where process_vm_readv works (the same choice everywhere;
+        # every rank enters the probe, also one alone on its node).
         self._cma = None
         threshold = int(os.environ.get("HYBRIDMPI_CMA_BYTES") or CMA_BYTES)
-        if self.method == "atomic" and hc.node_size > 1 and biggest >= threshold:
+        if self.method == "atomic" and biggest >= threshold:
             pids = hc._cma_pids()
             on = os.environ.get("HYBRIDMPI_CMA", "1") != "0"
             if pids and hc.comm.allreduce(int(on and long_runs(self._t, self._node_ids(), CMA_MIN_RUN)),

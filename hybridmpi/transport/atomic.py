@@ -114,14 +114,17 @@ class ZeroCopy:
             ready = ffi.new("void *[]", [ffi.cast("void *", c.ready) for c in s.send_chans] or [ffi.NULL] * n)
             tags = ffi.new("void *[]", [ffi.cast("void *", c.tag) for c in s.send_chans] or [ffi.NULL] * n)
             self.dirs.append((pulls, readers, ready, tags, len(s.send_chans), keep, arr, rarr))
+        # the arguments of hm_zc_update, or None when messages go to other nodes
+        pulls, readers, ready, tags, n, *_ = self.dirs[FWD]
+        self._whole = (pulls, readers, n, ready, tags) if transport.dirs[FWD].msgs.empty else None
 
     def update(self, xbuf, e):
         """A whole forward update: one C call when every peer is on this node."""
-        if not self.t.dirs[FWD].msgs.empty:
+        if self._whole is None:
             self.begin(FWD, xbuf, e)
             self.end(FWD, xbuf, e, lib.HM_INSERT)
             return
-        pulls, readers, ready, tags, n, *_ = self.dirs[FWD]
+        pulls, readers, n, ready, tags = self._whole
         rc = lib.hm_zc_update(pulls, readers, n, ready, tags, self.tag, xbuf, e)
         if rc:
             self._check(rc, pulls)

@@ -70,29 +70,121 @@ static inline header *hdr(const hm_coll *c, int rank) { return (header *)(c->seg
 
 void *hm_coll_slot(hm_coll *c, int rank) { return c->seg[rank] + HM_OFF_DATA; }
 
+/* A rank's signature of its current call, after the call number in its
+ * ENTERED region (docs/protocol.md). */
+typedef struct entered {
+    hm_counter call;
+    _Atomic int64_t kind, count, dtype, op;
+} entered;
+
+static inline entered *ent(const hm_coll *c, int rank) { return (entered *)(c->seg[rank] + HM_OFF_ENTERED); }
+
+static inline void enter(hm_coll *c, uint64_t e, int kind, uint64_t count, int dtype, int op)
+{
+    entered *m = ent(c, c->rank);
+    atomic_store_explicit(&m->kind, kind, memory_order_relaxed);
+    atomic_store_explicit(&m->count, (int64_t)count, memory_order_relaxed);
+    atomic_store_explicit(&m->dtype, dtype, memory_order_relaxed);
+    atomic_store_explicit(&m->op, op, memory_order_relaxed);
+    atomic_store_explicit(&m->call, e, memory_order_release);
+}
+
+static int fail(hm_coll *c, int code, uint64_t bits)
+{
+    c->err.code = code;
+    hm_coll_poison(c, bits);
+    return code;
+}
+
 static int timed_out(hm_coll *c, int peer, int cnt, uint64_t seen)
 {
-    c->err.code = HM_ETIMEOUT;
     c->err.peer = peer;
     c->err.counter = cnt;
     c->err.epoch = c->epoch;
     c->err.seen = seen;
     c->err.waited_s = (double)c->policy.timeout_ns * 1e-9;
-    return HM_ETIMEOUT;
+    return fail(c, HM_ETIMEOUT, HM_ERRBIT);
+}
+
+/* A peer's word carried error bits: fail too, passing the same bits on. */
+static int peer_failed(hm_coll *c, int peer, int cnt, uint64_t seen)
+{
+    c->err.peer = peer;
+    c->err.counter = cnt;
+    c->err.epoch = c->epoch;
+    c->err.seen = seen;
+    return fail(c, HM_EPEER, seen & HM_FLAGS);
+}
+
+/* Whether node rank `peer` is in this rank's call with another signature
+ * (then err holds both and the call fails with HM_EMISMATCH). */
+static int other_call(hm_coll *c, int peer)
+{
+    entered *p = ent(c, peer), *m = ent(c, c->rank);
+    if (atomic_load_explicit(&p->call, memory_order_acquire) != c->epoch)
+        return 0;
+    int64_t kind = atomic_load_explicit(&p->kind, memory_order_relaxed);
+    int64_t count = atomic_load_explicit(&p->count, memory_order_relaxed);
+    int64_t dtype = atomic_load_explicit(&p->dtype, memory_order_relaxed);
+    int64_t op = atomic_load_explicit(&p->op, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&p->call, memory_order_relaxed) != c->epoch)
+        return 0;
+    int64_t mk = atomic_load_explicit(&m->kind, memory_order_relaxed);
+    int64_t mc = atomic_load_explicit(&m->count, memory_order_relaxed);
+    int64_t md = atomic_load_explicit(&m->dtype, memory_order_relaxed);
+    int64_t mo = atomic_load_explicit(&m->op, memory_order_relaxed);
+    if (kind == mk && count == mc && dtype == md && op == mo)
+        return 0;
+    c->err.bad_rank = peer;
+    c->err.bad_kind = kind;
+    c->err.bad_count = count;
+    c->err.bad_dtype = dtype;
+    c->err.bad_op = op;
+    c->err.peer = c->rank;
+    c->err.root_kind = mk;
+    c->err.root_count = mc;
+    c->err.root_dtype = md;
+    c->err.root_op = mo;
+    return 1;
+}
+
+/* Wait until *p >= value, p being written by node rank `peer` (-1: by
+ * several).  While it waits long enough to stop spinning, it compares the
+ * signature of the peer's call (of every rank, for -1) with its own. */
+static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, int cnt)
+{
+    const hm_wait_policy *pol = &c->policy;
+    uint64_t v;
+    for (int64_t i = 0;; i++) {
+        v = load_acq(p, pol->order);
+        if (v >= value)
+            goto got;
+        if (i >= pol->spin)
+            break;
+        cpu_relax();
+    }
+    hm_slow w;
+    slow_start(&w, pol);
+    for (;;) {
+        v = load_acq(p, pol->order);
+        if (v >= value)
+            goto got;
+        for (int r = peer < 0 ? 0 : peer; r < (peer < 0 ? c->size : peer + 1); r++)
+            if (r != c->rank && other_call(c, r))
+                return fail(c, HM_EMISMATCH, HM_ERRBIT | HM_MISBIT);
+        if (slow_tick(&w, pol, p, value, v))
+            return timed_out(c, peer, cnt, v);
+    }
+got:
+    if (v & HM_FLAGS)
+        return peer_failed(c, peer, cnt, v);
+    return HM_OK;
 }
 
 static inline int wait_counter(hm_coll *c, int peer, int cnt, uint64_t value)
 {
-    uint64_t seen = 0;
-    if (wait_geq(counter(c, peer, HM_OFF_SYNC), value, &c->policy, &seen) != HM_OK)
-        return timed_out(c, peer, cnt, seen);
-    return HM_OK;
-}
-
-static inline void enter(hm_coll *c, uint64_t e)
-{
-    /* Diagnostic only (read after a timeout to name absent ranks). */
-    atomic_store_explicit(counter(c, c->rank, HM_OFF_ENTERED), e, memory_order_relaxed);
+    return coll_wait(c, counter(c, peer, HM_OFF_SYNC), value, peer, cnt);
 }
 
 /* Tree barrier (paper Algorithm 2, with epochs): arrivals go up the tree,
@@ -131,9 +223,9 @@ static int barrier_linear(hm_coll *c, int part, uint64_t e)
                                                                  : memory_order_acq_rel);
             return wait_counter(c, 0, HM_CNT_RELEASE, 2 * e);
         }
-        uint64_t seen = 0;
-        if (wait_geq(lin, n * (uint64_t)(c->size - 1), &c->policy, &seen) != HM_OK)
-            return timed_out(c, -1, HM_CNT_LINEAR, seen);
+        int rc = coll_wait(c, lin, n * (uint64_t)(c->size - 1), -1, HM_CNT_LINEAR);
+        if (rc)
+            return rc;
     }
     if ((part & HM_RELEASE) && c->rank == 0)
         store_rel(counter(c, 0, HM_OFF_SYNC), 2 * e, ord);
@@ -148,16 +240,14 @@ static inline hm_counter *diss(const hm_coll *c, int rank, int k)
 
 static inline int wait_round(hm_coll *c, hm_counter *p, int peer, uint64_t e)
 {
-    uint64_t seen = 0;
-    if (wait_geq(p, e, &c->policy, &seen) != HM_OK)
-        return timed_out(c, peer, HM_CNT_ROUND, seen);
-    return HM_OK;
+    return coll_wait(c, p, e, peer, HM_CNT_ROUND);
 }
 
 static int barrier_dissemination(hm_coll *c, uint64_t e)
 {
     int n = c->size, r = c->rank, ord = c->policy.order, rc;
     for (int k = 0, d = 1; d < n; k++, d <<= 1) {
+        CHAOS();
         store_rel(diss(c, (r + d) % n, k), e, ord);
         if ((rc = wait_round(c, diss(c, r, k), (r - d + n) % n, e)))
             return rc;
@@ -165,13 +255,16 @@ static int barrier_dissemination(hm_coll *c, uint64_t e)
     return HM_OK;
 }
 
+static const int barrier_kind[] = {HM_K_BARRIER_TREE, HM_K_BARRIER_LINEAR, HM_K_BARRIER_DISS};
+
 int hm_barrier(hm_coll *c, int method, int part)
 {
-    if (part < HM_GATHER || part > HM_BOTH || (c->rank != 0 && part != HM_BOTH))
+    if (part < HM_GATHER || part > HM_BOTH || (c->rank != 0 && part != HM_BOTH) || method < 0 ||
+        method > HM_DISSEMINATION)
         return HM_EARG;
     uint64_t e = (part & HM_GATHER) ? ++c->epoch : c->epoch;
     if (part & HM_GATHER)
-        enter(c, e);
+        enter(c, e, barrier_kind[method], 0, 0, 0);
     c->err.code = HM_OK;
     if (c->size == 1)
         return HM_OK;
@@ -191,7 +284,15 @@ int hm_barrier_linear(hm_coll *c) { return hm_barrier(c, HM_LINEAR, HM_BOTH); }
 int hm_barrier_dissemination(hm_coll *c)
 {
     uint64_t e = ++c->epoch;
-    enter(c, e);
+    enter(c, e, HM_K_BARRIER_DISS, 0, 0, 0);
+    c->err.code = HM_OK;
+    return c->size == 1 ? HM_OK : barrier_dissemination(c, e);
+}
+
+int hm_coll_bad(hm_coll *c)
+{
+    uint64_t e = ++c->epoch;
+    enter(c, e, HM_K_BAD, 0, 0, 0);
     c->err.code = HM_OK;
     return c->size == 1 ? HM_OK : barrier_dissemination(c, e);
 }
@@ -286,6 +387,7 @@ static int mismatch(hm_coll *c)
 {
     const header *root = hdr(c, 0);
     c->err.code = HM_EMISMATCH;
+    c->err.bad_kind = c->err.root_kind = HM_K_ALLREDUCE_TREE;
     c->err.bad_rank = (int)root->bad_rank;
     c->err.bad_count = root->bad_count;
     c->err.bad_dtype = root->bad_dtype;
@@ -305,6 +407,12 @@ static int mismatch(hm_coll *c)
 int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
                  int part)
 {
+    return hm_allreduce_chunk(c, send, recv, count, count, dtype, op, part);
+}
+
+int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count, uint64_t total,
+                       int dtype, int op, int part)
+{
     size_t esz = hm_dtype_size(dtype);
     if (esz == 0 || op < 0 || op >= HM_NOPS || part < HM_GATHER || part > HM_BOTH ||
         (c->rank != 0 && part != HM_BOTH) || count * esz > c->capacity)
@@ -316,9 +424,9 @@ int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count, int d
     c->err.code = HM_OK;
     if (part & HM_GATHER) {
         uint64_t e = ++c->epoch;
-        enter(c, e);
+        enter(c, e, HM_K_ALLREDUCE_TREE, total, dtype, op);
         if (c->rank != 0) {
-            mine->count = (int64_t)count;
+            mine->count = (int64_t)total;
             mine->dtype = dtype;
             mine->op = op;
             mine->bad_rank = -1;
@@ -332,6 +440,7 @@ int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count, int d
                 if (mine->bad_rank < 0)
                     hm_combine(slot, hm_coll_slot(c, ch), count, dtype, op);
             }
+            CHAOS();
             store_rel(counter(c, c->rank, HM_OFF_SYNC), 2 * e - 1, ord);
             if ((rc = wait_counter(c, c->parent, HM_CNT_RELEASE, 2 * e)))
                 return rc;
@@ -345,7 +454,7 @@ int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count, int d
         for (int i = 0; i < c->nchildren; i++)
             if ((rc = wait_counter(c, c->children[i], HM_CNT_ARRIVE, 2 * e - 1)))
                 return rc;
-        mine->count = (int64_t)count;
+        mine->count = (int64_t)total;
         mine->dtype = dtype;
         mine->op = op;
         mine->bad_rank = -1;
@@ -432,6 +541,7 @@ static inline rd_head *rd(const hm_coll *c, int rank, int k, uint64_t e)
 static inline void rd_publish(rd_head *h, const void *acc, uint64_t nbytes, const rd_sig *s,
                               uint64_t e, int ord)
 {
+    CHAOS();
     h->sig_max = s->max;
     h->sig_neg = s->neg;
     h->max_rank = s->max_rank;
@@ -460,7 +570,7 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
         return HM_EARG;
     int n = c->size, r = c->rank, ord = c->policy.order, rc;
     uint64_t e = ++c->epoch;
-    enter(c, e);
+    enter(c, e, HM_K_ALLREDUCE_RD, count, dtype, op);
     c->err.code = HM_OK;
     _Alignas(16) char acc[HM_RD_BYTES], tmp[HM_RD_BYTES];
     memcpy(acc, send, nbytes);
@@ -508,6 +618,7 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
     }
     if (sig.max != -sig.neg) {
         c->err.code = HM_EMISMATCH;
+        c->err.bad_kind = c->err.root_kind = HM_K_ALLREDUCE_RD;
         c->err.bad_rank = sig.max_rank;
         sig_args(sig.max, &c->err.bad_count, &c->err.bad_dtype, &c->err.bad_op);
         c->err.peer = sig.min_rank;
@@ -527,4 +638,18 @@ double hm_allreduce_rd_f64(hm_coll *c, double x, int op)
         return __builtin_nan("");
     }
     return r;
+}
+
+void hm_coll_poison(hm_coll *c, uint64_t bits)
+{
+    int n = c->size, r = c->rank;
+    if (n == 1)
+        return;
+    atomic_fetch_or_explicit(counter(c, r, HM_OFF_SYNC), bits, memory_order_seq_cst);
+    atomic_fetch_or_explicit(counter(c, 0, HM_OFF_LINEAR), bits, memory_order_seq_cst);
+    for (int k = 0, d = 1; d < n; k++, d <<= 1)
+        atomic_fetch_or_explicit(diss(c, (r + d) % n, k), bits, memory_order_seq_cst);
+    for (uint64_t par = 0; par < 2; par++)
+        for (int k = 0; k < HM_STEPS + 2; k++)
+            atomic_fetch_or_explicit(&rd(c, r, k, par)->stamp, bits, memory_order_seq_cst);
 }

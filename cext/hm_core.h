@@ -47,7 +47,9 @@ enum { HM_F64 = 0, HM_F32 = 1, HM_I64 = 2, HM_I32 = 3, HM_C128 = 4, HM_NTYPES = 
 enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
 
 /* Return codes. */
-enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3, HM_ECMA = 4 };
+/* HM_EPEER: a word waited on carries a peer's error bits (docs/protocol.md):
+ * err.peer is that peer, err.seen the word's value. */
+enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3, HM_ECMA = 4, HM_EPEER = 5 };
 
 /* bad_rank of a mismatch found on another node. */
 enum { HM_BAD_ELSEWHERE = -2 };
@@ -69,6 +71,7 @@ typedef struct hm_wait_policy {
     int64_t yield_ns;
     int64_t sleep_ns;
     int64_t timeout_ns;
+    int64_t warn_ns;          /* call the warn hook once a wait lasted this long (0: never) */
     int order;
 } hm_wait_policy;
 
@@ -85,7 +88,17 @@ typedef struct hm_error {
     int bad_rank;
     int64_t bad_count, bad_dtype, bad_op;
     int64_t root_count, root_dtype, root_op;
+    /* which collective (HM_K_*) each of the two passed, when they differ */
+    int64_t bad_kind, root_kind;
 } hm_error;
+
+/* What a rank entered at a collective call (its signature, in the ENTERED
+ * region after the call number): a peer that waits on it compares
+ * signatures, so ranks in different collectives or with different
+ * arguments raise instead of waiting for each other.  HM_K_BAD: a rank
+ * that found its own arguments invalid (hm_coll_bad). */
+enum { HM_K_BARRIER_TREE = 1, HM_K_BARRIER_LINEAR = 2, HM_K_BARRIER_DISS = 3,
+       HM_K_ALLREDUCE_TREE = 4, HM_K_ALLREDUCE_RD = 5, HM_K_BAD = 6 };
 
 /* Per-rank state of the node collectives (private memory). */
 typedef struct hm_coll {
@@ -106,6 +119,19 @@ typedef struct hm_coll {
 
 /* 1 if 64-bit atomics are lock-free (required across processes). */
 int hm_lock_free(void);
+
+/* OR `bits` into every word this rank writes and node peers wait on in
+ * the collectives (its counter, its dissemination signals, its
+ * recursive-doubling stamps, its share of the linear counter): each peer
+ * then fails at its next poll.  The C core does it itself when a call
+ * fails; Python calls it when a call fails outside the C core. */
+void hm_coll_poison(hm_coll *c, uint64_t bits);
+
+/* A call of a rank whose arguments were invalid: one node-wide
+ * dissemination barrier with signature HM_K_BAD, which completes (HM_OK)
+ * when every rank of the node found its arguments invalid, and fails with
+ * HM_EMISMATCH on every rank otherwise.  One node only. */
+int hm_coll_bad(hm_coll *c);
 
 /* Bytes of one rank's collective segment for a data slot of `capacity`
  * (the slot, then HM_STEPS dissemination regions, then two sets, by epoch
@@ -161,6 +187,12 @@ double hm_allreduce_rd_f64(hm_coll *c, double x, int op);
 int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count,
                  int dtype, int op, int part);
 
+/* hm_allreduce of one chunk of a longer reduction of `total` elements:
+ * the signature that ranks compare holds `total`, so ranks that passed
+ * different lengths fail at the first chunk. */
+int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count, uint64_t total,
+                       int dtype, int op, int part);
+
 /* hm_allreduce of one double, by value (saves the caller two buffer
  * accesses on the hottest path).  On failure it returns NaN and sets
  * c->err.code; a NaN result with c->err.code == HM_OK is a real NaN. */
@@ -212,12 +244,16 @@ typedef struct hm_chan {
     char *buf[2];
     void *ready;
     void *done;
-    void *tag;                /* next to READY: which vector was published (HM_TAG_PRIVATE
-                                 for a packed buffer); NULL when nothing checks it */
+    void *tag;                /* next to READY: two slots by epoch parity, each a tag (which
+                                 vector was published, HM_TAG_PRIVATE for a packed buffer)
+                                 and an address (the array read by cross-memory attach);
+                                 NULL when nothing checks it */
 } hm_chan;
 
 /* The tag of a packed (private-array) update; shared vectors are numbered 0, 1, ... */
-enum { HM_TAG_PRIVATE = -1, HM_TAG_CMA = -2 };
+/* HM_TAG_BAD: a rank whose arguments were invalid publishes it instead of
+ * data (Halo._bad_call), so that its peers raise too. */
+enum { HM_TAG_PRIVATE = -1, HM_TAG_CMA = -2, HM_TAG_BAD = -3 };
 
 /* The channels that one call packs or unpacks, in order. */
 typedef struct hm_xchg {
@@ -238,9 +274,10 @@ typedef struct hm_xchg {
 
 /* Sender side of epoch `epoch` (1, 2, ...): record the epoch in `entered`
  * (relaxed; diagnostic only), then for each channel wait until
- * its DONE counter reached epoch - 2 (the buffer of this parity is free),
- * pack the points of `x` into buf[epoch & 1] and publish READY = epoch
- * with a release store.  Private channels are only packed. */
+ * its DONE counter reached epoch - 2 (the buffer and tag slot of this parity
+ * are free), pack the points of `x` into buf[epoch & 1], write the tag slot
+ * and publish READY = epoch with a release store.  Private channels are
+ * only packed.  HM_EPEER if a reader's DONE carries error bits. */
 int hm_xchg_send(hm_xchg *s, const void *x, uint64_t epoch);
 
 /* Receiver side of epoch `epoch`: for each channel, once READY >= epoch
@@ -291,34 +328,49 @@ typedef struct hm_pulls {
                                  HM_ECMA: bad_dtype holds errno */
 } hm_pulls;
 
-/* Publish vector `tag` at epoch e on each (ready, tag) pair: the tag word,
- * then READY = e with a release store (the values are in place). */
-void hm_publish(int n, void **ready, void **tag, int64_t tagval, uint64_t epoch, int order);
+/* Publish vector `tagval` at epoch e to each of the readers->n readers:
+ * wait until the reader's DONE reached e - 2 (the tag slot of this parity
+ * is free), write the tag slot of ready[i]'s channel (tag[i]: with
+ * HM_TAG_CMA also the address of `x`, for readers that copy with
+ * process_vm_readv), then READY = e with a release store.  HM_EPEER (or
+ * HM_ETIMEOUT) in readers->err. */
+int hm_zc_publish(hm_pulls *readers, void **ready, void **tag, int64_t tagval, const void *x,
+                  uint64_t epoch);
 
-/* hm_publish with tag HM_TAG_CMA and the address of this rank's array `x` in the
- * word after each tag, for readers that copy with process_vm_readv. */
-void hm_publish_cma(int n, void **ready, void **tag, const void *x, uint64_t epoch, int order);
-
-/* A whole zero-copy forward update on one node in one call: publish x on the
- * `n` (ready, tag) pairs (tag `tagval`, or with `pulls->cma` the address of x),
+/* A whole zero-copy forward update on one node in one call: hm_zc_publish,
  * pull from every peer whichever is ready first, then wait until this rank's
- * readers are done.  Errors of the readers' wait are copied into pulls->err. */
-int hm_zc_update(hm_pulls *pulls, hm_pulls *readers, int n, void **ready, void **tag,
+ * readers are done.  Errors of the readers' waits are copied into pulls->err. */
+int hm_zc_update(hm_pulls *pulls, hm_pulls *readers, void **ready, void **tag,
                  int64_t tagval, void *x, uint64_t epoch);
+
+/* OR `bits` into each of the `n` words (sequentially consistent): the error
+ * bits a failing rank leaves in every word its peers wait on. */
+void hm_poison(int n, void **words, uint64_t bits);
+
+/* The chaos hook for drift tests: with `max_ns` > 0, waits and protocol
+ * points sleep or yield at random (a per-process generator seeded with
+ * `seed`), up to `max_ns` at a time; 0 turns it off. */
+void hm_set_chaos(uint64_t seed, int64_t max_ns);
+
+/* The hook called once per wait that lasted its policy's warn_ns (NULL: none). */
+void hm_set_warn(void (*fn)(const void *, uint64_t, uint64_t, double));
 
 /* 1 if this process can read `len` bytes at `remote` in process `pid` with
  * process_vm_readv into `local` (the cross-memory-attach probe). */
 int hm_cma_probe(int pid, const void *remote, void *local, uint64_t len);
 
-/* For each channel: acquire-wait READY >= e, check that the tag is `tag`
- * (else HM_EMISMATCH, and DONE is set to e | 2^63 so the peer learns it
- * too), copy (op HM_INSERT) or combine the pairs straight from the peer's
- * vector into x, release-store DONE = e.  `ordered`: in channel order (a
- * fixed combination order), else whichever is ready first. */
+/* For each channel: acquire-wait READY >= e, check that the tag slot of
+ * e's parity is `tag` (else HM_EMISMATCH, and the error bits go into DONE
+ * so the peer learns it too), copy (op HM_INSERT) or combine the pairs
+ * straight from the peer's vector into x, check that READY carries no error
+ * bits (the owner did not fail and change its values meanwhile), then
+ * release-store DONE = e.  `ordered`: in channel order (a fixed combination
+ * order), else whichever is ready first.  HM_EPEER: READY carries error
+ * bits. */
 int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t epoch, int op, int ordered);
 
 /* Wait until every DONE counter (the readers', in this rank's segment)
- * reached e; HM_EMISMATCH (err.peer) if a reader found another vector. */
+ * reached e; HM_EPEER (err.peer, err.seen) if a reader left error bits. */
 int hm_wait_done(hm_pulls *p, uint64_t epoch);
 
 /* ------------------------------------------------------------------ global memory */

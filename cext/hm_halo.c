@@ -93,15 +93,21 @@ static void unpack(const hm_chan *c, const char *restrict buf, char *restrict x,
     }
 }
 
-static int xchg_timeout(hm_xchg *s, const hm_chan *c, int cnt, uint64_t e, uint64_t seen)
+static int xchg_fail(hm_xchg *s, const hm_chan *c, int code, int cnt, uint64_t e, uint64_t seen)
 {
-    s->err.code = HM_ETIMEOUT;
+    s->err.code = code;
     s->err.peer = c->peer;
     s->err.counter = cnt;
     s->err.epoch = e;
     s->err.seen = seen;
     s->err.waited_s = (double)s->policy.timeout_ns * 1e-9;
-    return HM_ETIMEOUT;
+    return code;
+}
+
+/* The tag slot of epoch e's parity (docs/protocol.md: "tag slots"). */
+static inline _Atomic int64_t *tag_slot(void *tag, uint64_t e)
+{
+    return (_Atomic int64_t *)((char *)tag + 16 * (e & 1));
 }
 
 int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
@@ -114,12 +120,16 @@ int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
     for (int i = 0; i < s->n; i++) {
         hm_chan *c = &s->chan[i];
         uint64_t seen = 0;
-        if (c->done && e > 2 &&
-            wait_geq((const hm_counter *)c->done, e - 2, &s->policy, &seen) != HM_OK)
-            return xchg_timeout(s, c, HM_CNT_DONE, e - 2, seen);
+        if (c->done && e > 2) {
+            if (wait_geq((const hm_counter *)c->done, e - 2, &s->policy, &seen) != HM_OK)
+                return xchg_fail(s, c, HM_ETIMEOUT, HM_CNT_DONE, e - 2, seen);
+            if (seen & HM_FLAGS)
+                return xchg_fail(s, c, HM_EPEER, HM_CNT_DONE, e - 2, seen);
+        }
+        CHAOS();
         pack(c, c->buf[e & 1], buf, esz);
         if (c->tag)
-            atomic_store_explicit((_Atomic int64_t *)c->tag, HM_TAG_PRIVATE, memory_order_relaxed);
+            atomic_store_explicit(tag_slot(c->tag, e), HM_TAG_PRIVATE, memory_order_relaxed);
         if (c->ready)
             store_rel((hm_counter *)c->ready, e, ord);
     }
@@ -128,22 +138,34 @@ int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
 
 static inline int take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op)
 {
+    CHAOS();
     if (c->tag) {
-        int64_t t = atomic_load_explicit((_Atomic int64_t *)c->tag, memory_order_relaxed);
+        int64_t t = atomic_load_explicit(tag_slot(c->tag, e), memory_order_relaxed);
         if (t != HM_TAG_PRIVATE) {
             /* the peer published a shared vector: nothing was packed */
             s->err.code = HM_EMISMATCH;
             s->err.peer = c->peer;
             s->err.bad_count = t;
-            if (c->done)
-                store_rel((hm_counter *)c->done, e | (1ULL << 63), s->policy.order);
             return HM_EMISMATCH;
         }
     }
     unpack(c, c->buf[e & 1], x, s->esz, s->dtype, op);
+    CHAOS();
     if (c->done)
         store_rel((hm_counter *)c->done, e, s->policy.order);
     return HM_OK;
+}
+
+/* Take channel i of `s` if its READY shows epoch e: 1 taken, 0 not yet,
+ * or a negative error code. */
+static inline int try_take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op, uint64_t v)
+{
+    if (v < e)
+        return 0;
+    if (v & HM_FLAGS)
+        return -xchg_fail(s, c, HM_EPEER, HM_CNT_READY, e, v);
+    int rc = take(s, c, x, e, op);
+    return rc ? -rc : 1;
 }
 
 int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
@@ -155,12 +177,13 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
     if (ordered) {
         for (int i = 0; i < n; i++) {
             hm_chan *c = &s->chan[i];
-            uint64_t seen = 0;
+            uint64_t seen = e;
             if (c->ready &&
                 wait_geq((const hm_counter *)c->ready, e, &s->policy, &seen) != HM_OK)
-                return xchg_timeout(s, c, HM_CNT_READY, e, seen);
-            if (take(s, c, x, e, op))
-                return HM_EMISMATCH;
+                return xchg_fail(s, c, HM_ETIMEOUT, HM_CNT_READY, e, seen);
+            int rc = try_take(s, c, x, e, op, seen);
+            if (rc < 0)
+                return -rc;
         }
         return HM_OK;
     }
@@ -176,17 +199,24 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
         else if (take(s, &s->chan[i], x, e, op))
             return HM_EMISMATCH;
     }
-    int64_t polls = 0, start = 0, deadline = 0;
-    struct timespec nap = {0, s->policy.sleep_ns > 0 ? s->policy.sleep_ns : 50000};
+    int64_t polls = 0;
+    hm_slow w = {0};
+    int last = 0;
     while (pending) {
         int got = 0;
         for (int i = 0; i < n; i++) {
-            if (left[i] && load_acq((const hm_counter *)s->chan[i].ready, ord) >= e) {
-                if (take(s, &s->chan[i], x, e, op))
-                    return HM_EMISMATCH;
+            if (!left[i])
+                continue;
+            uint64_t v = load_acq((const hm_counter *)s->chan[i].ready, ord);
+            int rc = try_take(s, &s->chan[i], x, e, op, v);
+            if (rc < 0)
+                return -rc;
+            if (rc) {
                 left[i] = 0;
                 pending--;
                 got = 1;
+            } else {
+                last = i;
             }
         }
         if (got || !pending)
@@ -195,18 +225,12 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
             cpu_relax();
             continue;
         }
-        int64_t t = now_ns();
-        if (!start) {
-            start = t;
-            deadline = s->policy.timeout_ns > 0 ? t + s->policy.timeout_ns : 0;
-        }
-        if (deadline && t >= deadline) {
-            for (int i = 0; i < n; i++)
-                if (left[i])
-                    return xchg_timeout(s, &s->chan[i], HM_CNT_READY, e,
-                                        load_acq((const hm_counter *)s->chan[i].ready, ord));
-        }
-        wait_idle(t - start, &s->policy, &nap);
+        if (polls == s->policy.spin + 1)
+            slow_start(&w, &s->policy);
+        hm_chan *c = &s->chan[last];
+        uint64_t v = load_acq((const hm_counter *)c->ready, ord);
+        if (slow_tick(&w, &s->policy, c->ready, e, v))
+            return xchg_fail(s, c, HM_ETIMEOUT, HM_CNT_READY, e, v);
     }
     return HM_OK;
 }
@@ -217,15 +241,13 @@ int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t e, int op, int ordere
     return rc != HM_OK ? rc : hm_xchg_recv(r, x, e, op, ordered);
 }
 
-/* ------------------------------------------------------------------ zero-copy (shared vectors) */
-
-void hm_publish(int n, void **ready, void **tag, int64_t tagval, uint64_t e, int order)
+void hm_poison(int n, void **words, uint64_t bits)
 {
-    for (int i = 0; i < n; i++) {
-        atomic_store_explicit((_Atomic int64_t *)tag[i], tagval, memory_order_relaxed);
-        store_rel((hm_counter *)ready[i], e, order);
-    }
+    for (int i = 0; i < n; i++)
+        atomic_fetch_or_explicit((hm_counter *)words[i], bits, memory_order_seq_cst);
 }
+
+/* ------------------------------------------------------------------ zero-copy (shared vectors) */
 
 /* Copy or combine the runs of (mine, theirs) pairs of one channel.  Long
  * runs move with memcpy; the point sizes of block 1 and 3 get their own
@@ -286,16 +308,6 @@ static void pull(const hm_pull *c, char *restrict x, int esz, int dtype, int op)
                    (uint64_t)c->len[k] * per_point, dtype, op);
 }
 
-void hm_publish_cma(int n, void **ready, void **tag, const void *x, uint64_t e, int order)
-{
-    for (int i = 0; i < n; i++) {
-        atomic_store_explicit((_Atomic int64_t *)tag[i], HM_TAG_CMA, memory_order_relaxed);
-        atomic_store_explicit((_Atomic intptr_t *)((char *)tag[i] + 8), (intptr_t)x,
-                              memory_order_relaxed);
-        store_rel((hm_counter *)ready[i], e, order);
-    }
-}
-
 int hm_cma_probe(int pid, const void *remote, void *local, uint64_t len)
 {
     struct iovec l = {local, len}, r = {(void *)remote, len};
@@ -325,42 +337,54 @@ static int pull_cma(const hm_pull *c, char *x, const char *base, int esz)
     return 0;
 }
 
-static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, int op)
+static int pull_fail(hm_pulls *p, const hm_pull *c, int code, int cnt, uint64_t e, uint64_t seen)
 {
-    int64_t t = atomic_load_explicit((_Atomic int64_t *)c->tag, memory_order_relaxed);
+    p->err.code = code;
+    p->err.peer = c->peer;
+    p->err.counter = cnt;
+    p->err.epoch = e;
+    p->err.seen = seen;
+    return code;
+}
+
+/* Copy channel c of epoch e once READY showed `v` >= e: 1 taken, or a
+ * negative error code. */
+static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, int op, uint64_t v)
+{
+    if (v & HM_FLAGS)
+        return -pull_fail(p, c, HM_EPEER, HM_CNT_READY, e, v);
+    CHAOS();
+    _Atomic int64_t *slot = tag_slot(c->tag, e);
+    int64_t t = atomic_load_explicit(slot, memory_order_relaxed);
     if (t != tag) {
         p->err.code = HM_EMISMATCH;
         p->err.peer = c->peer;
         p->err.bad_count = t;
-        store_rel((hm_counter *)c->done, e | (1ULL << 63), p->policy.order);
-        return HM_EMISMATCH;
+        return -HM_EMISMATCH;
     }
     if (p->cma) {
-        const char *base = (const char *)atomic_load_explicit(
-            (_Atomic intptr_t *)((char *)c->tag + 8), memory_order_relaxed);
+        const char *base = (const char *)atomic_load_explicit((_Atomic intptr_t *)(slot + 1),
+                                                              memory_order_relaxed);
         int bad = pull_cma(c, x, base, p->esz);
         if (bad) {
             p->err.code = HM_ECMA;
             p->err.peer = c->peer;
             p->err.bad_dtype = bad;
-            store_rel((hm_counter *)c->done, e | (1ULL << 62), p->policy.order);
-            return HM_ECMA;
+            return -HM_ECMA;
         }
     } else {
         pull(c, x, p->esz, p->dtype, op);
     }
+    CHAOS();
+    /* The owner stays in its call until this rank's DONE, unless it failed:
+     * then it poisoned READY before it returned, and the values just copied
+     * may be torn (a sequence lock's second read). */
+    atomic_thread_fence(memory_order_acquire);
+    uint64_t again = atomic_load_explicit((const hm_counter *)c->ready, memory_order_relaxed);
+    if (again & HM_FLAGS)
+        return -pull_fail(p, c, HM_EPEER, HM_CNT_READY, e, again);
     store_rel((hm_counter *)c->done, e, p->policy.order);
-    return HM_OK;
-}
-
-static int pull_timeout(hm_pulls *p, const hm_pull *c, int cnt, uint64_t e, uint64_t seen)
-{
-    p->err.code = HM_ETIMEOUT;
-    p->err.peer = c->peer;
-    p->err.counter = cnt;
-    p->err.epoch = e;
-    p->err.seen = seen;
-    return HM_ETIMEOUT;
+    return 1;
 }
 
 int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int ordered)
@@ -374,30 +398,35 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
             hm_pull *c = &p->chan[i];
             uint64_t seen = 0;
             if (wait_geq((const hm_counter *)c->ready, e, &p->policy, &seen) != HM_OK)
-                return pull_timeout(p, c, HM_CNT_READY, e, seen);
-            int rc = pull_one(p, c, x, tag, e, op);
-            if (rc)
-                return rc;
+                return pull_fail(p, c, HM_ETIMEOUT, HM_CNT_READY, e, seen);
+            int rc = pull_one(p, c, x, tag, e, op, seen);
+            if (rc < 0)
+                return -rc;
         }
         return HM_OK;
     }
     unsigned char left[n + 1];
-    int pending = n;
+    int pending = n, last = 0;
     for (int i = 0; i < n; i++)
         left[i] = 1;
-    int64_t polls = 0, start = 0, deadline = 0;
-    struct timespec nap = {0, p->policy.sleep_ns > 0 ? p->policy.sleep_ns : 50000};
+    int64_t polls = 0;
+    hm_slow w = {0};
     while (pending) {
         int got = 0;
         for (int i = 0; i < n; i++) {
-            if (left[i] && load_acq((const hm_counter *)p->chan[i].ready, ord) >= e) {
-                int rc = pull_one(p, &p->chan[i], x, tag, e, op);
-                if (rc)
-                    return rc;
-                left[i] = 0;
-                pending--;
-                got = 1;
+            if (!left[i])
+                continue;
+            uint64_t v = load_acq((const hm_counter *)p->chan[i].ready, ord);
+            if (v < e) {
+                last = i;
+                continue;
             }
+            int rc = pull_one(p, &p->chan[i], x, tag, e, op, v);
+            if (rc < 0)
+                return -rc;
+            left[i] = 0;
+            pending--;
+            got = 1;
         }
         if (got || !pending)
             continue;
@@ -405,18 +434,12 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
             cpu_relax();
             continue;
         }
-        int64_t t = now_ns();
-        if (!start) {
-            start = t;
-            deadline = p->policy.timeout_ns > 0 ? t + p->policy.timeout_ns : 0;
-        }
-        if (deadline && t >= deadline) {
-            for (int i = 0; i < n; i++)
-                if (left[i])
-                    return pull_timeout(p, &p->chan[i], HM_CNT_READY, e,
-                                        load_acq((const hm_counter *)p->chan[i].ready, ord));
-        }
-        wait_idle(t - start, &p->policy, &nap);
+        if (polls == p->policy.spin + 1)
+            slow_start(&w, &p->policy);
+        hm_pull *c = &p->chan[last];
+        uint64_t v = load_acq((const hm_counter *)c->ready, ord);
+        if (slow_tick(&w, &p->policy, c->ready, e, v))
+            return pull_fail(p, c, HM_ETIMEOUT, HM_CNT_READY, e, v);
     }
     return HM_OK;
 }
@@ -428,27 +451,45 @@ int hm_wait_done(hm_pulls *p, uint64_t e)
         hm_pull *c = &p->chan[i];
         uint64_t seen = 0;
         if (wait_geq((const hm_counter *)c->done, e, &p->policy, &seen) != HM_OK)
-            return pull_timeout(p, c, HM_CNT_DONE, e, seen);
-        uint64_t v = load_acq((const hm_counter *)c->done, p->policy.order);
-        if (v >> 62) {  /* bit 63: the reader found another tag; bit 62: it could not read */
-            p->err.code = (v >> 63) ? HM_EMISMATCH : HM_ECMA;
-            p->err.peer = c->peer;
-            p->err.bad_dtype = 0;
-            return p->err.code;
-        }
+            return pull_fail(p, c, HM_ETIMEOUT, HM_CNT_DONE, e, seen);
+        if (seen & HM_FLAGS)
+            return pull_fail(p, c, HM_EPEER, HM_CNT_DONE, e, seen);
     }
     return HM_OK;
 }
 
-int hm_zc_update(hm_pulls *pulls, hm_pulls *readers, int n, void **ready, void **tag,
+int hm_zc_publish(hm_pulls *readers, void **ready, void **tag, int64_t tagval, const void *x,
+                  uint64_t e)
+{
+    int order = readers->policy.order;
+    readers->err.code = HM_OK;
+    for (int i = 0; i < readers->n; i++) {
+        hm_pull *c = &readers->chan[i];
+        uint64_t seen = 0;
+        if (e > 2) {
+            if (wait_geq((const hm_counter *)c->done, e - 2, &readers->policy, &seen) != HM_OK)
+                return pull_fail(readers, c, HM_ETIMEOUT, HM_CNT_DONE, e - 2, seen);
+            if (seen & HM_FLAGS)
+                return pull_fail(readers, c, HM_EPEER, HM_CNT_DONE, e - 2, seen);
+        }
+        CHAOS();
+        _Atomic int64_t *slot = tag_slot(tag[i], e);
+        atomic_store_explicit(slot, tagval, memory_order_relaxed);
+        if (tagval == HM_TAG_CMA)
+            atomic_store_explicit((_Atomic intptr_t *)(slot + 1), (intptr_t)x, memory_order_relaxed);
+        store_rel((hm_counter *)ready[i], e, order);
+    }
+    return HM_OK;
+}
+
+int hm_zc_update(hm_pulls *pulls, hm_pulls *readers, void **ready, void **tag,
                  int64_t tagval, void *x, uint64_t e)
 {
-    int order = pulls->policy.order;
-    if (pulls->cma)
-        hm_publish_cma(n, ready, tag, x, e, order);
+    int rc = hm_zc_publish(readers, ready, tag, tagval, x, e);
+    if (rc == HM_OK)
+        rc = hm_pull_recv(pulls, x, tagval, e, HM_INSERT, 0);
     else
-        hm_publish(n, ready, tag, tagval, e, order);
-    int rc = hm_pull_recv(pulls, x, tagval, e, HM_INSERT, 0);
+        pulls->err = readers->err;
     if (rc != HM_OK)
         return rc;
     rc = hm_wait_done(readers, e);

@@ -11,6 +11,29 @@
 
 typedef _Atomic uint64_t hm_counter;
 
+/* Error bits of a counter (docs/protocol.md): a rank that fails inside a call
+ * ORs HM_ERRBIT into every word its peers wait on, with HM_MISBIT too when the
+ * failure is an argument mismatch.  A poisoned word is above every epoch, so
+ * a wait on it ends at once and the waiter checks the bits. */
+#define HM_ERRBIT (1ULL << 62)
+#define HM_MISBIT (1ULL << 63)
+#define HM_FLAGS (HM_ERRBIT | HM_MISBIT)
+
+/* The chaos hook (hm_set_chaos): random delays at protocol points, for the
+ * drift tests.  Off, it is one predictable branch on a global. */
+extern int hm_chaos_on;
+void hm_chaos_delay(void);
+#define CHAOS()                                                                \
+    do {                                                                       \
+        if (__builtin_expect(hm_chaos_on, 0))                                  \
+            hm_chaos_delay();                                                  \
+    } while (0)
+
+/* Called once per wait that lasts policy.warn_ns (hm_set_warn), with the
+ * watched word, the value waited for, the value seen and the seconds
+ * waited; NULL: no warning. */
+extern void (*hm_warn_hook)(const void *, uint64_t, uint64_t, double);
+
 /* Called between polls once a wait has stopped spinning (hm_set_progress):
  * lets the caller drive MPI progress, so that RMA aimed at a waiting rank
  * completes.  NULL when nothing needs it. */
@@ -19,6 +42,7 @@ extern void (*hm_progress_hook)(void);
 static inline void wait_idle(int64_t since_start, const hm_wait_policy *pol,
                              const struct timespec *nap)
 {
+    CHAOS();
     if (hm_progress_hook)
         hm_progress_hook();
     if (since_start < pol->yield_ns)
@@ -58,34 +82,68 @@ static inline void store_rel(hm_counter *p, uint64_t v, int order)
 
 
 
+/* The state of a wait that stopped spinning: its deadline, and whether it
+ * warned already. */
+typedef struct hm_slow {
+    int64_t start, deadline, warn_at;
+    struct timespec nap;
+} hm_slow;
+
+static inline void slow_start(hm_slow *w, const hm_wait_policy *pol)
+{
+    w->start = now_ns();
+    w->deadline = pol->timeout_ns > 0 ? w->start + pol->timeout_ns : 0;
+    w->warn_at = pol->warn_ns > 0 ? w->start + pol->warn_ns : 0;
+    w->nap.tv_sec = 0;
+    w->nap.tv_nsec = pol->sleep_ns > 0 ? pol->sleep_ns : 50000;
+}
+
+/* One idle step of a slow wait on `word` (for `value`; `seen` last read):
+ * 1 once the deadline passed, else warn once if it lasted, idle, 0. */
+static inline int slow_tick(hm_slow *w, const hm_wait_policy *pol, const void *word,
+                            uint64_t value, uint64_t seen)
+{
+    int64_t t = now_ns();
+    if (w->deadline && t >= w->deadline)
+        return 1;
+    if (w->warn_at && t >= w->warn_at) {
+        w->warn_at = 0;
+        if (hm_warn_hook)
+            hm_warn_hook(word, value, seen, (double)(t - w->start) * 1e-9);
+    }
+    wait_idle(t - w->start, pol, &w->nap);
+    return 0;
+}
+
 /* The slow part of a wait, kept out of line so the fast path stays small:
  * yield while ranks may be sharing cores, then sleep, checking the
  * deadline between polls. */
 static int __attribute__((noinline, unused))
 wait_slow(const hm_counter *p, uint64_t value, const hm_wait_policy *pol, uint64_t *seen)
 {
-    int64_t start = now_ns();
-    int64_t deadline = pol->timeout_ns > 0 ? start + pol->timeout_ns : 0;
-    struct timespec nap = {0, pol->sleep_ns > 0 ? pol->sleep_ns : 50000};
+    hm_slow w;
+    slow_start(&w, pol);
     for (;;) {
         uint64_t v = load_acq(p, pol->order);
+        *seen = v;
         if (v >= value)
             return HM_OK;
-        int64_t t = now_ns();
-        if (deadline && t >= deadline) {
-            *seen = v;
+        if (slow_tick(&w, pol, p, value, v))
             return HM_ETIMEOUT;
-        }
-        wait_idle(t - start, pol, &nap);
     }
 }
 
+/* Wait until *p >= value; *seen is the value read last (a caller checks
+ * its HM_FLAGS: a poisoned word also ends the wait). */
 static inline int wait_geq(const hm_counter *p, uint64_t value, const hm_wait_policy *pol,
                            uint64_t *seen)
 {
     for (int64_t i = 0;; i++) {
-        if (load_acq(p, pol->order) >= value)
+        uint64_t v = load_acq(p, pol->order);
+        if (v >= value) {
+            *seen = v;
             return HM_OK;
+        }
         if (i >= pol->spin)
             return wait_slow(p, value, pol, seen);
         cpu_relax();

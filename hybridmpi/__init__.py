@@ -5,7 +5,7 @@ Importing this package does not initialize MPI; the first HybridComm does.
 
 from .comm import HybridComm
 from .dropin import allreduce, barrier, hybrid
-from .errors import FreedError, PatternError, SyncTimeout
+from .errors import FreedError, PatternError, PeerError, SyncTimeout
 from .globalmem import Coarray, GlobalMemory, Request, waitall
 from .halo import Halo
 from .pattern import GhostPattern
@@ -21,6 +21,7 @@ __all__ = [
            "Halo",
            "HybridComm",
            "PatternError",
+           "PeerError",
            "SyncTimeout",
            "__version__",
            "allreduce",

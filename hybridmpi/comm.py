@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from ._clib import ffi, lib
+from ._clib import ERRBIT, MISBIT, ffi, lib
 from .arena import Arena
-from .errors import FreedError, SyncTimeout
+from .errors import FreedError, PeerError, SyncTimeout
 
 #: numpy dtype -> C core type code
 DTYPES = {
@@ -67,6 +67,72 @@ def _env_float(name):
         return float(raw)
     except ValueError:
         raise ValueError(f"hybridmpi: environment variable {name}={raw!r} is not a number") from None
+
+
+#: seconds one wait lasts before it prints what it waits for (env HYBRIDMPI_WARN_AFTER; 0: never)
+WARN_AFTER = 60.0
+# Waits longer than this are waits without a limit (int64 nanoseconds end near 292 years).
+_FOREVER_S = 1e9
+_KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: "barrier(linear)",
+               lib.HM_K_BARRIER_DISS: "barrier(dissemination)",
+               lib.HM_K_ALLREDUCE_TREE: "allreduce (tree)",
+               lib.HM_K_ALLREDUCE_RD: "allreduce (recursive doubling)",
+               lib.HM_K_BAD: "a collective with invalid arguments"}
+
+
+def seconds_ns(value):
+    """Nanoseconds of a validated number of seconds for the C core (0: no limit)."""
+    if value is None or value == 0 or value >= _FOREVER_S:
+        return 0
+    return max(1, int(value * 1e9))
+
+
+def check_seconds(value, what):
+    """None, or the problem with a number of seconds (None or a number >= 0; inf: no limit)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or value != value or value < 0:
+        return f"{what} must be a number of seconds >= 0 or None, got {value!r}"
+    return None
+
+
+def _env_settings():
+    """The environment variables that decide paths, read once per HybridComm: the values, or
+    the problem with one of them (the ranks then agree on these values or raise)."""
+    out = {}
+    try:
+        out["timeout"] = _env_float("HYBRIDMPI_TIMEOUT")
+        spin = _env_float("HYBRIDMPI_SPIN")
+        out["spin"] = None if spin is None else int(spin)
+        warn = _env_float("HYBRIDMPI_WARN_AFTER")
+        out["warn_after"] = WARN_AFTER if warn is None else warn
+        out["cma"] = os.environ.get("HYBRIDMPI_CMA", "1").strip() != "0"
+        for key, name in (("cma_bytes", "HYBRIDMPI_CMA_BYTES"),
+                          ("zero_copy_bytes", "HYBRIDMPI_ZERO_COPY_BYTES")):
+            v = _env_float(name)
+            out[key] = None if v is None else int(v)
+    except ValueError as e:
+        return None, str(e).replace("hybridmpi: ", "")
+    problem = (check_seconds(out["timeout"], "env HYBRIDMPI_TIMEOUT")
+               or check_seconds(out["warn_after"], "env HYBRIDMPI_WARN_AFTER"))
+    if problem is None and out["spin"] is not None and out["spin"] < 0:
+        problem = f"env HYBRIDMPI_SPIN must be >= 0, got {out['spin']}"
+    return out, problem
+
+
+def _chaos(rank):
+    """Turn on the C core's chaos hook from env HYBRIDMPI_CHAOS=SEED[:MAX_US] (drift tests:
+    random yields, spins and sleeps of up to MAX_US microseconds, default 200, at protocol
+    points; each rank draws its own sequence)."""
+    raw = os.environ.get("HYBRIDMPI_CHAOS", "").strip()
+    if not raw or raw == "0":
+        return
+    seed, _, most = raw.partition(":")
+    try:
+        lib.hm_set_chaos(int(seed) * 7919 + rank + 1, int(float(most or 200) * 1000))
+    except ValueError:
+        raise ValueError(f"hybridmpi: env HYBRIDMPI_CHAOS={raw!r} is not SEED[:MAX_US]") from None
 
 
 def _free_all_at_finalize(*_args):
@@ -168,21 +234,33 @@ class HybridComm:
         problem = self._check_args(node_size, memory_order, timeout, radix, spin)
         if problem is None and allreduce not in _ALLREDUCES:
             problem = f"allreduce must be one of {list(_ALLREDUCES)}, got {allreduce!r}"
-        views = comm.allgather((problem, node_size, radix, allreduce))
+        env, env_problem = _env_settings()
+        problem = problem or env_problem
+        # The environment decides paths (zero copy, cross-memory attach) and waits: every
+        # rank must have the same, or ranks would take different collectives.
+        agreed = None if env is None else {k: v for k, v in env.items() if k not in ("spin", "warn_after")}
+        views = comm.allgather((problem, node_size, radix, allreduce, agreed))
         problems = [v[0] for v in views if v[0]]
         if problems:
             raise ValueError(f"hybridmpi: HybridComm(): {problems[0]}")
-        if len({(n, r) for _, n, r, _ in views}) != 1:
+        if len({(n, r) for _, n, r, _, _ in views}) != 1:
             raise ValueError("hybridmpi: HybridComm(): ranks passed different node_size or "
-                             f"radix: {[(n, r) for _, n, r, _ in views]}")
-        if len({a for *_, a in views}) != 1:
+                             f"radix: {[(n, r) for _, n, r, _, _ in views]}")
+        if len({a for _, _, _, a, _ in views}) != 1:
             raise ValueError("hybridmpi: HybridComm(): ranks passed different allreduce: "
-                             f"{[a for *_, a in views]}")
+                             f"{[a for _, _, _, a, _ in views]}")
+        differ = sorted(k for k in agreed if len({repr(v[4][k]) for v in views}) != 1)
+        if differ:
+            raise ValueError("hybridmpi: HybridComm(): ranks have different environment settings "
+                             f"({', '.join(differ)}): "
+                             f"{[{k: v[4][k] for k in differ} for v in views]}; set them alike on "
+                             "every rank")
+        self.env = env
+        _chaos(comm.Get_rank())
         if timeout is None:
-            timeout = _env_float("HYBRIDMPI_TIMEOUT")
+            timeout = env["timeout"]
         if spin is None:
-            env_spin = _env_float("HYBRIDMPI_SPIN")
-            spin = None if env_spin is None else int(env_spin)
+            spin = env["spin"]
 
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
@@ -206,7 +284,7 @@ class HybridComm:
         self.node_id, self.num_nodes = self.node_comm.bcast(ids, root=0)
         self.node_ranks = self.node_comm.allgather(self.rank)
         self.memory_order = memory_order
-        self.timeout = timeout if timeout and timeout > 0 else None
+        self.timeout = timeout if timeout and timeout < _FOREVER_S else None
         self.radix = radix
 
         # One region more than needed, so each segment can start on a
@@ -230,7 +308,8 @@ class HybridComm:
         lib.hm_coll_init(st, self.node_rank, self.node_size, radix, self._segs, SLOT_BYTES)
         st.policy.spin = spin
         st.policy.order = _ORDERS[memory_order]
-        st.policy.timeout_ns = int(self.timeout * 1e9) if self.timeout else 0
+        st.policy.timeout_ns = seconds_ns(self.timeout)
+        st.policy.warn_ns = seconds_ns(env["warn_after"])
         self._win.Sync()
         self.node_comm.Barrier()
         self._st = st
@@ -247,7 +326,7 @@ class HybridComm:
         self._broken = None
         self._f64 = ffi.new("double[1]")
         self._scalar = {_I64: ffi.new("int64_t[1]"), _C128: ffi.new("double[2]")}
-        self._sig_buf = np.zeros(7, dtype=np.int64)
+        self._sig_buf = np.zeros(9, dtype=np.int64)
         self._bufs = {}
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         self._children = {}  # Halos and global memory built on this comm, freed with it
@@ -264,8 +343,9 @@ class HybridComm:
             return f"node_size must be a positive int or None, got {node_size!r}"
         if memory_order not in _ORDERS:
             return f"memory_order must be 'acq_rel' or 'seq_cst', got {memory_order!r}"
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            return f"timeout must be a number of seconds >= 0 or None, got {timeout!r}"
+        problem = check_seconds(timeout, "timeout")
+        if problem:
+            return problem
         if type(radix) is not int or not 2 <= radix <= 16:
             return f"radix must be an int from 2 to 16, got {radix!r}"
         if spin is not None and (type(spin) is not int or spin < 0):
@@ -348,23 +428,35 @@ class HybridComm:
     # ------------------------------------------------------------ errors
 
     def _fail(self, rc, what):
-        """Turn a C core return code into an exception (every rank of the node
-        reaches the same verdict for mismatches; timeouts break the comm)."""
+        """Turn a C core return code into an exception.  A mismatch found by the algorithm
+        itself reaches the same verdict on every rank and leaves the comm usable; ranks in
+        different collectives, a failed peer or a timeout leave error bits in the node's
+        words, so every rank raises and the comm becomes unusable."""
         st = self._st
         err = st.err
         if rc == lib.HM_EMISMATCH and err.bad_rank == lib.HM_BAD_ELSEWHERE:
             raise ValueError(f"hybridmpi: {what}: ranks on different nodes passed different "
                              "arguments (count, dtype or op)")
+        if rc == lib.HM_EMISMATCH and err.bad_kind != err.root_kind:
+            self._break("ValueError")
+            bad, me = self.node_ranks[err.bad_rank], self.node_ranks[err.peer]
+            raise ValueError(f"hybridmpi: {what}: ranks are in different collective calls: rank {bad} "
+                             f"called {self._call(err.bad_kind, err.bad_count, err.bad_dtype, err.bad_op)}"
+                             f", rank {me} called "
+                             f"{self._call(err.root_kind, err.root_count, err.root_dtype, err.root_op)}")
         if rc == lib.HM_EMISMATCH:
             bad = self.node_ranks[err.bad_rank]
             # the tree compares with the node root; recursive doubling names the
             # rank with the smallest arguments in err.peer
-            other = self.node_ranks[err.peer if self._rd else 0]
+            other = self.node_ranks[err.peer if err.root_kind == lib.HM_K_ALLREDUCE_RD else 0]
             raise ValueError(
                 f"hybridmpi: {what}: ranks passed different arguments: rank {bad} passed "
                 f"{self._sig(err.bad_count, err.bad_dtype, err.bad_op)}, rank "
                 f"{other} passed {self._sig(err.root_count, err.root_dtype, err.root_op)}"
             )
+        if rc == lib.HM_EPEER:
+            raise self._peer_error(what, None if err.peer < 0 else self.node_ranks[err.peer],
+                                   int(err.seen))
         if rc == lib.HM_ETIMEOUT:
             missing = [self.node_ranks[r] for r in range(self.node_size)
                        if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
@@ -388,9 +480,63 @@ class HybridComm:
             raise self._timeout(msg, peer, counter, call, missing)
         raise RuntimeError(f"hybridmpi: {what}: C core returned {rc}")
 
-    def _timeout(self, msg, peer, counter, epoch, missing):
-        self._broken = "SyncTimeout"
+    def _peer_error(self, what, peer, seen):
+        """The error of a rank that found a peer's error bits (ValueError for a mismatch)."""
+        who = "another rank" if peer is None else f"rank {peer}"
+        if seen & MISBIT:
+            self._break("ValueError")
+            return ValueError(f"hybridmpi: rank {self.rank}: {what}: {who} found that ranks passed "
+                              "different arguments or are in different calls (see its error)")
+        self._break("PeerError")
+        return PeerError(f"hybridmpi: rank {self.rank}: {what}: {who} failed in this call "
+                         "(see its error); this rank stops too", rank=self.rank, peer=peer)
+
+    def _break(self, why):
+        """Make this comm unusable (its words carry error bits)."""
+        self._broken = why
         self._live = self._one_node_st = self._rd_st = None
+
+    @staticmethod
+    def _call(kind, count, dtype, op):
+        name = _KIND_NAMES.get(int(kind), f"collective {kind}")
+        if kind in (lib.HM_K_ALLREDUCE_TREE, lib.HM_K_ALLREDUCE_RD):
+            name += " " + HybridComm._sig(count, dtype, op)
+        return name
+
+    def _bad_call(self, exc, what):
+        """Raise ``exc``, a local argument error, after telling the peers: the call is made
+        as a barrier with an 'invalid arguments' signature, which completes when every rank
+        of the communicator found its arguments invalid (then the comm stays usable) and
+        makes every other rank raise ValueError otherwise."""
+        st = self._live
+        if st is None or self.size == 1:
+            raise exc
+        rc = lib.hm_coll_bad(st)
+        if rc == lib.HM_OK and self.num_nodes > 1:
+            if self.is_leader:
+                sig = self._leader_sig(lib.HM_K_BAD, 0, 0, 0, 0)
+                if self._sig_differs(sig):
+                    lib.hm_coll_poison(st, ERRBIT | MISBIT)
+                    self._break("ValueError")
+        if rc != lib.HM_OK:
+            self._break(type(exc).__name__)
+        raise exc
+
+    def _leader_sig(self, kind, count, dt, opc, failed):
+        """Allreduce (max) of the node signatures over the leaders: what each node called."""
+        sig = self._sig_buf
+        sig[:] = (failed, kind, -kind, count, -count, dt, -dt, opc, -opc)
+        self._leader_call(self.leader_comm.Iallreduce, self.leader_comm.Allreduce,
+                          (self._MPI.IN_PLACE, sig, self._MPI.MAX))
+        return sig
+
+    @staticmethod
+    def _sig_differs(sig):
+        return bool(sig[0] or sig[1] != -sig[2] or sig[3] != -sig[4] or sig[5] != -sig[6]
+                    or sig[7] != -sig[8])
+
+    def _timeout(self, msg, peer, counter, epoch, missing):
+        self._break("SyncTimeout")
         return SyncTimeout(msg, rank=self.rank, peer=peer, counter=counter, epoch=epoch,
                            missing=missing)
 
@@ -444,59 +590,61 @@ class HybridComm:
         st = self._live
         if st is None:
             raise self._unusable()
+        m = _BARRIERS.get(method) if type(method) is str else None
+        if m is None:
+            self._bad_call(ValueError(f"hybridmpi: barrier method must be one of {list(_BARRIERS)}, "
+                                      f"got {method!r}"), "barrier")
         if not self._leader_multi:
-            if method == "dissemination":
+            if m == lib.HM_DISSEMINATION:
                 # one phase only: on several nodes the node's ranks all take the tree
                 rc = _barrier_diss(st) if self._one_node else _barrier_tree(st)
-            elif method == "tree":
+            elif m == lib.HM_TREE:
                 rc = _barrier_tree(st)
-            elif method == "linear":
-                rc = _barrier_linear(st)
             else:
-                m = _BARRIERS.get(method)
-                if m is None:
-                    raise ValueError(f"hybridmpi: barrier method must be one of {list(_BARRIERS)}, "
-                                     f"got {method!r}")
-                rc = _barrier(st, m, 3)
+                rc = _barrier_linear(st)
             if rc:
                 self._fail(rc, f"barrier({method})")
             return
-        m = _BARRIERS.get(method)
-        if m is None:
-            raise ValueError(f"hybridmpi: barrier method must be one of {list(_BARRIERS)}, got {method!r}")
         if m == lib.HM_DISSEMINATION:
             m = lib.HM_TREE
         rc = lib.hm_barrier(st, m, lib.HM_GATHER)
+        # The leaders meet in an allreduce of what their nodes called (a barrier too), so a
+        # node that failed or called something else makes every node raise.
+        kind = lib.HM_K_BARRIER_TREE if m == lib.HM_TREE else lib.HM_K_BARRIER_LINEAR
+        sig = self._leader_sig(kind, 0, 0, 0, int(rc != 0))
         if rc:
             self._fail(rc, f"barrier({method})")
-        self._leader_call(self.leader_comm.Ibarrier, self.leader_comm.Barrier, (),
-                          f"barrier({method})")
+        if self._sig_differs(sig):
+            lib.hm_coll_poison(st, ERRBIT | MISBIT)
+            self._break("ValueError")
+            raise ValueError(f"hybridmpi: rank {self.rank}: barrier({method}): the ranks of another node "
+                             "failed or are in a different collective call")
         lib.hm_barrier(st, m, lib.HM_RELEASE)
 
     # ------------------------------------------------------------ allreduce
 
-    def _reduce(self, sptr, rptr, count, dt, opc):
-        """Reduce ``count`` elements (fitting in one slot) at raw addresses."""
+    def _reduce(self, sptr, rptr, count, dt, opc, total=None):
+        """Reduce ``count`` elements (fitting in one slot) at raw addresses: one chunk of
+        ``total`` elements (default ``count``), which the ranks' signatures hold."""
         st = self._st
+        total = count if total is None else total
         if not self._leader_multi:
-            if self._rd and count * lib.hm_dtype_size(dt) <= RD_BYTES:
+            if self._rd and total * lib.hm_dtype_size(dt) <= RD_BYTES:
                 rc = lib.hm_allreduce_rd(st, sptr, rptr, count, dt, opc)
             else:
-                rc = lib.hm_allreduce(st, sptr, rptr, count, dt, opc, 3)
+                rc = lib.hm_allreduce_chunk(st, sptr, rptr, count, total, dt, opc, 3)
             if rc:
                 self._fail(rc, "allreduce")
             return
-        rc = lib.hm_allreduce(st, sptr, rptr, count, dt, opc, lib.HM_GATHER)
-        if rc:
-            self._fail(rc, "allreduce")
+        rc = lib.hm_allreduce_chunk(st, sptr, rptr, count, total, dt, opc, lib.HM_GATHER)
         # The leaders first agree that every node passed the same arguments:
         # combining buffers of different sizes would be erroneous MPI, and a
-        # node whose ranks disagreed must not leave the others waiting.
-        sig = self._sig_buf
-        sig[:] = (lib.hm_allreduce_verdict(st, 0) != -1, count, -count, dt, -dt, opc, -opc)
-        self._leader_call(self.leader_comm.Iallreduce, self.leader_comm.Allreduce,
-                          (self._MPI.IN_PLACE, sig, self._MPI.MAX))
-        if sig[0] or sig[1] != -sig[2] or sig[3] != -sig[4] or sig[5] != -sig[6]:
+        # node whose ranks disagreed or failed must not leave the others waiting.
+        bad = rc != 0 or lib.hm_allreduce_verdict(st, 0) != -1
+        sig = self._leader_sig(lib.HM_K_ALLREDUCE_TREE, total, dt, opc, int(bad))
+        if rc:
+            self._fail(rc, "allreduce")
+        if self._sig_differs(sig):
             lib.hm_allreduce_verdict(st, 1)
         elif count:
             dtype = _NP_OF_CODE[dt]
@@ -504,7 +652,7 @@ class HybridComm:
                                  dtype=dtype)
             self._leader_call(self.leader_comm.Iallreduce, self.leader_comm.Allreduce,
                               (self._MPI.IN_PLACE, slot, self._mpi_ops[opc]))
-        rc = lib.hm_allreduce(st, ffi.NULL, rptr, count, dt, opc, lib.HM_RELEASE)
+        rc = lib.hm_allreduce_chunk(st, ffi.NULL, rptr, count, total, dt, opc, lib.HM_RELEASE)
         if rc:
             self._fail(rc, "allreduce")
 
@@ -539,21 +687,10 @@ class HybridComm:
         rbuf = self._buf(recv)
         sbuf = rbuf if send is None else self._buf(send)
         per = SLOT_BYTES // itemsize
-        if n <= per:
-            if self._leader_multi:
-                self._reduce(sbuf, rbuf, n, dt, opc)
-            else:
-                if self._rd and n * itemsize <= RD_BYTES:
-                    rc = lib.hm_allreduce_rd(self._st, sbuf, rbuf, n, dt, opc)
-                else:
-                    rc = lib.hm_allreduce(self._st, sbuf, rbuf, n, dt, opc, 3)
-                if rc:
-                    self._fail(rc, "allreduce")
-            return
-        for start in range(0, n, per):
+        for start in range(0, max(n, 1), per):
             k = min(per, n - start)
             off = start * itemsize
-            self._reduce(sbuf + off, rbuf + off, k, dt, opc)
+            self._reduce(sbuf + off, rbuf + off, k, dt, opc, n)
 
     def allreduce(self, x, op="sum"):
         """Combine ``x`` over all ranks and return the result on every rank.
@@ -587,44 +724,48 @@ class HybridComm:
         st = self._live
         if st is None:
             raise self._unusable()
-        opc = _OPS.get(op) if type(op) is str else None
-        if opc is None:
-            opc = op_code(op, self._MPI)
-        tx = type(x)
-        if tx is float:
-            if not self._leader_multi:
-                r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
-                if r != r and st.err.code:
-                    self._fail(st.err.code, "allreduce")
-                return r
-            buf = self._f64
-            buf[0] = x
-            self._reduce(buf, buf, 1, _F64, opc)
-            return buf[0]
-        if tx is int:
-            buf = self._scalar[_I64]
-            try:
+        try:
+            opc = _OPS.get(op) if type(op) is str else None
+            if opc is None:
+                opc = op_code(op, self._MPI)
+            tx = type(x)
+            if tx is float:
+                if not self._leader_multi:
+                    r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
+                    if r != r and st.err.code:
+                        self._fail(st.err.code, "allreduce")
+                    return r
+                buf = self._f64
                 buf[0] = x
-            except OverflowError:
-                raise ValueError(f"hybridmpi: allreduce: int {x} does not fit in int64") from None
-            self._reduce(buf, buf, 1, _I64, opc)
-            return int(buf[0])
-        if tx is complex:
-            if opc >= lib.HM_MIN:
-                raise TypeError("hybridmpi: allreduce: min and max are not defined for complex")
-            buf = self._scalar[_C128]
-            buf[0] = x.real
-            buf[1] = x.imag
-            self._reduce(buf, buf, 1, _C128, opc)
-            return complex(buf[0], buf[1])
+                dt, convert = _F64, _first
+            elif tx is int:
+                buf = self._scalar[_I64]
+                try:
+                    buf[0] = x
+                except OverflowError:
+                    raise ValueError(f"hybridmpi: allreduce: int {x} does not fit in int64") from None
+                dt, convert = _I64, _first_int
+            elif tx is complex:
+                if opc >= lib.HM_MIN:
+                    raise TypeError("hybridmpi: allreduce: min and max are not defined for complex")
+                buf = self._scalar[_C128]
+                buf[0] = x.real
+                buf[1] = x.imag
+                dt, convert = _C128, _complex
+            elif isinstance(x, (np.ndarray, np.generic)):
+                arr = np.asarray(x)
+                dt = self._dtype_code(arr.dtype, opc, "allreduce")
+                out = np.array(arr, order="C", copy=True)
+            else:
+                raise TypeError(f"hybridmpi: allreduce: unsupported type {tx.__name__}; pass an int, "
+                                "float, complex, numpy scalar or numpy array")
+        except (TypeError, ValueError) as exc:
+            self._bad_call(exc, "allreduce")
         if isinstance(x, (np.ndarray, np.generic)):
-            arr = np.asarray(x)
-            dt = self._dtype_code(arr.dtype, opc, "allreduce")
-            out = np.array(arr, order="C", copy=True)
             self._reduce_array(None, out, dt, opc)
             return out if isinstance(x, np.ndarray) else out[()]
-        raise TypeError(f"hybridmpi: allreduce: unsupported type {tx.__name__}; pass an int, "
-                        "float, complex, numpy scalar or numpy array")
+        self._reduce(buf, buf, 1, dt, opc)
+        return convert(buf)
 
     @staticmethod
     def _dtype_code(dtype, opc, what):
@@ -655,29 +796,44 @@ class HybridComm:
         st = self._live
         if st is None:
             raise self._unusable()
-        opc = _OPS.get(op) if type(op) is str else None
-        if opc is None:
-            opc = op_code(op, self._MPI)
-        if type(recvbuf) is not np.ndarray:
-            raise TypeError(f"hybridmpi: Allreduce: recvbuf must be a numpy array, "
-                            f"got {type(recvbuf).__name__}")
-        dt = self._dtype_code(recvbuf.dtype, opc, "Allreduce")
-        flags = recvbuf.flags
-        if not flags.c_contiguous:
-            raise ValueError("hybridmpi: Allreduce: recvbuf must be C-contiguous")
-        if not flags.writeable:
-            raise ValueError("hybridmpi: Allreduce: recvbuf is read-only")
-        if sendbuf is self._MPI.IN_PLACE:
-            sendbuf = None
-        elif type(sendbuf) is not np.ndarray:
-            raise TypeError("hybridmpi: Allreduce: sendbuf must be a numpy array or "
-                            f"MPI.IN_PLACE, got {type(sendbuf).__name__}")
-        elif sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size:
-            raise ValueError(f"hybridmpi: Allreduce: sendbuf ({sendbuf.dtype}, {sendbuf.size}) "
-                             f"and recvbuf ({recvbuf.dtype}, {recvbuf.size}) differ")
-        elif not sendbuf.flags.c_contiguous:
-            raise ValueError("hybridmpi: Allreduce: sendbuf must be C-contiguous")
+        try:
+            opc = _OPS.get(op) if type(op) is str else None
+            if opc is None:
+                opc = op_code(op, self._MPI)
+            if type(recvbuf) is not np.ndarray:
+                raise TypeError(f"hybridmpi: Allreduce: recvbuf must be a numpy array, "
+                                f"got {type(recvbuf).__name__}")
+            dt = self._dtype_code(recvbuf.dtype, opc, "Allreduce")
+            flags = recvbuf.flags
+            if not flags.c_contiguous:
+                raise ValueError("hybridmpi: Allreduce: recvbuf must be C-contiguous")
+            if not flags.writeable:
+                raise ValueError("hybridmpi: Allreduce: recvbuf is read-only")
+            if sendbuf is self._MPI.IN_PLACE:
+                sendbuf = None
+            elif type(sendbuf) is not np.ndarray:
+                raise TypeError("hybridmpi: Allreduce: sendbuf must be a numpy array or "
+                                f"MPI.IN_PLACE, got {type(sendbuf).__name__}")
+            elif sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size:
+                raise ValueError(f"hybridmpi: Allreduce: sendbuf ({sendbuf.dtype}, {sendbuf.size}) "
+                                 f"and recvbuf ({recvbuf.dtype}, {recvbuf.size}) differ")
+            elif not sendbuf.flags.c_contiguous:
+                raise ValueError("hybridmpi: Allreduce: sendbuf must be C-contiguous")
+        except (TypeError, ValueError) as exc:
+            self._bad_call(exc, "Allreduce")
         self._reduce_array(sendbuf, recvbuf, dt, opc)
 
 
 _NP_OF_CODE = {code: dt for dt, code in DTYPES.items()}
+
+
+def _first(buf):
+    return buf[0]
+
+
+def _first_int(buf):
+    return int(buf[0])
+
+
+def _complex(buf):
+    return complex(buf[0], buf[1])

@@ -21,6 +21,21 @@ class SyncTimeout(RuntimeError):
         self.missing = tuple(missing)
 
 
+class PeerError(RuntimeError):
+    """A peer failed inside the same call (its error bits reached this rank), so this rank
+    stops too instead of waiting for it.  The object of the call becomes unusable.
+
+    Attributes:
+        rank: this rank.
+        peer: the rank whose error bits were seen (None when not known).
+    """
+
+    def __init__(self, message, *, rank=None, peer=None):
+        super().__init__(message)
+        self.rank = rank
+        self.peer = peer
+
+
 class FreedError(RuntimeError):
     """An object that owns MPI resources was used after ``free()``."""
 

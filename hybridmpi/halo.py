@@ -5,9 +5,9 @@ import warnings
 
 import numpy as np
 
-from ._clib import ffi, lib
+from ._clib import ERRBIT, MISBIT, ffi, lib
 from .comm import DTYPES
-from .errors import FreedError, SyncTimeout
+from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV
@@ -126,10 +126,10 @@ class Halo:
         # of long runs, on a node where process_vm_readv works (the same choice everywhere;
         # every rank enters the probe, also one alone on its node).
         self._cma = None
-        threshold = int(os.environ.get("HYBRIDMPI_CMA_BYTES") or CMA_BYTES)
+        threshold = hc.env["cma_bytes"] or CMA_BYTES  # agreed by every rank (HybridComm)
         if self.method == "atomic" and biggest >= threshold:
             pids = hc._cma_pids()
-            on = os.environ.get("HYBRIDMPI_CMA", "1") != "0"
+            on = hc.env["cma"]
             if pids and hc.comm.allreduce(int(on and long_runs(self._t, self._node_ids(), CMA_MIN_RUN)),
                                           op=hc._MPI.MIN):
                 self._cma = ZeroCopy(self._t, lib.HM_TAG_CMA, None, self._theirs, pids)
@@ -185,7 +185,7 @@ class Halo:
         # Zero copy needs one more hop (the owner waits until its readers copied): it pays
         # off once the largest channel inside a node has ZERO_COPY_BYTES (same choice on
         # every rank, so every rank takes the same path).
-        threshold = int(os.environ.get("HYBRIDMPI_ZERO_COPY_BYTES") or ZERO_COPY_BYTES)
+        threshold = hc.env["zero_copy_bytes"] or ZERO_COPY_BYTES  # agreed by every rank
         if self.method == "atomic" and self._biggest >= threshold:
             bases = [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)]
             zc = ZeroCopy(self._t, len(self._vectors), bases, self._node_ids())
@@ -204,9 +204,12 @@ class Halo:
                 return zc
         return None
 
-    def mismatch_error(self, peer):
+    def mismatch_error(self, peer, tag=None):
         """The error of ranks that passed non-corresponding vectors (the Halo becomes unusable)."""
         self._broken = "ValueError"
+        if tag == lib.HM_TAG_BAD:
+            return ValueError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed invalid "
+                              "arguments to this call (see its error)")
         return ValueError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed another vector "
                           "than this rank (each rank must pass its own Halo.vector() of the same "
                           "call, or every rank a private array)")
@@ -225,7 +228,9 @@ class Halo:
             return
         err = xchg.x.err
         if rc == lib.HM_EMISMATCH:
-            raise self.mismatch_error(int(err.peer))
+            raise self.mismatch_error(int(err.peer), int(err.bad_count))
+        if rc == lib.HM_EPEER:
+            raise self._peer_error(int(err.peer), int(err.seen))
         if rc == lib.HM_ECMA:
             self._broken = "RuntimeError"
             why = f" ({os.strerror(int(err.bad_dtype))})" if err.bad_dtype else ""
@@ -241,6 +246,45 @@ class Halo:
                                         f"(its DONE counter says {err.seen})")
             raise self.timeout_error(f"rank {err.peer} {why}", int(err.peer), counter, e)
         raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo: C core returned {rc}")
+
+    def _peer_error(self, peer, seen):
+        """The error of a rank that found a node peer's error bits in a word it waited on."""
+        what = f"Halo.{_WHAT[self._pending[0] if self._pending else self._current]}"
+        if seen & MISBIT:
+            self._broken = "ValueError"
+            return ValueError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} found that ranks "
+                              "passed non-corresponding or invalid arguments (see its error)")
+        self._broken = "PeerError"
+        return PeerError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} failed in this Halo's "
+                         "call (see its error); this rank stops too", rank=self.hc.rank, peer=peer)
+
+    def _failed(self, exc):
+        """After ``exc`` ended a call in its middle: leave error bits in every word this rank's
+        node peers wait on, so that they raise instead of waiting (the Halo becomes unusable)."""
+        t = self._t
+        if t is None or self.hc._MPI.Is_finalized():
+            return
+        if self._broken is None:
+            self._broken = type(exc).__name__
+        words = getattr(t, "words", None)
+        words = words() if words else []
+        if words:
+            bits = ERRBIT | (MISBIT if isinstance(exc, ValueError) else 0)
+            lib.hm_poison(len(words), [ffi.cast("void *", w) for w in words], bits)
+
+    def _bad_call(self, exc, d):
+        """Raise ``exc``, this rank's invalid arguments, after telling the node peers (method
+        atomic): the call is made with an 'invalid' tag instead of data.  When every peer's
+        arguments were invalid too, the Halo stays usable; otherwise every rank raises."""
+        bad = getattr(self._t, "bad_call", None)
+        if bad is None or not self.hc.node_size > 1:
+            raise exc
+        e = self._epoch[d] = self._epoch[d] + 1
+        self._current = d
+        rc, _ = bad(d, e)
+        if rc != lib.HM_OK:
+            self._failed(exc)
+        raise exc
 
     def timeout_error(self, detail, peer, counter, epoch):
         """A SyncTimeout for this Halo, which becomes unusable."""
@@ -262,9 +306,19 @@ class Halo:
             raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: this Halo is unusable after an "
                                f"earlier {self._broken}; free it")
 
-    def _arg(self, x, what):
-        """A cffi view of ``x`` after checking it (nothing is touched on failure)."""
+    def _arg(self, x, what, d=None, op=None):
+        """A cffi view of ``x`` after checking it (nothing is touched on failure), and the code
+        of ``op``.  With ``d``, the call starts direction ``d``: invalid arguments are made
+        known to the peers (:meth:`_bad_call`)."""
         self._usable()
+        try:
+            return self._check_arg(x, what), (op if op is None else self._op(op, self.dtype))
+        except (TypeError, ValueError) as exc:
+            if d is None:
+                raise
+            self._bad_call(exc, d)
+
+    def _check_arg(self, x, what):
         if type(x) is not np.ndarray:
             raise TypeError(f"hybridmpi: Halo.{what}: x must be a numpy array, got {type(x).__name__}")
         if x.dtype != self.dtype:
@@ -304,30 +358,40 @@ class Halo:
         this call returns (README: "Private arrays: cross-memory attach").
 
         Raises:
-            TypeError, ValueError: bad ``x`` (nothing was sent).
+            TypeError, ValueError: bad ``x`` (nothing was sent; with method ``"atomic"``
+                the node peers raise ValueError unless their ``x`` was bad too).
             RuntimeError: a begin is pending.
+            PeerError: a peer failed in this call.
             SyncTimeout: a peer did not take part within the timeout.
         """
-        buf = self._arg(x, "update")
+        buf, _ = self._arg(x, "update", FWD)
         if self._pending:
             raise self._state_error("update")
         e = self._epoch[FWD] = self._epoch[FWD] + 1
         self._current = FWD
-        zc = (self._vectors and self._zero_copy(x, FWD)) or self._cma
-        if zc:
-            zc.update(buf, e)
-        else:
-            self._t.run(FWD, buf, e, lib.HM_INSERT)
+        try:
+            zc = (self._vectors and self._zero_copy(x, FWD)) or self._cma
+            if zc:
+                zc.update(buf, e)
+            else:
+                self._t.run(FWD, buf, e, lib.HM_INSERT)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
 
     def update_begin(self, x):
         """Start :meth:`update`: the owned values are sent (copied) now."""
-        buf = self._arg(x, "update_begin")
+        buf, _ = self._arg(x, "update_begin", FWD)
         if self._pending:
             raise self._state_error("update_begin")
         e = self._epoch[FWD] = self._epoch[FWD] + 1
-        zc = self._vectors and self._zero_copy(x, FWD)
-        self._pending = (FWD, x, lib.HM_INSERT, zc)
-        (zc or self._t).begin(FWD, buf, e)
+        try:
+            zc = self._vectors and self._zero_copy(x, FWD)
+            self._pending = (FWD, x, lib.HM_INSERT, zc)
+            (zc or self._t).begin(FWD, buf, e)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
 
     def update_end(self, x):
         """Finish :meth:`update_begin`; the ghosts of ``x`` then hold the owners' values."""
@@ -346,40 +410,48 @@ class Halo:
                 wins), ``"min"`` or ``"max"``.
 
         Raises:
-            TypeError, ValueError: bad ``x`` or ``op`` (nothing was sent).
+            TypeError, ValueError: bad ``x`` or ``op`` (nothing was sent; with method
+                ``"atomic"`` the node peers raise ValueError unless theirs were bad too).
             RuntimeError: a begin is pending.
+            PeerError: a peer failed in this call.
             SyncTimeout: a peer did not take part within the timeout.
         """
-        buf = self._arg(x, "reverse")
-        code = self._op(op, self.dtype)
+        buf, code = self._arg(x, "reverse", REV, op)
         if self._pending:
             raise self._state_error("reverse")
         e = self._epoch[REV] = self._epoch[REV] + 1
         self._current = REV
-        zc = self._vectors and self._zero_copy(x, REV)
-        if zc:
-            zc.begin(REV, buf, e)
-            zc.end(REV, buf, e, code)
-        else:
-            self._t.run(REV, buf, e, code)
+        try:
+            zc = self._vectors and self._zero_copy(x, REV)
+            if zc:
+                zc.begin(REV, buf, e)
+                zc.end(REV, buf, e, code)
+            else:
+                self._t.run(REV, buf, e, code)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
 
     def reverse_begin(self, x, op="add"):
         """Start :meth:`reverse`: the ghost values are sent (copied) now."""
-        buf = self._arg(x, "reverse_begin")
-        code = self._op(op, self.dtype)
+        buf, code = self._arg(x, "reverse_begin", REV, op)
         if self._pending:
             raise self._state_error("reverse_begin")
         e = self._epoch[REV] = self._epoch[REV] + 1
-        zc = self._vectors and self._zero_copy(x, REV)
-        self._pending = (REV, x, code, zc)
-        (zc or self._t).begin(REV, buf, e)
+        try:
+            zc = self._vectors and self._zero_copy(x, REV)
+            self._pending = (REV, x, code, zc)
+            (zc or self._t).begin(REV, buf, e)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
 
     def reverse_end(self, x):
         """Finish :meth:`reverse_begin`, combining into the owned entries of ``x``."""
         self._finish(REV, x, "reverse_end")
 
     def _finish(self, d, x, what):
-        buf = self._arg(x, what)
+        buf, _ = self._arg(x, what)
         pending = self._pending
         if pending is None or pending[0] != d:
             start = "update_begin" if d == FWD else "reverse_begin"
@@ -389,6 +461,9 @@ class Halo:
                              f"than {'update' if d == FWD else 'reverse'}_begin()")
         try:
             (pending[3] or self._t).end(d, buf, self._epoch[d], pending[2])
+        except BaseException as exc:
+            self._failed(exc)
+            raise
         finally:
             self._pending = None
 

@@ -18,6 +18,22 @@ from ._shm import ShmTransport
 class Atomic(ShmTransport):
     def __init__(self, halo):
         super().__init__(halo, lock_all=True, counters=True, persistent=True)
+        self._bad = None
+
+    def words(self):
+        """The words this rank writes that its node peers wait on (READY of every sending
+        channel, DONE of every receiving channel, both directions): where its error bits go."""
+        return [c.ready for s in self.dirs for c in s.send_chans] + \
+               [c.done for s in self.dirs for c in s.recv_chans]
+
+    def bad_call(self, d, e):
+        """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: publish
+        HM_TAG_BAD instead of data and read the peers' tags (nothing is copied).  Returns
+        the C core's code and error: HM_OK when every node peer was invalid too."""
+        if self._bad is None:
+            self._bad = [ZeroCopy(self, lib.HM_TAG_BAD, None, None, None, empty=True, only=d2)
+                         for d2 in (FWD, REV)]
+        return self._bad[d].bad(e)
 
     def run(self, d, xbuf, e, op):
         s = self.dirs[d]
@@ -64,7 +80,7 @@ class ZeroCopy:
     each other on one Halo.
     """
 
-    def __init__(self, transport, tag, bases, theirs, pids=None):
+    def __init__(self, transport, tag, bases, theirs, pids=None, *, empty=False, only=None):
         halo = transport.halo
         self.halo, self.tag, self.t = halo, tag, transport
         self.cma = pids is not None
@@ -77,7 +93,10 @@ class ZeroCopy:
             pulls = ffi.new("hm_pulls *")
             arr = ffi.new("hm_pull[]", max(len(s.recv_chans), 1))
             for i, c in enumerate(s.recv_chans):
-                ids, their_ids = np.asarray(c.ids), np.asarray(theirs[d][c.peer])
+                if empty:  # signals only (bad_call): no points move
+                    ids = their_ids = np.zeros(0, dtype=np.int64)
+                else:
+                    ids, their_ids = np.asarray(c.ids), np.asarray(theirs[d][c.peer])
                 mine, other, lengths = _pair_runs(ids, their_ids)
                 keep += [mine, other, lengths]
                 h = arr[i]
@@ -93,10 +112,10 @@ class ZeroCopy:
                 h.mine = ffi.cast("int64_t *", mine.ctypes.data)
                 h.theirs = ffi.cast("int64_t *", other.ctypes.data)
                 h.len = ffi.cast("int64_t *", lengths.ctypes.data)
-                if pids is None:
-                    h.src = ffi.cast("char *", bases[node_rank[c.peer]])
-                else:
+                if pids is not None:
                     h.pid = pids[node_rank[c.peer]]
+                elif bases is not None:
+                    h.src = ffi.cast("char *", bases[node_rank[c.peer]])
                 h.ready = ffi.cast("void *", c.ready)
                 h.tag = ffi.cast("void *", c.tag)
                 h.done = ffi.cast("void *", c.done)
@@ -116,7 +135,13 @@ class ZeroCopy:
             self.dirs.append((pulls, readers, ready, tags, len(s.send_chans), keep, arr, rarr))
         # the arguments of hm_zc_update, or None when messages go to other nodes
         pulls, readers, ready, tags, n, *_ = self.dirs[FWD]
-        self._whole = (pulls, readers, n, ready, tags) if transport.dirs[FWD].msgs.empty else None
+        self._whole = (pulls, readers, ready, tags) if transport.dirs[FWD].msgs.empty else None
+        self._only = only
+
+    def bad(self, e):
+        """A whole call of direction ``only`` with this object's tag and no points (bad_call)."""
+        pulls, readers, ready, tags, *_ = self.dirs[self._only]
+        return lib.hm_zc_update(pulls, readers, ready, tags, self.tag, ffi.NULL, e), pulls.err
 
     def update(self, xbuf, e):
         """A whole forward update: one C call when every peer is on this node."""
@@ -124,8 +149,8 @@ class ZeroCopy:
             self.begin(FWD, xbuf, e)
             self.end(FWD, xbuf, e, lib.HM_INSERT)
             return
-        pulls, readers, n, ready, tags = self._whole
-        rc = lib.hm_zc_update(pulls, readers, n, ready, tags, self.tag, xbuf, e)
+        pulls, readers, ready, tags = self._whole
+        rc = lib.hm_zc_update(pulls, readers, ready, tags, self.tag, xbuf, e)
         if rc:
             self._check(rc, pulls)
 
@@ -133,11 +158,10 @@ class ZeroCopy:
         """Start the messages (packed, across nodes), then publish this vector inside the node."""
         s = self.t.dirs[d]
         s.msgs.start(xbuf, e)
-        _, _, ready, tags, n, *_ = self.dirs[d]
-        if self.cma:
-            lib.hm_publish_cma(n, ready, tags, xbuf, e, self.halo.hc._st.policy.order)
-        else:
-            lib.hm_publish(n, ready, tags, self.tag, e, self.halo.hc._st.policy.order)
+        _, readers, ready, tags, *_ = self.dirs[d]
+        rc = lib.hm_zc_publish(readers, ready, tags, self.tag, xbuf, e)
+        if rc:
+            self._check(rc, readers)
 
     def end(self, d, xbuf, e, op):
         """Copy from the node's owners (forward, whichever is ready first) or combine from

@@ -331,6 +331,8 @@ class HybridComm:
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         self._children = {}  # Halos and global memory built on this comm, freed with it
         self._tags = 0
+        self._notices = []  # failure notices sent to message peers (transport._base)
+        self._failed_halos = {}  # Halo tag -> the rank whose failure notice came
         self.arena = Arena(self)  # shared memory of Halos and global memory
         self._gm = None  # the state of sync_images, made with the first GlobalMemory
         self._cma = None  # _cma_pids(): not probed yet

@@ -10,7 +10,7 @@ from .comm import DTYPES
 from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
-from .transport._base import FWD, REV
+from .transport._base import FWD, REV, notify_failure
 from .transport.atomic import ZeroCopy, long_runs
 
 _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
@@ -25,6 +25,12 @@ ZERO_COPY_BYTES = 6 * 1024
 #: with process_vm_readv (cross-memory attach), when the runs average CMA_MIN_RUN points
 CMA_BYTES = 8 * 1024
 CMA_MIN_RUN = 64
+
+
+def _setting(hc, key, default):
+    """A threshold from the environment as every rank read it when ``hc`` was made."""
+    value = hc.env[key]
+    return default if value is None else value
 
 
 class Halo:
@@ -126,7 +132,7 @@ class Halo:
         # of long runs, on a node where process_vm_readv works (the same choice everywhere;
         # every rank enters the probe, also one alone on its node).
         self._cma = None
-        threshold = hc.env["cma_bytes"] or CMA_BYTES  # agreed by every rank (HybridComm)
+        threshold = _setting(hc, "cma_bytes", CMA_BYTES)
         if self.method == "atomic" and biggest >= threshold:
             pids = hc._cma_pids()
             on = hc.env["cma"]
@@ -185,7 +191,7 @@ class Halo:
         # Zero copy needs one more hop (the owner waits until its readers copied): it pays
         # off once the largest channel inside a node has ZERO_COPY_BYTES (same choice on
         # every rank, so every rank takes the same path).
-        threshold = hc.env["zero_copy_bytes"] or ZERO_COPY_BYTES  # agreed by every rank
+        threshold = _setting(hc, "zero_copy_bytes", ZERO_COPY_BYTES)
         if self.method == "atomic" and self._biggest >= threshold:
             bases = [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)]
             zc = ZeroCopy(self._t, len(self._vectors), bases, self._node_ids())
@@ -258,9 +264,17 @@ class Halo:
         return PeerError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} failed in this Halo's "
                          "call (see its error); this rank stops too", rank=self.hc.rank, peer=peer)
 
+    def peer_failed(self, peer):
+        """The error of a rank that got a failure notice from a message peer."""
+        self._broken = "PeerError"
+        return PeerError(f"hybridmpi: rank {self.hc.rank}: Halo.{_WHAT[self._current]}: rank {peer} "
+                         "failed in this Halo's call (see its error); this rank stops too",
+                         rank=self.hc.rank, peer=peer)
+
     def _failed(self, exc):
         """After ``exc`` ended a call in its middle: leave error bits in every word this rank's
-        node peers wait on, so that they raise instead of waiting (the Halo becomes unusable)."""
+        node peers wait on and send a failure notice to the peers reached by MPI messages, so
+        that they raise instead of waiting (the Halo becomes unusable)."""
         t = self._t
         if t is None or self.hc._MPI.Is_finalized():
             return
@@ -271,6 +285,9 @@ class Halo:
         if words:
             bits = ERRBIT | (MISBIT if isinstance(exc, ValueError) else 0)
             lib.hm_poison(len(words), [ffi.cast("void *", w) for w in words], bits)
+        far = [p for p in self.pattern.neighbors if not words or p not in self.hc.node_ranks]
+        if far:
+            notify_failure(self, far)
 
     def _bad_call(self, exc, d):
         """Raise ``exc``, this rank's invalid arguments, after telling the node peers (method

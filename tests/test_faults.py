@@ -18,15 +18,21 @@ def shm():
 
 @pytest.mark.parametrize("mode", ["raise-update", "raise-barrier"])
 def test_raise_others_name_the_rank(mode):
-    """Without `python -m mpi4py`: every other rank gets SyncTimeout naming rank 1, then the job ends."""
+    """Without `python -m mpi4py`: the other ranks get SyncTimeout naming rank 1 (or PeerError
+    from the rank that timed out), then the job ends."""
     t0 = time.monotonic()
     rc, out = launch(3, [FAULT, mode], env=ENV, abort=False, check=False, timeout=60)
     assert rc != 0 and time.monotonic() - t0 < 45, out
     assert "injected fault on rank 1" in out, out
+    timeouts = 0
     for r in (0, 2):
         m = re.search(rf"rank {r}: SyncTimeout peer=(\S+) missing=\[([\d, ]*)\]", out)
-        assert m, out
-        assert 1 in [int(v) for v in m.group(2).split(",") if v.strip()], out
+        if m:
+            timeouts += 1
+            assert 1 in [int(v) for v in m.group(2).split(",") if v.strip()], out
+        else:
+            assert re.search(rf"rank {r}: PeerError peer=(0|2)", out), out
+    assert timeouts >= 1, out
 
 
 def test_raise_under_mpi4py_aborts_the_job():

@@ -90,19 +90,55 @@ def private_chans(specs, esz):
     return buf, chans, views
 
 
+#: MPI tag of the notice a rank sends its message peers when a Halo call fails on it
+#: (payload: the Halo's tag), so that they raise instead of waiting for its messages
+ERROR_TAG = 32700
+
+
+def notify_failure(halo, peers):
+    """Tell ``peers`` (reached by MPI messages) that this rank's call of ``halo`` failed."""
+    hc = halo.hc
+    note = np.array([halo.tag], dtype=np.int64)
+    hc._notices.append(note)  # kept alive until the HybridComm is freed
+    for p in peers:
+        hc.comm.Isend(note, p, ERROR_TAG).Free()
+
+
+def failed_peer(halo):
+    """The rank that sent a failure notice for ``halo``, or None (notices for other Halos
+    are kept for them)."""
+    hc = halo.hc
+    got = hc._failed_halos
+    if halo.tag not in got:
+        MPI = hc._MPI
+        status = MPI.Status()
+        while hc.comm.Iprobe(MPI.ANY_SOURCE, ERROR_TAG, status):
+            note = np.empty(1, dtype=np.int64)
+            hc.comm.Recv(note, status.Get_source(), ERROR_TAG)
+            got.setdefault(int(note[0]), status.Get_source())
+    return got.get(halo.tag)
+
+
 def complete(halo, reqs, peers, what, e):
-    """Complete MPI requests, under the Halo's deadline if it has one."""
+    """Complete MPI requests, under the Halo's deadline if it has one; a failure notice from
+    a peer ends the wait with PeerError."""
     MPI = halo.hc._MPI
-    if halo.timeout is None:
-        MPI.Request.Waitall(reqs)
+    if MPI.Request.Testall(reqs):
         return
-    deadline = time.monotonic() + halo.timeout
+    deadline = None if halo.timeout is None else time.monotonic() + halo.timeout
+    polls, spin = 0, halo.hc._st.policy.spin
     while not MPI.Request.Testall(reqs):
-        if time.monotonic() > deadline:
+        polls += 1
+        if polls % 64 == 0:
+            peer = failed_peer(halo)
+            if peer is not None:
+                raise halo.peer_failed(peer)
+        if deadline is not None and time.monotonic() > deadline:
             late = [peers[i] for i, r in enumerate(reqs) if not r.Test()]
             raise halo.timeout_error(f"{what}: the messages with ranks {late} of call {e} did not "
                                      "complete", late[0] if len(late) == 1 else None, "message", e)
-        os.sched_yield()
+        if polls > spin:  # as the C core's waits: spin first, then let other ranks run
+            os.sched_yield()
 
 
 def wait_until(halo, poll, value, peer, counter, what, e):

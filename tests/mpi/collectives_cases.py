@@ -259,7 +259,8 @@ def case_dropins(comm, rng, **cfg):
 
 
 def case_timeout_names_absent_rank(comm, rng, **cfg):
-    """One rank stays away; every other rank of its node gets SyncTimeout naming it."""
+    """One rank stays away; the ranks of its node that wait for it get SyncTimeout naming it,
+    the others PeerError (the first ones' error bits) at once, and at least one times out."""
     if comm.size < 2:
         return
     hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"],
@@ -271,6 +272,7 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
         return
     same_node = absent in hc.node_ranks
     for method in ("dissemination", "tree", "linear", "allreduce", "allreduce-array"):
+        timed_out = False
         if comm.rank != absent:
             try:
                 if method == "allreduce":
@@ -280,10 +282,13 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
                 else:
                     hc.barrier(method=method)
             except hybridmpi.SyncTimeout as e:
+                timed_out = True
                 assert e.rank == comm.rank
                 if same_node:
                     assert absent in e.missing, (str(e), e.missing)
                     assert f"[{absent}]" in str(e) or f"{absent}]" in str(e), str(e)
+            except hybridmpi.PeerError as e:
+                assert e.rank == comm.rank and e.peer != absent, str(e)
             else:
                 raise AssertionError("no SyncTimeout")
             try:
@@ -292,7 +297,7 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
                 assert "unusable" in str(e)
             else:
                 raise AssertionError("broken comm still usable")
-        comm.Barrier()
+        assert comm.allreduce(int(timed_out)) >= 1, method
         hc.free()
         hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"],
                                   memory_order=cfg["memory_order"], timeout=0.5,

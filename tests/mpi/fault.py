@@ -2,8 +2,9 @@
 
     python fault.py MODE      MODE: raise-update, raise-barrier, kill, clean, caught
 
-raise-*: rank 1 raises in the middle of a run of updates (or barriers); the
-other ranks must get SyncTimeout naming rank 1 and print it.  kill: rank 1
+raise-*: rank 1 raises between two updates (or barriers); the other ranks
+must get SyncTimeout naming rank 1, or PeerError from a rank that timed out,
+and print it.  kill: rank 1
 kills itself with SIGKILL.  clean and caught: a normal run, and one whose
 errors the program catches; both must leave nothing in /dev/shm.
 """
@@ -16,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hybridmpi
-from hybridmpi import GhostPattern, Halo, PatternError, SyncTimeout
+from hybridmpi import GhostPattern, Halo, PatternError, PeerError, SyncTimeout
 
 mode = sys.argv[1]
 comm = MPI.COMM_WORLD
@@ -58,6 +59,9 @@ try:
             halo.update(x)
 except SyncTimeout as e:
     print(f"rank {r}: SyncTimeout peer={e.peer} missing={list(e.missing)}: {e}", flush=True)
+    sys.exit(3)
+except PeerError as e:
+    print(f"rank {r}: PeerError peer={e.peer}: {e}", flush=True)
     sys.exit(3)
 print(f"rank {r}: no timeout", flush=True)
 sys.exit(4)

@@ -548,20 +548,37 @@ class HybridComm:
                 f"op={_OP_NAMES.get(op, op)})")
 
     def _leader_wait(self, req, what):
-        """Complete an internode request, under the deadline if there is one."""
-        if self.timeout is None:
-            req.Wait()
-            return
-        deadline = time.monotonic() + self.timeout
+        """Complete an internode request, under the deadline if there is one.  A failure
+        notice from a rank of another node (a Halo call failed there, so that rank will not
+        join) ends the wait with PeerError."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        polls = 0
         while not req.Test():
-            if time.monotonic() > deadline:
+            polls += 1
+            if polls % 64 == 0 and self._failure_notice() is not None:
+                tag, peer = self._failure_notice()
+                raise self._peer_error(what, peer, ERRBIT)
+            if deadline is not None and time.monotonic() > deadline:
                 others = [r for r in range(self.leader_comm.Get_size())
                           if r != self.leader_comm.Get_rank()]
                 raise self._timeout(
                     f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
                     f"the leaders of other nodes (node ids {others}) did not all join",
                     None, "internode", int(self._st.epoch), [])
-            os.sched_yield()
+            if polls > self._st.policy.spin:
+                os.sched_yield()
+
+    def _failure_notice(self):
+        """(Halo tag, rank) of a failure notice received or pending on this comm, else None."""
+        from .transport._base import ERROR_TAG
+
+        MPI = self._MPI
+        status = MPI.Status()
+        while self.comm.Iprobe(MPI.ANY_SOURCE, ERROR_TAG, status):
+            note = np.empty(1, dtype=np.int64)
+            self.comm.Recv(note, status.Get_source(), ERROR_TAG)
+            self._failed_halos.setdefault(int(note[0]), status.Get_source())
+        return next(iter(self._failed_halos.items()), None)
 
     # ------------------------------------------------------------ barrier
 
@@ -659,11 +676,14 @@ class HybridComm:
             self._fail(rc, "allreduce")
 
     def _leader_call(self, nonblocking, blocking, args, what="allreduce"):
-        """Run an internode collective, under the deadline if there is one."""
-        if self.timeout is None:
-            blocking(*args)
-        else:
+        """Run an internode collective (under the deadline if there is one); if it fails,
+        the node's ranks waiting for this leader get its error bits."""
+        try:
             self._leader_wait(nonblocking(*args), what)
+        except BaseException:
+            lib.hm_coll_poison(self._st, ERRBIT)
+            self._break(self._broken or "PeerError")
+            raise
 
     def _buf(self, arr):
         """A cffi view of a contiguous array, cached for small arrays.
@@ -732,11 +752,6 @@ class HybridComm:
                 opc = op_code(op, self._MPI)
             tx = type(x)
             if tx is float:
-                if not self._leader_multi:
-                    r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
-                    if r != r and st.err.code:
-                        self._fail(st.err.code, "allreduce")
-                    return r
                 buf = self._f64
                 buf[0] = x
                 dt, convert = _F64, _first
@@ -763,6 +778,11 @@ class HybridComm:
                                 "float, complex, numpy scalar or numpy array")
         except (TypeError, ValueError) as exc:
             self._bad_call(exc, "allreduce")
+        if tx is float and not self._leader_multi:
+            r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
+            if r != r and st.err.code:
+                self._fail(st.err.code, "allreduce")
+            return r
         if isinstance(x, (np.ndarray, np.generic)):
             self._reduce_array(None, out, dt, opc)
             return out if isinstance(x, np.ndarray) else out[()]

@@ -108,15 +108,9 @@ def failed_peer(halo):
     """The rank that sent a failure notice for ``halo``, or None (notices for other Halos
     are kept for them)."""
     hc = halo.hc
-    got = hc._failed_halos
-    if halo.tag not in got:
-        MPI = hc._MPI
-        status = MPI.Status()
-        while hc.comm.Iprobe(MPI.ANY_SOURCE, ERROR_TAG, status):
-            note = np.empty(1, dtype=np.int64)
-            hc.comm.Recv(note, status.Get_source(), ERROR_TAG)
-            got.setdefault(int(note[0]), status.Get_source())
-    return got.get(halo.tag)
+    if halo.tag not in hc._failed_halos:
+        hc._failure_notice()
+    return hc._failed_halos.get(halo.tag)
 
 
 def complete(halo, reqs, peers, what, e):

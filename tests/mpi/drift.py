@@ -26,6 +26,7 @@ non-zero on any failure.
 """
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -110,6 +111,11 @@ def expected_reverse(world, k, op, gids, owned):
     return out
 
 
+def blocked(block, a):
+    """Per-point values ``a`` as the rows of a Halo of ``block`` values per point."""
+    return a if block == 1 else np.repeat(a[:, None], block, 1)
+
+
 def pause(rng, max_us):
     """This rank's own drift: nothing, a yield, a spin or a sleep."""
     kind = rng.integers(0, 4)
@@ -188,7 +194,7 @@ def run_sequence(hc, draw, drift, world, scattered, n_ops, fault_at, fault_rank,
             h = halos[hi]
             shape = (pat.size,) if h.block == 1 else (pat.size, h.block)
             x = vectors[hi][use_vec] if use_vec < 2 else np.empty(shape, h.dtype)
-            blk = (lambda a: a) if h.block == 1 else (lambda a: np.repeat(a[:, None], h.block, 1))
+            blk = functools.partial(blocked, h.block)
             # the fault goes into the first operation from fault_at that can fail (the same
             # decision on every rank)
             inject = False

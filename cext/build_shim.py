@@ -17,7 +17,8 @@ def _cdef():
 
 
 ffibuilder = FFI()
-ffibuilder.cdef(_cdef() + 'extern "Python" void hm_py_progress(void);')
+ffibuilder.cdef(_cdef() + 'extern "Python" void hm_py_progress(void);'
+                'extern "Python" void hm_py_warn(const void *, uint64_t, uint64_t, double);')
 ffibuilder.set_source(
     "hybridmpi._core",
     '#include "hm_core.h"',

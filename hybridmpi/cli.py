@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+import traceback
 
 from . import __version__
 
@@ -232,11 +233,40 @@ def parser():
     return p
 
 
+def _abort(code):
+    """End the whole job when several ranks run (as ``python -m mpi4py`` does): the other
+    ranks may be waiting for this one, and would otherwise wait forever."""
+    if "mpi4py.MPI" not in sys.modules:
+        return
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(code)
+
+
+def _rank():
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            return MPI.COMM_WORLD.Get_rank()
+    return 0
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     try:
         args.func(args)
     except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"hybridmpi {args.command}: error: {e}", file=sys.stderr)
+        print(f"hybridmpi {args.command}: error on rank {_rank()}: {e}", file=sys.stderr)
+        _abort(2)
         return 2
+    except BaseException:
+        # the failing rank's traceback, then the job ends within seconds
+        print(f"hybridmpi {args.command}: rank {_rank()} failed:", file=sys.stderr)
+        traceback.print_exc()
+        _abort(1)
+        raise
     return 0

@@ -114,6 +114,13 @@ def _env_settings():
             out[key] = None if v is None else int(v)
     except ValueError as e:
         return None, str(e).replace("hybridmpi: ", "")
+    chaos = os.environ.get("HYBRIDMPI_CHAOS", "").strip()
+    seed, _, most = chaos.partition(":")
+    try:
+        if chaos:
+            int(seed), float(most or 0)
+    except ValueError:
+        return None, f"env HYBRIDMPI_CHAOS={chaos!r} is not SEED[:MAX_US]"
     problem = (check_seconds(out["timeout"], "env HYBRIDMPI_TIMEOUT")
                or check_seconds(out["warn_after"], "env HYBRIDMPI_WARN_AFTER"))
     if problem is None and out["spin"] is not None and out["spin"] < 0:
@@ -129,10 +136,34 @@ def _chaos(rank):
     if not raw or raw == "0":
         return
     seed, _, most = raw.partition(":")
-    try:
-        lib.hm_set_chaos(int(seed) * 7919 + rank + 1, int(float(most or 200) * 1000))
-    except ValueError:
-        raise ValueError(f"hybridmpi: env HYBRIDMPI_CHAOS={raw!r} is not SEED[:MAX_US]") from None
+    lib.hm_set_chaos(int(seed) * 7919 + rank + 1, int(float(most or 200) * 1000))
+
+
+@ffi.def_extern()
+def hm_py_warn(word, value, seen, waited):
+    """Once per wait that lasts HYBRIDMPI_WARN_AFTER seconds: say on stderr what this rank
+    waits for, and keep waiting (a hang is diagnosed even without a timeout)."""
+    import sys
+
+    addr = int(ffi.cast("uintptr_t", word))
+    where = "a Halo, global-memory or sync_images call"
+    for hc in _LIVE.values():
+        st = hc._st
+        if st is None:
+            continue
+        size = lib.hm_coll_segment_bytes(SLOT_BYTES)
+        for nr in range(hc.node_size):
+            base = int(ffi.cast("uintptr_t", hc._segs[nr]))
+            if base <= addr < base + size:
+                late = [hc.node_ranks[r] for r in range(hc.node_size)
+                        if lib.hm_load(hc._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
+                where = (f"collective call {st.epoch} of {hc!r}, on a word of rank "
+                         f"{hc.node_ranks[nr]}; ranks that have not entered it: {late}")
+    rank = next((hc.rank for hc in _LIVE.values()), "?")
+    flags = " (error bits set)" if seen >> 62 else ""
+    print(f"hybridmpi: rank {rank} has waited {waited:.0f} s in {where}: the word at {addr:#x} "
+          f"reads {seen & ((1 << 62) - 1)}{flags}, it needs {value}; still waiting "
+          "(HYBRIDMPI_WARN_AFTER)", file=sys.stderr, flush=True)
 
 
 def _free_all_at_finalize(*_args):
@@ -310,6 +341,8 @@ class HybridComm:
         st.policy.order = _ORDERS[memory_order]
         st.policy.timeout_ns = seconds_ns(self.timeout)
         st.policy.warn_ns = seconds_ns(env["warn_after"])
+        if st.policy.warn_ns:
+            lib.hm_set_warn(lib.hm_py_warn)
         self._win.Sync()
         self.node_comm.Barrier()
         self._st = st

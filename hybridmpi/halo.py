@@ -288,6 +288,12 @@ class Halo:
         far = [p for p in self.pattern.neighbors if not words or p not in self.hc.node_ranks]
         if far:
             notify_failure(self, far)
+        # Ranks that finished this call wait for this one in their next collective: the
+        # HybridComm's words get the error bits too, and the comm becomes unusable.
+        hc = self.hc
+        if hc._st is not None and hc._broken is None:
+            lib.hm_coll_poison(hc._st, ERRBIT | (MISBIT if isinstance(exc, ValueError) else 0))
+            hc._break(f"a failed Halo call ({type(exc).__name__})")
 
     def _bad_call(self, exc, d):
         """Raise ``exc``, this rank's invalid arguments, after telling the node peers (method

@@ -71,6 +71,8 @@ def _env_float(name):
 
 #: seconds one wait lasts before it prints what it waits for (env HYBRIDMPI_WARN_AFTER; 0: never)
 WARN_AFTER = 60.0
+# the "failed" entry of the leaders' signatures when a node's call failed (1: a mismatch)
+_FAILED = 2
 # Waits longer than this are waits without a limit (int64 nanoseconds end near 292 years).
 _FOREVER_S = 1e9
 _KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: "barrier(linear)",
@@ -565,6 +567,12 @@ class HybridComm:
                           (self._MPI.IN_PLACE, sig, self._MPI.MAX))
         return sig
 
+    def _other_node_failed(self, sig, what):
+        """At a leader: raise PeerError (and poison the node) if a node's call failed."""
+        if sig[0] == _FAILED:
+            lib.hm_coll_poison(self._st, ERRBIT)
+            raise self._peer_error(f"{what} (on another node)", None, ERRBIT)
+
     @staticmethod
     def _sig_differs(sig):
         return bool(sig[0] or sig[1] != -sig[2] or sig[3] != -sig[4] or sig[5] != -sig[6]
@@ -663,9 +671,10 @@ class HybridComm:
         # The leaders meet in an allreduce of what their nodes called (a barrier too), so a
         # node that failed or called something else makes every node raise.
         kind = lib.HM_K_BARRIER_TREE if m == lib.HM_TREE else lib.HM_K_BARRIER_LINEAR
-        sig = self._leader_sig(kind, 0, 0, 0, int(rc != 0))
+        sig = self._leader_sig(kind, 0, 0, 0, _FAILED if rc else 0)
         if rc:
             self._fail(rc, f"barrier({method})")
+        self._other_node_failed(sig, f"barrier({method})")
         if self._sig_differs(sig):
             lib.hm_coll_poison(st, ERRBIT | MISBIT)
             self._break("ValueError")
@@ -692,10 +701,11 @@ class HybridComm:
         # The leaders first agree that every node passed the same arguments:
         # combining buffers of different sizes would be erroneous MPI, and a
         # node whose ranks disagreed or failed must not leave the others waiting.
-        bad = rc != 0 or lib.hm_allreduce_verdict(st, 0) != -1
-        sig = self._leader_sig(lib.HM_K_ALLREDUCE_TREE, total, dt, opc, int(bad))
+        bad = _FAILED if rc else int(lib.hm_allreduce_verdict(st, 0) != -1)
+        sig = self._leader_sig(lib.HM_K_ALLREDUCE_TREE, total, dt, opc, bad)
         if rc:
             self._fail(rc, "allreduce")
+        self._other_node_failed(sig, "allreduce")
         if self._sig_differs(sig):
             lib.hm_allreduce_verdict(st, 1)
         elif count:

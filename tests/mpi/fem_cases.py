@@ -71,7 +71,7 @@ def case_every_method_matches_serial(comm, rng, **cfg):
         finally:
             del os.environ["HYBRIDMPI_ZERO_COPY_BYTES"]
         with hc0:
-            system = fem.Poisson(hc0, lm, fem.rhs, fem.exact)
+            system = fem.Poisson(hc0, mesh.distribute(hc0, m, part), fem.rhs, fem.exact)
             runs = [system.cg(tol=1e-12, shared=s) for s in (True, False, True)]
             assert system.halo.zero_copy
             system.free()

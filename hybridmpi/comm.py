@@ -540,7 +540,7 @@ class HybridComm:
             name += " " + HybridComm._sig(count, dtype, op)
         return name
 
-    def _bad_call(self, exc, what):
+    def _bad_call(self, exc):
         """Raise ``exc``, a local argument error, after telling the peers: the call is made
         as a barrier with an 'invalid arguments' signature, which completes when every rank
         of the communicator found its arguments invalid (then the comm stays usable) and
@@ -563,7 +563,7 @@ class HybridComm:
         """Allreduce (max) of the node signatures over the leaders: what each node called."""
         sig = self._sig_buf
         sig[:] = (failed, kind, -kind, count, -count, dt, -dt, opc, -opc)
-        self._leader_call(self.leader_comm.Iallreduce, self.leader_comm.Allreduce,
+        self._leader_call(self.leader_comm.Iallreduce,
                           (self._MPI.IN_PLACE, sig, self._MPI.MAX))
         return sig
 
@@ -653,7 +653,7 @@ class HybridComm:
         m = _BARRIERS.get(method) if type(method) is str else None
         if m is None:
             self._bad_call(ValueError(f"hybridmpi: barrier method must be one of {list(_BARRIERS)}, "
-                                      f"got {method!r}"), "barrier")
+                                      f"got {method!r}"))
         if not self._leader_multi:
             if m == lib.HM_DISSEMINATION:
                 # one phase only: on several nodes the node's ranks all take the tree
@@ -712,13 +712,13 @@ class HybridComm:
             dtype = _NP_OF_CODE[dt]
             slot = np.frombuffer(ffi.buffer(lib.hm_coll_slot(st, 0), count * dtype.itemsize),
                                  dtype=dtype)
-            self._leader_call(self.leader_comm.Iallreduce, self.leader_comm.Allreduce,
+            self._leader_call(self.leader_comm.Iallreduce,
                               (self._MPI.IN_PLACE, slot, self._mpi_ops[opc]))
         rc = lib.hm_allreduce_chunk(st, ffi.NULL, rptr, count, total, dt, opc, lib.HM_RELEASE)
         if rc:
             self._fail(rc, "allreduce")
 
-    def _leader_call(self, nonblocking, blocking, args, what="allreduce"):
+    def _leader_call(self, nonblocking, args, what="allreduce"):
         """Run an internode collective (under the deadline if there is one); if it fails,
         the node's ranks waiting for this leader get its error bits."""
         try:
@@ -820,7 +820,7 @@ class HybridComm:
                 raise TypeError(f"hybridmpi: allreduce: unsupported type {tx.__name__}; pass an int, "
                                 "float, complex, numpy scalar or numpy array")
         except (TypeError, ValueError) as exc:
-            self._bad_call(exc, "allreduce")
+            self._bad_call(exc)
         if tx is float and not self._leader_multi:
             r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
             if r != r and st.err.code:
@@ -885,7 +885,7 @@ class HybridComm:
             elif not sendbuf.flags.c_contiguous:
                 raise ValueError("hybridmpi: Allreduce: sendbuf must be C-contiguous")
         except (TypeError, ValueError) as exc:
-            self._bad_call(exc, "Allreduce")
+            self._bad_call(exc)
         self._reduce_array(sendbuf, recvbuf, dt, opc)
 
 

@@ -30,12 +30,15 @@ int hm_signal_wait(hm_pairs *p)
         store_rel((hm_counter *)p->signal[i], ++p->calls[p->peer[i]], ord);
     for (int i = 0; i < p->n; i++) {
         uint64_t seen = 0, want = p->calls[p->peer[i]];
-        if (wait_geq((const hm_counter *)p->wait[i], want, &p->policy, &seen) != HM_OK) {
-            p->err.code = HM_ETIMEOUT;
+        int rc = wait_geq((const hm_counter *)p->wait[i], want, &p->policy, &seen);
+        if (rc == HM_OK && (seen & HM_FLAGS))
+            rc = HM_EPEER;  /* the peer's HybridComm broke: it will not come */
+        if (rc != HM_OK) {
+            p->err.code = rc;
             p->err.peer = i;
             p->err.epoch = want;
             p->err.seen = seen;
-            return HM_ETIMEOUT;
+            return rc;
         }
     }
     return HM_OK;

@@ -50,6 +50,8 @@ _SPIN_SHARED = 16
 
 # Every HybridComm not yet freed, in creation order (freed at MPI finalize).
 _LIVE = {}
+#: communicators of broken HybridComms, never freed (HybridComm._free_comm)
+_KEPT = []
 _FINALIZE_HOOK = []
 
 
@@ -272,16 +274,19 @@ class HybridComm:
         # The environment decides paths (zero copy, cross-memory attach) and waits: every
         # rank must have the same, or ranks would take different collectives.
         agreed = None if env is None else {k: v for k, v in env.items() if k not in ("spin", "warn_after")}
-        views = comm.allgather((problem, node_size, radix, allreduce, agreed))
+        # rank 0's random number names this HybridComm in failure notices: a notice left over
+        # from a freed one (MPI may reuse its context) is told apart and dropped
+        nonce = int.from_bytes(os.urandom(7), "little")
+        views = comm.allgather((problem, node_size, radix, allreduce, agreed, nonce))
         problems = [v[0] for v in views if v[0]]
         if problems:
             raise ValueError(f"hybridmpi: HybridComm(): {problems[0]}")
-        if len({(n, r) for _, n, r, _, _ in views}) != 1:
+        if len({v[1:3] for v in views}) != 1:
             raise ValueError("hybridmpi: HybridComm(): ranks passed different node_size or "
-                             f"radix: {[(n, r) for _, n, r, _, _ in views]}")
-        if len({a for _, _, _, a, _ in views}) != 1:
+                             f"radix: {[v[1:3] for v in views]}")
+        if len({v[3] for v in views}) != 1:
             raise ValueError("hybridmpi: HybridComm(): ranks passed different allreduce: "
-                             f"{[a for _, _, _, a, _ in views]}")
+                             f"{[v[3] for v in views]}")
         differ = sorted(k for k in agreed if len({repr(v[4][k]) for v in views}) != 1)
         if differ:
             raise ValueError("hybridmpi: HybridComm(): ranks have different environment settings "
@@ -289,6 +294,7 @@ class HybridComm:
                              f"{[{k: v[4][k] for k in differ} for v in views]}; set them alike on "
                              "every rank")
         self.env = env
+        self._nonce = views[0][5]
         _chaos(comm.Get_rank())
         if timeout is None:
             timeout = env["timeout"]
@@ -366,8 +372,8 @@ class HybridComm:
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         self._children = {}  # Halos and global memory built on this comm, freed with it
         self._tags = 0
-        self._notices = []  # failure notices sent to message peers (transport._base)
-        self._failed_halos = {}  # Halo tag -> the rank whose failure notice came
+        self._notices = []  # the failure notice this rank sent (_break)
+        self._notice_from = None  # the first rank whose failure notice came
         self.arena = Arena(self)  # shared memory of Halos and global memory
         self._gm = None  # the state of sync_images, made with the first GlobalMemory
         self._cma = None  # _cma_pids(): not probed yet
@@ -410,9 +416,19 @@ class HybridComm:
         self._win.Unlock_all()
         self._win.Free()
         if self.leader_comm != MPI.COMM_NULL:
-            self.leader_comm.Free()
-        self.node_comm.Free()
-        self.comm.Free()
+            self._free_comm(self.leader_comm)
+        self._free_comm(self.node_comm)
+        self._free_comm(self.comm)
+
+    def _free_comm(self, c):
+        """Free an MPI communicator of this HybridComm, unless a failed call broke it: messages
+        of that call may still be in flight on it, and MPI may give a freed communicator's
+        context to a new one, whose calls would then receive them.  Those are kept (one set
+        per failure)."""
+        if self._broken is not None:
+            _KEPT.append(c)
+        else:
+            c.Free()
 
     def _cma_pids(self):
         """The process ids of this node's ranks (by node rank) if every rank can read every
@@ -521,17 +537,40 @@ class HybridComm:
         """The error of a rank that found a peer's error bits (ValueError for a mismatch)."""
         who = "another rank" if peer is None else f"rank {peer}"
         if seen & MISBIT:
-            self._break("ValueError")
+            self._break("ValueError", notify=False)
             return ValueError(f"hybridmpi: rank {self.rank}: {what}: {who} found that ranks passed "
                               "different arguments or are in different calls (see its error)")
-        self._break("PeerError")
+        self._break("PeerError", notify=False)
         return PeerError(f"hybridmpi: rank {self.rank}: {what}: {who} failed in this call "
                          "(see its error); this rank stops too", rank=self.rank, peer=peer)
 
-    def _break(self, why):
-        """Make this comm unusable (its words carry error bits)."""
-        self._broken = why
+    def _break(self, why, notify=True):
+        """Make this comm unusable, and make every peer that waits on this rank raise instead of
+        waiting: error bits in every word this rank writes on its node (collectives, every
+        Halo, sync_images) and, with ``notify`` (this rank's own failure rather than one passed
+        on from a peer, whose notice every rank already has), a failure notice to every other
+        rank, which the waits on MPI requests poll."""
+        first = self._broken is None
+        self._broken = self._broken or why
         self._live = self._one_node_st = self._rd_st = None
+        if not first or self._st is None or self._MPI.Is_finalized():
+            return
+        bits = ERRBIT | (MISBIT if why == "ValueError" else 0)
+        lib.hm_coll_poison(self._st, bits)
+        for child in list(self._children.values()):
+            poison = getattr(child, "_poison", None)
+            if poison is not None:
+                poison(bits)
+        if self._gm is not None:
+            self._gm.poison(bits)
+        if notify and self.size > 1:
+            from .transport._base import ERROR_TAG
+
+            note = np.array([self._nonce], dtype=np.int64)
+            self._notices.append(note)  # kept alive until the HybridComm is freed
+            for r in range(self.size):
+                if r != self.rank:
+                    self.comm.Isend(note, r, ERROR_TAG).Free()
 
     @staticmethod
     def _call(kind, count, dtype, op):
@@ -597,8 +636,7 @@ class HybridComm:
         while not req.Test():
             polls += 1
             if polls % 64 == 0 and self._failure_notice() is not None:
-                tag, peer = self._failure_notice()
-                raise self._peer_error(what, peer, ERRBIT)
+                raise self._peer_error(what, self._notice_from, ERRBIT)
             if deadline is not None and time.monotonic() > deadline:
                 others = [r for r in range(self.leader_comm.Get_size())
                           if r != self.leader_comm.Get_rank()]
@@ -610,16 +648,19 @@ class HybridComm:
                 os.sched_yield()
 
     def _failure_notice(self):
-        """(Halo tag, rank) of a failure notice received or pending on this comm, else None."""
+        """The rank whose failure notice (``_break``) this rank received, else None."""
         from .transport._base import ERROR_TAG
 
-        MPI = self._MPI
-        status = MPI.Status()
-        while self.comm.Iprobe(MPI.ANY_SOURCE, ERROR_TAG, status):
-            note = np.empty(1, dtype=np.int64)
-            self.comm.Recv(note, status.Get_source(), ERROR_TAG)
-            self._failed_halos.setdefault(int(note[0]), status.Get_source())
-        return next(iter(self._failed_halos.items()), None)
+        if self._notice_from is None:
+            MPI = self._MPI
+            status = MPI.Status()
+            while self.comm.Iprobe(MPI.ANY_SOURCE, ERROR_TAG, status):
+                note = np.empty(1, dtype=np.int64)
+                self.comm.Recv(note, status.Get_source(), ERROR_TAG)
+                if int(note[0]) == self._nonce:  # else left over from a freed HybridComm
+                    self._notice_from = status.Get_source()
+                    break
+        return self._notice_from
 
     # ------------------------------------------------------------ barrier
 
@@ -724,8 +765,7 @@ class HybridComm:
         try:
             self._leader_wait(nonblocking(*args), what)
         except BaseException:
-            lib.hm_coll_poison(self._st, ERRBIT)
-            self._break(self._broken or "PeerError")
+            self._break("PeerError")
             raise
 
     def _buf(self, arr):

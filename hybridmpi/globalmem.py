@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from ._clib import copy_policy, ffi, lib
+from ._clib import ERRBIT, copy_policy, ffi, lib
 from .comm import HybridComm
-from .errors import FreedError, SyncTimeout
+from .errors import FreedError, PeerError, SyncTimeout
 
 _R = lib.HM_REGION
 _TAG_SYNC = 1
@@ -144,6 +144,9 @@ class _Sync:
             reqs += [comm.Isend(_EMPTY, r, _TAG_SYNC) for r in far]
         if near and lib.hm_signal_wait(p):
             peer = near[p.err.peer]
+            if p.err.code == lib.HM_EPEER:
+                self.broken = "PeerError"
+                raise hc._peer_error(what, peer, int(p.err.seen))
             self.broken = "SyncTimeout"
             raise SyncTimeout(
                 f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: rank "
@@ -156,7 +159,11 @@ class _Sync:
                 win.Sync()
 
     def _complete(self, reqs, far, what):
-        left = _wait_requests(self.hc, reqs)
+        try:
+            left = _wait_requests(self.hc, reqs, notices=True)
+        except PeerError:
+            self.broken = "PeerError"
+            raise
         if left is None:
             return
         # the receives come first in reqs, one per rank of far
@@ -169,6 +176,16 @@ class _Sync:
             rank=self.hc.rank, peer=late[0] if len(late) == 1 else None,
             counter="sync_images", epoch=None)
 
+    def poison(self, bits):
+        """Error bits in the sync_images counters this rank writes (its HybridComm broke)."""
+        if self.block.chunk is None:
+            return
+        hc, me = self.hc, self.node_rank[self.hc.rank]
+        words = [ffi.cast("void *", self.block.addr(nr, r) + me * _R)
+                 for nr, r in enumerate(hc.node_ranks) if r != hc.rank]
+        if words:
+            lib.hm_poison(len(words), words, bits)
+
     def free(self):
         self.block.free()
         if self.comm is not None:
@@ -176,26 +193,32 @@ class _Sync:
             if not _PROGRESS:
                 lib.hm_set_progress(ffi.NULL)
             if not self.hc._MPI.Is_finalized():
-                self.comm.Free()
+                self.hc._free_comm(self.comm)
         self.comm = None
 
 
-def _wait_requests(hc, reqs):
-    """Complete MPI requests, under the HybridComm's deadline if it has one.
+def _wait_requests(hc, reqs, notices=False):
+    """Complete MPI requests, under the HybridComm's deadline if it has one; with
+    ``notices`` (requests a peer must match), a failure notice from any rank ends the wait
+    with PeerError.
 
     Returns:
         None, or on timeout the indices of the requests still incomplete
         (the caller names who it waited for).
     """
     MPI = hc._MPI
-    if hc.timeout is None:
-        MPI.Request.Waitall(reqs)
+    if MPI.Request.Testall(reqs):
         return None
-    deadline = time.monotonic() + hc.timeout
+    deadline = None if hc.timeout is None else time.monotonic() + hc.timeout
+    polls, spin = 0, hc._st.policy.spin
     while not MPI.Request.Testall(reqs):
-        if time.monotonic() > deadline:
+        polls += 1
+        if notices and polls % 64 == 0 and hc._failure_notice() is not None:
+            raise hc._peer_error("sync_images", hc._notice_from, ERRBIT)
+        if deadline is not None and time.monotonic() > deadline:
             return [i for i, r in enumerate(reqs) if not r.Test()]
-        os.sched_yield()
+        if polls > spin:
+            os.sched_yield()
     return None
 
 
@@ -628,7 +651,9 @@ class GlobalMemory:
         self._near = {}
         self.local = None
         if self._win is not None and not self.hc._MPI.Is_finalized():
-            self._win.Flush_all()
+            self._win.Flush_all()  # every pending operation on the window: none stays dirty
+            if self.hc._gm is not None:
+                self.hc._gm.dirty.pop(id(self._win), None)
         self._block.free()
 
     @property

@@ -10,7 +10,7 @@ from .comm import DTYPES
 from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
-from .transport._base import FWD, REV, notify_failure
+from .transport._base import FWD, REV
 from .transport.atomic import ZeroCopy, long_runs
 
 _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
@@ -272,35 +272,38 @@ class Halo:
                          rank=self.hc.rank, peer=peer)
 
     def _failed(self, exc):
-        """After ``exc`` ended a call in its middle: leave error bits in every word this rank's
-        node peers wait on and send a failure notice to the peers reached by MPI messages, so
-        that they raise instead of waiting (the Halo becomes unusable)."""
-        t = self._t
-        if t is None or self.hc._MPI.Is_finalized():
-            return
+        """After ``exc`` ended a call in its middle: break the HybridComm, which leaves error
+        bits in every word this rank's node peers wait on (this Halo's included) and sends a
+        failure notice to the ranks that wait on MPI messages, so that they raise instead of
+        waiting (the Halo becomes unusable)."""
         if self._broken is None:
             self._broken = type(exc).__name__
-        words = getattr(t, "words", None)
+        hc = self.hc
+        if self._t is not None and hc._st is not None and not hc._MPI.Is_finalized():
+            bad_args = isinstance(exc, ValueError)
+            why = "ValueError" if bad_args else f"a failed Halo call ({type(exc).__name__})"
+            hc._break(why, notify=not isinstance(exc, PeerError))
+            self._poison(ERRBIT | (MISBIT if bad_args else 0))
+
+    def _poison(self, bits):
+        """Error bits in the words this rank writes that its node peers wait on."""
+        words = getattr(self._t, "words", None)
         words = words() if words else []
         if words:
-            bits = ERRBIT | (MISBIT if isinstance(exc, ValueError) else 0)
             lib.hm_poison(len(words), [ffi.cast("void *", w) for w in words], bits)
-        far = [p for p in self.pattern.neighbors if not words or p not in self.hc.node_ranks]
-        if far:
-            notify_failure(self, far)
-        # Ranks that finished this call wait for this one in their next collective: the
-        # HybridComm's words get the error bits too, and the comm becomes unusable.
-        hc = self.hc
-        if hc._st is not None and hc._broken is None:
-            lib.hm_coll_poison(hc._st, ERRBIT | (MISBIT if isinstance(exc, ValueError) else 0))
-            hc._break(f"a failed Halo call ({type(exc).__name__})")
 
     def _bad_call(self, exc, d):
         """Raise ``exc``, this rank's invalid arguments, after telling the node peers (method
         atomic): the call is made with an 'invalid' tag instead of data.  When every peer's
-        arguments were invalid too, the Halo stays usable; otherwise every rank raises."""
+        arguments were invalid too, the Halo stays usable; otherwise every rank raises.
+        Peers reached by MPI messages (other nodes, other methods) cannot be told that way:
+        then the call fails as if it had started, and the HybridComm breaks."""
         bad = getattr(self._t, "bad_call", None)
-        if bad is None or not self.hc.node_size > 1:
+        nbrs = self.pattern.neighbors
+        if not len(nbrs):
+            raise exc
+        if bad is None or any(p not in self.hc.node_ranks for p in nbrs):
+            self._failed(exc)
             raise exc
         e = self._epoch[d] = self._epoch[d] + 1
         self._current = d

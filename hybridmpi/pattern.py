@@ -206,7 +206,7 @@ class GhostPattern:
         self._graph_users -= 1
         if self._graph_users == 0 and self._graph is not None:
             if not self.hc._MPI.Is_finalized():
-                self._graph.Free()
+                self.hc._free_comm(self._graph)
             self._graph = None
 
     def _check_counts(self, comm):

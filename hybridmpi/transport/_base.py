@@ -90,27 +90,9 @@ def private_chans(specs, esz):
     return buf, chans, views
 
 
-#: MPI tag of the notice a rank sends its message peers when a Halo call fails on it
-#: (payload: the Halo's tag), so that they raise instead of waiting for its messages
+#: MPI tag of the notice a rank sends every other rank when its HybridComm breaks (payload:
+#: the HybridComm's nonce), so that ranks waiting on MPI requests raise instead of waiting
 ERROR_TAG = 32700
-
-
-def notify_failure(halo, peers):
-    """Tell ``peers`` (reached by MPI messages) that this rank's call of ``halo`` failed."""
-    hc = halo.hc
-    note = np.array([halo.tag], dtype=np.int64)
-    hc._notices.append(note)  # kept alive until the HybridComm is freed
-    for p in peers:
-        hc.comm.Isend(note, p, ERROR_TAG).Free()
-
-
-def failed_peer(halo):
-    """The rank that sent a failure notice for ``halo``, or None (notices for other Halos
-    are kept for them)."""
-    hc = halo.hc
-    if halo.tag not in hc._failed_halos:
-        hc._failure_notice()
-    return hc._failed_halos.get(halo.tag)
 
 
 def complete(halo, reqs, peers, what, e):
@@ -124,7 +106,7 @@ def complete(halo, reqs, peers, what, e):
     while not MPI.Request.Testall(reqs):
         polls += 1
         if polls % 64 == 0:
-            peer = failed_peer(halo)
+            peer = halo.hc._failure_notice()
             if peer is not None:
                 raise halo.peer_failed(peer)
         if deadline is not None and time.monotonic() > deadline:

@@ -213,7 +213,7 @@ def run_sequence(hc, draw, drift, world, scattered, n_ops, fault_at, fault_rank,
                     pause(drift, max_us)
                     h.update_end(x)
                 want = blk(value(k, gids)).astype(h.dtype)
-                assert np.array_equal(x, want), (k, op, hi, use_vec, "forward")
+                assert np.array_equal(x, want), (k, op, hi, use_vec, "forward", _diff(x, want, gids))
             elif op in ("reverse", "reverse_split"):
                 x[...] = blk(np.where(owned, value(k, gids), value(k, gids, R))).astype(h.dtype)
                 if op == "reverse":
@@ -274,6 +274,12 @@ def run_sequence(hc, draw, drift, world, scattered, n_ops, fault_at, fault_rank,
     return n_ops
 
 
+def _diff(x, want, gids):
+    """Where ``x`` differs from ``want``: (local index, global point, got, wanted), a few."""
+    bad = np.flatnonzero((x != want).reshape(len(gids), -1).any(1))
+    return [(int(i), int(gids[i]), x[i].tolist(), want[i].tolist()) for i in bad[:4]], bad.size
+
+
 def _inject(halo):
     """Make this rank raise in the middle of the Halo's next call (after it started)."""
     t = halo._t
@@ -293,11 +299,14 @@ def main():
     ap.add_argument("--node-size", type=int, default=None)
     ap.add_argument("--max-delay-us", type=float, default=300.0)
     ap.add_argument("--fault", action="store_true")
+    ap.add_argument("--only", type=int, default=None, help="run only sequence number ONLY")
     a = ap.parse_args()
     failed = passed = ops = 0
     worst = 0.0
     t0 = time.perf_counter()
     for i in range(a.sequences):
+        if a.only is not None and i != a.only:
+            continue
         seed = a.seed * 100003 + i
         try:
             ops += sequence(seed, a.ops, a.node_size, a.max_delay_us, a.fault)

@@ -220,6 +220,22 @@ class Halo:
                           "than this rank (each rank must pass its own Halo.vector() of the same "
                           "call, or every rank a private array)")
 
+    def order_error(self, peer, tag=None, call=None, d=None, detail=""):
+        """The error of a rank whose neighbor-collective message from ``peer`` belongs to
+        another call (``tag``, ``call``, direction ``d``) than the one it completes, or (tag
+        None) did not fit: MPI's ``detail``."""
+        self._broken = "ValueError"
+        mine = f"call {self._epoch[self._current]} of {_WHAT[self._current]} on Halo #{self.tag}"
+        if tag is None:
+            theirs = f"a neighbor's message of another size ({detail})"
+        else:
+            theirs = f"rank {peer}'s call {call} of {_WHAT.get(d, d)} on Halo #{tag}"
+        return ValueError(
+            f"hybridmpi: rank {self.hc.rank}: Halo (method 'neighbor'): this rank's {mine} received "
+            f"{theirs}; Halos of one pattern with method 'neighbor' share one graph "
+            "communicator, whose nonblocking collectives match in the order they are started: "
+            "begin them in the same order on every rank (or use method 'atomic' or 'flat')")
+
     def plan(self, d):
         """(sends, recvs) of direction ``d`` as lists of (peer, local ids), peers in rank order."""
         p = self.pattern

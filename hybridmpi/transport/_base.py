@@ -130,6 +130,22 @@ def wait_until(halo, poll, value, peer, counter, what, e):
         os.sched_yield()
 
 
+#: requests that were still active when their transport was freed (a call failed in its
+#: middle), with the buffers MPI may still write: never released
+_PENDING = []
+
+
+def release(reqs, *buffers):
+    """Forget ``reqs`` at free; if one is still active, keep it and ``buffers`` alive for
+    good, since MPI may still move data into them."""
+    try:
+        done = not reqs or reqs[0].__class__.Testall(reqs)
+    except Exception:  # an MPI error completes the request
+        done = True
+    if not done:
+        _PENDING.append((list(reqs), buffers))
+
+
 class Transport:
     """What every method shares: a whole call is its begin then its end."""
 
@@ -182,6 +198,7 @@ class Messages:
             complete(self.halo, self._reqs, self.peers, what, e)
 
     def free(self):
+        release(self._reqs, self._sbuf, self._rbuf)
         if self._persistent:
             for r in self._reqs:
                 r.Free()

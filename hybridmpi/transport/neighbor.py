@@ -2,52 +2,81 @@
 
 The graph communicator belongs to the pattern and is shared by its Halos
 (every communicator costs an id, of which MPICH has 2,048); the last Halo
-using it frees it.
+using it frees it.  Nonblocking collectives on one communicator match in the
+order they are started, so Halos of one pattern begun in different orders on
+different ranks would exchange each other's data: every message starts with a
+16-byte header (the Halo's tag, the call and direction), which the receiver
+checks before it unpacks anything.
 """
 
 import numpy as np
 
 from .._clib import lib
-from ._base import FWD, REV, Transport, Xchg, complete, private_chans
+from ._base import FWD, REV, Chan, Transport, Xchg, complete, release
+
+_HDR = 16  # bytes of header before each neighbor's data: int64 (Halo tag, 2 * call + direction)
 
 
 class Neighbor(Transport):
     def __init__(self, halo):
         self.halo = halo
-        hc = halo.hc
-        MPI = hc._MPI
+        MPI = halo.hc._MPI
         nbrs = list(halo.pattern.neighbors)
         self.graph = halo.pattern._graph_comm()
         self.nbrs = nbrs
         self.dirs = []
         for d in (FWD, REV):
             sends, recvs = halo.plan(d)
-            sbuf, schans, _ = private_chans(sends, halo.esz)
-            rbuf, rchans, _ = private_chans(recvs, halo.esz)
-            scounts = self._counts(sends, halo.esz)
-            rcounts = self._counts(recvs, halo.esz)
+            sbuf, schans, shdr, scounts = self._layout(sends, halo.esz)
+            rbuf, rchans, rhdr, rcounts = self._layout(recvs, halo.esz)
             args = ([sbuf, (scounts, self._displs(scounts)), MPI.BYTE],
                     [rbuf, (rcounts, self._displs(rcounts)), MPI.BYTE])
-            self.dirs.append((Xchg(halo, schans), Xchg(halo, rchans), args))
+            self.dirs.append((Xchg(halo, schans), Xchg(halo, rchans), args, shdr, rhdr))
         self._req = None
 
-    def _counts(self, specs, esz):
-        got = {p: ids.size * esz for p, ids in specs}
-        return np.array([got.get(p, 0) for p in self.nbrs], dtype=np.int64)
+    def _layout(self, specs, esz):
+        """One byte buffer holding, for each neighbor in rank order, a header then the data of
+        ``specs`` [(peer, ids)] for it; returns the buffer, the channels, the headers (one row
+        of two int64 per neighbor, views into the buffer) and the byte counts."""
+        ids = dict(specs)
+        counts = np.array([_HDR + ids[p].size * esz if p in ids else _HDR for p in self.nbrs],
+                          dtype=np.int64)
+        buf = np.zeros(max(int(counts.sum()), 1), dtype=np.uint8)
+        chans, hdr, off = [], [], 0
+        for p, n in zip(self.nbrs, counts):
+            hdr.append(buf[off:off + _HDR].view(np.int64))
+            if p in ids:
+                addr = buf.ctypes.data + off + _HDR
+                chans.append(Chan(p, ids[p], addr, addr, None, None))
+            off += int(n)
+        return buf, chans, hdr, counts
 
     @staticmethod
     def _displs(counts):
         return (np.cumsum(counts) - counts).astype(np.int64)
 
     def begin(self, d, xbuf, e):
-        send, _, args = self.dirs[d]
+        send, _, args, shdr, _ = self.dirs[d]
         self.halo.check(lib.hm_xchg_send(send.x, xbuf, e), send)
+        stamp = 2 * e + d
+        for h in shdr:
+            h[0], h[1] = self.halo.tag, stamp
         self._req = self.graph.Ineighbor_alltoallv(*args)
 
     def end(self, d, xbuf, e, op):
-        _, recv, _ = self.dirs[d]
-        complete(self.halo, [self._req], [None], "reverse" if d == REV else "update", e)
+        _, recv, _, _, rhdr = self.dirs[d]
+        what = "reverse" if d == REV else "update"
+        try:
+            complete(self.halo, [self._req], [None], what, e)
+        except self.halo.hc._MPI.Exception as err:  # a longer message than this call's
+            raise self.halo.order_error(None, detail=err.Get_error_string()) from None
+        stamp = 2 * e + d
+        for p, h in zip(self.nbrs, rhdr):
+            if h[0] != self.halo.tag or h[1] != stamp:
+                raise self.halo.order_error(p, int(h[0]), int(h[1]) >> 1, int(h[1]) & 1)
         self.halo.check(lib.hm_xchg_recv(recv.x, xbuf, e, op, d), recv)
 
     def free(self):
+        if self._req is not None:
+            release([self._req], self.dirs)
         self.halo.pattern._graph_release()

@@ -341,6 +341,35 @@ def case_mismatched_vectors(comm, rng, **cfg):
         h.free()
 
 
+def case_neighbor_order(comm, rng, **cfg):
+    """Two 'neighbor' Halos of one pattern share its graph communicator; begun in opposite
+    orders on different ranks, their collectives would match each other: every rank raises
+    (ValueError where a message of the other Halo arrived, PeerError elsewhere), none returns
+    with the other Halo's values.  Same sizes (headers differ) and different sizes (MPI
+    truncates)."""
+    if comm.size < 2:
+        return
+    for dtype_b in (np.float64, np.float32):
+        hc = hc_of(comm, cfg)
+        r, p = hc.rank, hc.size
+        pat = GhostPattern.from_global(hc, np.arange(r * 4, r * 4 + 4), [((r + 1) % p) * 4])
+        a, b = Halo(pat, method="neighbor"), Halo(pat, method="neighbor", dtype=dtype_b)
+        xa = np.full(5, float(r)); xb = np.full(5, float(r), dtype=dtype_b)  # noqa: E702
+        first, second = ((a, xa), (b, xb)) if r % 2 == 0 else ((b, xb), (a, xa))
+        err = None
+        try:
+            first[0].update_begin(first[1])
+            second[0].update_begin(second[1])
+            first[0].update_end(first[1])
+            second[0].update_end(second[1])
+        except (ValueError, hybridmpi.PeerError) as e:
+            err = e
+        errs = comm.allgather(None if err is None else (type(err).__name__, str(err)))
+        assert all(errs), errs
+        assert any("begin them in the same order on every rank" in m for _, m in errs), errs
+        hc.free()
+
+
 def case_consecutive_updates(comm, rng, iters, **cfg):
     """Many calls in a row, fresh data each time, two Halos interleaved."""
     with hc_of(comm, cfg) as hc:
@@ -567,7 +596,7 @@ def case_timeout_names_peer(comm, rng, **cfg):
 
 CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_vectors,
          case_cross_memory_attach, case_cross_memory_attach_failure, case_mismatched_vectors,
-         case_consecutive_updates,
+         case_neighbor_order, case_consecutive_updates,
          case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
          case_timeout_names_peer]
 

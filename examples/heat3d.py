@@ -14,7 +14,8 @@ from hybridmpi.apps import Heat3D
 
 nx, ny, nz, steps = (int(v) for v in (sys.argv[1:5] or (32, 32, 32, 100)))
 exchange = sys.argv[5] if len(sys.argv) > 5 else "halo"
-with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc, Heat3D(hc, (nx, ny, nz), exchange=exchange) as app:
+with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc, Heat3D(hc, (nx, ny, nz), exchange=exchange) as app, \
+        hybridmpi.abort_on_error():
     for _ in range(steps // 10):
         change = app.run(10)  # an allreduce of the largest change every 10 steps
         if hc.rank == 0:

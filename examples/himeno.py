@@ -16,7 +16,8 @@ from hybridmpi.apps import Himeno
 size = sys.argv[1] if len(sys.argv) > 1 else "S"
 iterations = int(sys.argv[2]) if len(sys.argv) > 2 else 50
 exchange = sys.argv[3] if len(sys.argv) > 3 else "coarray"
-with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc, Himeno(hc, size, exchange=exchange) as bench:
+with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc, Himeno(hc, size, exchange=exchange) as bench, \
+        hybridmpi.abort_on_error():
     bench.run(2)
     hc.barrier()
     t0 = time.perf_counter()

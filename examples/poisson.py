@@ -18,7 +18,7 @@ from hybridmpi.fem.solve import write_vtu
 h = float(sys.argv[1]) if len(sys.argv) > 1 else 0.05
 out = sys.argv[2] if len(sys.argv) > 2 else None
 
-with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc:
+with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc, hybridmpi.abort_on_error():
     m = part = None
     if hc.rank == 0:
         m = mesh.cube(h)                     # tetrahedra, cached on disk

@@ -5,7 +5,7 @@ Importing this package does not initialize MPI; the first HybridComm does.
 
 from .comm import HybridComm
 from .dropin import allreduce, barrier, hybrid
-from .errors import FreedError, PatternError, PeerError, SyncTimeout
+from .errors import FreedError, PatternError, PeerError, SyncTimeout, abort_on_error
 from .globalmem import Coarray, GlobalMemory, Request, waitall
 from .halo import Halo
 from .pattern import GhostPattern
@@ -24,6 +24,7 @@ __all__ = [
            "PeerError",
            "SyncTimeout",
            "__version__",
+           "abort_on_error",
            "allreduce",
            "barrier",
            "hybrid",

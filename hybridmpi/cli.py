@@ -10,6 +10,7 @@ import time
 import traceback
 
 from . import __version__
+from .errors import _abort_job
 
 _STATS = [
     ("owned", "owned points"),
@@ -233,19 +234,6 @@ def parser():
     return p
 
 
-def _abort(code):
-    """End the whole job when several ranks run (as ``python -m mpi4py`` does): the other
-    ranks may be waiting for this one, and would otherwise wait forever."""
-    if "mpi4py.MPI" not in sys.modules:
-        return
-    from mpi4py import MPI
-
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(code)
-
-
 def _rank():
     if "mpi4py.MPI" in sys.modules:
         from mpi4py import MPI
@@ -261,12 +249,12 @@ def main(argv=None):
         args.func(args)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"hybridmpi {args.command}: error on rank {_rank()}: {e}", file=sys.stderr)
-        _abort(2)
+        _abort_job(2, None)
         return 2
     except BaseException:
         # the failing rank's traceback, then the job ends within seconds
         print(f"hybridmpi {args.command}: rank {_rank()} failed:", file=sys.stderr)
         traceback.print_exc()
-        _abort(1)
+        _abort_job(1, None)
         raise
     return 0

@@ -459,7 +459,12 @@ class HybridComm:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and self._st is not None:
+            # an exception leaves the block on this rank: peers waiting for this rank in a
+            # call raise too (error bits, notice), and then meet it in the collective free
+            self._break(f"an exception on this rank ({exc_type.__name__})",
+                        notify=not issubclass(exc_type, PeerError))
         self.free()
 
     @property

@@ -1,4 +1,8 @@
-"""Exceptions raised by hybridmpi."""
+"""Exceptions raised by hybridmpi, and ending the job when one rank fails."""
+
+import contextlib
+import sys
+import traceback
 
 
 class SyncTimeout(RuntimeError):
@@ -46,3 +50,41 @@ class PatternError(ValueError):
     The message names the rank where the problem was found, the peer and the
     offending id or count.
     """
+
+
+@contextlib.contextmanager
+def abort_on_error(code=1):
+    """End the whole MPI job when the body raises on this rank, as ``python -m mpi4py`` does:
+    print the rank's traceback to stderr, then ``MPI.COMM_WORLD.Abort(code)``, so that
+    ``mpiexec`` returns non-zero within seconds instead of the other ranks waiting for this
+    one.  With one rank (or MPI not initialized) the exception propagates as usual.
+
+    Put it inside the ``with HybridComm(...)`` so that nothing collective runs after the error::
+
+        with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc, hybridmpi.abort_on_error():
+            ...
+    """
+    try:
+        yield
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            _abort_job(e.code if isinstance(e.code, int) else code, None)
+        raise
+    except BaseException:
+        _abort_job(code, traceback.format_exc())
+        raise
+
+
+def _abort_job(code, trace):
+    """Print ``trace`` (with this rank's number) and abort the job when several ranks run."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    world = MPI.COMM_WORLD
+    if world.Get_size() < 2:
+        return
+    if trace:
+        sys.stderr.write(f"hybridmpi: rank {world.Get_rank()} failed; aborting the job:\n{trace}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    world.Abort(code)

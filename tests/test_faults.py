@@ -42,6 +42,26 @@ def test_raise_under_mpi4py_aborts_the_job():
     assert rc != 0 and "injected fault on rank 1" in out and time.monotonic() - t0 < 30, out
 
 
+def test_raise_inside_with_block_reaches_every_rank():
+    """No timeout: rank 1 raises in its own code inside `with HybridComm`; leaving the block
+    breaks the comm, so the others raise PeerError instead of waiting, and all free it."""
+    t0 = time.monotonic()
+    rc, out = launch(3, [FAULT, "with-block"], abort=False, check=False, timeout=60)
+    assert rc != 0 and time.monotonic() - t0 < 30, out
+    assert "injected fault on rank 1" in out, out
+    for r in (0, 2):
+        assert re.search(rf"rank {r}: PeerError peer=\d", out), out
+
+
+def test_abort_on_error_ends_the_job():
+    """No timeout, no `python -m mpi4py`: `hybridmpi.abort_on_error()` prints the failing
+    rank's traceback and aborts the job."""
+    t0 = time.monotonic()
+    rc, out = launch(3, [FAULT, "abort-on-error"], abort=False, check=False, timeout=60)
+    assert rc != 0 and time.monotonic() - t0 < 30, out
+    assert "rank 1 failed; aborting the job" in out and "injected fault on rank 1" in out, out
+
+
 def test_sigkill_ends_the_job():
     t0 = time.monotonic()
     rc, out = launch(3, [FAULT, "kill"], env=ENV, check=False, timeout=60)

@@ -178,6 +178,8 @@ def run_sequence(hc, draw, drift, world, scattered, n_ops, fault_at, fault_rank,
         third = str(draw.choice(["atomic", "atomic", "flat", "neighbor"]))
         halos = [Halo(pat), Halo(pat, dtype=np.float32, block=3), Halo(pat, dtype=np.int64, method=third)]
         vectors = [[h.vector(), h.vector()] for h in halos]
+        # private arrays kept from call to call (the Halos' hot path), next to fresh ones
+        kept = [np.empty((pat.size,) if h.block == 1 else (pat.size, h.block), h.dtype) for h in halos]
         mem = GlobalMemory(hc, 8)
         counter = GlobalMemory(hc, 1, np.int64)
         co = Coarray(hc, (2, 4))
@@ -186,7 +188,8 @@ def run_sequence(hc, draw, drift, world, scattered, n_ops, fault_at, fault_rank,
         for k in range(n_ops):
             op = OPS[int(draw.choice(len(OPS), p=WEIGHTS))]
             hi = int(draw.choice([0, 0, 1, 2]))
-            use_vec = int(draw.integers(0, 3))  # 0, 1: a shared vector; 2: a private array
+            use_vec = int(draw.integers(0, 4))  # 0, 1: a shared vector; 2: a new private array;
+            #                                      3: a kept private array
             rop = str(draw.choice(["add", "min", "max", "insert"]))
             nlen = int(draw.choice(AR_LENGTHS))
             bmethod = str(draw.choice(["dissemination", "tree", "linear"]))
@@ -194,7 +197,8 @@ def run_sequence(hc, draw, drift, world, scattered, n_ops, fault_at, fault_rank,
             pause(drift, max_us)
             h = halos[hi]
             shape = (pat.size,) if h.block == 1 else (pat.size, h.block)
-            x = vectors[hi][use_vec] if use_vec < 2 else np.empty(shape, h.dtype)
+            x = (vectors[hi][use_vec] if use_vec < 2 else kept[hi] if use_vec == 3
+                 else np.empty(shape, h.dtype))
             blk = functools.partial(blocked, h.block)
             # the fault goes into the first operation from fault_at that can fail (the same
             # decision on every rank)

@@ -291,6 +291,11 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t epoch, int op, int ordered);
  * call. */
 int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t epoch, int op, int ordered);
 
+/* hm_xchg_both(s, r, x, epoch, HM_INSERT, 0): a whole forward update, its
+ * arguments in the order of hm_zc_update's last two (Halo.update's hot path
+ * binds the first ones once). */
+int hm_xchg_update(hm_xchg *s, hm_xchg *r, void *x, uint64_t epoch);
+
 /* ------------------------------------------------------------------ zero-copy (shared vectors) */
 
 /* One channel of a zero-copy update, seen from the rank that copies: the

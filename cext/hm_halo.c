@@ -241,6 +241,11 @@ int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t e, int op, int ordere
     return rc != HM_OK ? rc : hm_xchg_recv(r, x, e, op, ordered);
 }
 
+int hm_xchg_update(hm_xchg *s, hm_xchg *r, void *x, uint64_t e)
+{
+    return hm_xchg_both(s, r, x, e, HM_INSERT, 0);
+}
+
 void hm_poison(int n, void **words, uint64_t bits)
 {
     for (int i = 0; i < n; i++)

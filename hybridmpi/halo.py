@@ -1,5 +1,6 @@
 """Halo: the ghost update of a GhostPattern, with a choice of transport."""
 
+import functools
 import os
 import warnings
 
@@ -17,7 +18,7 @@ _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "
 _WHAT = {FWD: "update", REV: "reverse"}
 _COLD = (None, None, None, None, None)  # no hot array yet (Halo.update)
 _xchg_both = lib.hm_xchg_both
-_INSERT = lib.HM_INSERT
+_xchg_update = lib.hm_xchg_update
 # Two MPI tags per Halo (one per direction), so Halos on one HybridComm never
 # match each other's messages.
 _TAG_BASE = 100
@@ -118,6 +119,7 @@ class Halo:
         self._current = FWD
         self._view = (None, None)
         self._broken = None
+        self._bad_calls = 0  # calls this rank made with invalid arguments (notify_bad)
         self._vectors = []   # (array, arena block, ZeroCopy or None) of vector()
         self.zero_copy = False  # whether vector()s are updated without staging buffers
         self._theirs = None  # per direction: each node peer's ids of its channel to this rank
@@ -142,14 +144,14 @@ class Halo:
             if pids and hc.comm.allreduce(int(on and long_runs(self._t, self._node_ids(), CMA_MIN_RUN)),
                                           op=hc._MPI.MIN):
                 self._cma = ZeroCopy(self._t, lib.HM_TAG_CMA, None, self._theirs, pids)
-        # The hot path: a blocking update or reverse of the private array (or vector without
-        # zero copy) of the last such call, method atomic, every peer on this node: one
-        # identity test and three cheap checks, then one C call (_fast: the C exchanges).
+        # The hot path: a blocking update or reverse of the array of the last such call,
+        # method atomic, every peer on this node: one identity test and three cheap checks,
+        # then one C call (_fast: the packed exchanges of each direction, or None).
         self._fast = [None, None]
         if self.method == "atomic":
             for d in (FWD, REV):
                 s = self._t.dirs[d]
-                if s.msgs.empty and not (d == FWD and self._cma):
+                if s.msgs.empty:
                     self._fast[d] = (s.send.x, s.recv.x)
         self._hot_f = self._hot_r = _COLD
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
@@ -324,21 +326,24 @@ class Halo:
             lib.hm_poison(len(words), [ffi.cast("void *", w) for w in words], bits)
 
     def _bad_call(self, exc, d):
-        """Raise ``exc``, this rank's invalid arguments, after telling the node peers (method
-        atomic): the call is made with an 'invalid' tag instead of data.  When every peer's
-        arguments were invalid too, the Halo stays usable; otherwise every rank raises.
-        Peers reached by MPI messages (other nodes, other methods) cannot be told that way:
-        then the call fails as if it had started, and the HybridComm breaks."""
+        """Raise ``exc``, this rank's invalid arguments, after making the call with an
+        'invalid' mark instead of data (methods atomic, flat, neighbor): node peers see the
+        mark in the tag word, peers reached by MPI messages get a notice (or, with neighbor,
+        the mark in the message header).  A peer whose arguments were valid and that reads
+        from this rank raises ValueError (the Halo becomes unusable there); when every peer's
+        arguments were invalid too, the Halo stays usable.  No message of the call is left
+        behind for the next one."""
         bad = getattr(self._t, "bad_call", None)
-        nbrs = self.pattern.neighbors
-        if not len(nbrs):
-            raise exc
-        if bad is None or any(p not in self.hc.node_ranks for p in nbrs):
-            self._failed(exc)
+        if bad is None or not len(self.pattern.neighbors) or self.hc.size == 1:
             raise exc
         e = self._epoch[d] = self._epoch[d] + 1
         self._current = d
-        rc, _ = bad(d, e)
+        try:
+            rc = bad(d, e)
+        except BaseException as err:
+            self._failed(err)
+            raise
+        self._bad_calls += 1
         if rc != lib.HM_OK:
             self._failed(exc)
         raise exc
@@ -426,9 +431,9 @@ class Halo:
                 and x.dtype is self.dtype and x.shape == hot[2] and x.flags.writeable):
             e = self._epoch[FWD] = self._epoch[FWD] + 1
             self._current = FWD
-            rc = _xchg_both(hot[3], hot[4], hot[1], e, _INSERT, FWD)
+            rc = hot[3](hot[1], e)
             if rc:
-                self._fast_error(FWD, rc)
+                hot[4](rc)
             return
         self._update(x)
 
@@ -448,8 +453,7 @@ class Halo:
         except BaseException as exc:
             self._failed(exc)
             raise
-        if not zc and self._fast[FWD] is not None:
-            self._hot_f = (x, buf, x.shape) + self._fast[FWD]
+        self._heat(x, buf, zc)
 
     def update_begin(self, x):
         """Start :meth:`update`: the owned values are sent (copied) now."""
@@ -521,11 +525,25 @@ class Halo:
         if not zc and self._fast[REV] is not None:
             self._hot_r = (x, buf, x.shape) + self._fast[REV]
 
+    def _heat(self, x, buf, zc):
+        """After a blocking update of ``x`` (through ``zc``, or packed): make ``x`` the hot
+        array if that path is one C call of (buf, epoch)."""
+        if zc:
+            call = zc.whole_call()
+            if call is not None:
+                self._hot_f = (x, buf, x.shape, call, functools.partial(self._hot_error, zc.check))
+        elif self._fast[FWD] is not None:
+            self._hot_f = (x, buf, x.shape, functools.partial(_xchg_update, *self._fast[FWD]),
+                           functools.partial(self._fast_error, FWD))
+
     def _fast_error(self, d, rc):
-        """The hot path's C call returned ``rc``: raise as the transport would."""
+        """The hot path's packed exchange returned ``rc``: raise as the transport would."""
         s = self._t.dirs[d]
+        self._hot_error(lambda rc: self.check(rc, s.send if s.send.x.err.code else s.recv), rc)
+
+    def _hot_error(self, check, rc):
         try:
-            self.check(rc, s.send if s.send.x.err.code else s.recv)
+            check(rc)
         except BaseException as exc:
             self._failed(exc)
             raise

@@ -93,6 +93,20 @@ def private_chans(specs, esz):
 #: MPI tag of the notice a rank sends every other rank when its HybridComm breaks (payload:
 #: the HybridComm's nonce), so that ranks waiting on MPI requests raise instead of waiting
 ERROR_TAG = 32700
+#: MPI tag of the notice a rank whose arguments to a Halo call were invalid sends the peers
+#: it exchanges messages with (payload: nonce, Halo tag, direction, call, the Halo's count
+#: of invalid calls so far), so that a peer whose arguments were valid raises instead of
+#: waiting for its messages; a peer that was invalid too never waits for it
+BAD_TAG = 32701
+
+
+def notify_bad(halo, peers, d, e):
+    """Tell ``peers`` that this rank's call ``e`` of direction ``d`` had invalid arguments."""
+    hc = halo.hc
+    note = np.array([hc._nonce, halo.tag, d, e, halo._bad_calls], dtype=np.int64)
+    hc._notices.append(note)  # kept alive until the HybridComm is freed
+    for p in peers:
+        hc.comm.Isend(note, p, BAD_TAG).Free()
 
 
 def complete(halo, reqs, peers, what, e):
@@ -109,6 +123,10 @@ def complete(halo, reqs, peers, what, e):
             peer = halo.hc._failure_notice()
             if peer is not None:
                 raise halo.peer_failed(peer)
+            bad = halo.hc._bad_notice(halo.tag, REV if what == "reverse" else FWD, e,
+                                      halo._bad_calls)
+            if bad is not None:
+                raise halo.mismatch_error(bad, lib.HM_TAG_BAD)
         if deadline is not None and time.monotonic() > deadline:
             late = [peers[i] for i, r in enumerate(reqs) if not r.Test()]
             raise halo.timeout_error(f"{what}: the messages with ranks {late} of call {e} did not "
@@ -191,6 +209,48 @@ class Messages:
         self.halo.check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
         reqs += [comm.Isend(v, p, tag) for p, v in self._pairs[1]]
         self._reqs = reqs
+
+    def bad(self, d, e):
+        """Call ``e`` (direction ``d``) for a rank whose arguments were invalid: tell the peers
+        that receive from this rank (they raise unless theirs were invalid too), and take
+        and drop what each other peer sends, or its own notice that it was invalid too, so
+        that no message of this call is left for the next one."""
+        if self.empty:
+            return
+        halo, comm, tag = self.halo, self._comm, self._tag
+        senders = [p for p, _ in self._pairs[0]]
+        receivers = [p for p, _ in self._pairs[1]]
+        if receivers:
+            notify_bad(halo, receivers, d, e)
+        if not senders:
+            return
+        if self._persistent:
+            reqs = self._reqs[:len(senders)]
+            halo.hc._MPI.Prequest.Startall(reqs)
+        else:
+            reqs = [comm.Irecv(v, p, tag) for p, v in self._pairs[0]]
+        hc = halo.hc
+        left = set(range(len(reqs)))
+        deadline = None if halo.timeout is None else time.monotonic() + halo.timeout
+        polls = 0
+        while left:
+            for i in list(left):
+                if reqs[i].Test():
+                    left.discard(i)
+                elif polls % 64 == 63 and hc._bad_notice(halo.tag, d, e, halo._bad_calls,
+                                                         senders[i]) is not None:
+                    reqs[i].Cancel()  # that peer's arguments were invalid too: no message
+                    reqs[i].Wait()
+                    left.discard(i)
+            polls += 1
+            if polls % 64 == 0 and hc._failure_notice() is not None:
+                raise halo.peer_failed(hc._notice_from)
+            if left and deadline is not None and time.monotonic() > deadline:
+                late = [senders[i] for i in sorted(left)]
+                raise halo.timeout_error(f"the messages from ranks {late} of call {e} did not "
+                                         "arrive", late[0] if len(late) == 1 else None, "message", e)
+            if left and polls > hc._st.policy.spin:
+                os.sched_yield()
 
     def wait(self, what, e):
         """Complete the messages started last."""

@@ -8,6 +8,8 @@ intranode part of a call is one C call.  Internode channels are persistent
 MPI requests, started before the intranode work and completed after it.
 """
 
+import functools
+
 import numpy as np
 
 from .._clib import copy_policy, ffi, lib
@@ -28,12 +30,15 @@ class Atomic(ShmTransport):
 
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: publish
-        HM_TAG_BAD instead of data and read the peers' tags (nothing is copied).  Returns
-        the C core's code and error: HM_OK when every node peer was invalid too."""
+        HM_TAG_BAD instead of data and read the node peers' tags (nothing is copied), and
+        the same over messages (Messages.bad).  Returns the C core's code: HM_OK when every
+        node peer was invalid too."""
         if self._bad is None:
             self._bad = [ZeroCopy(self, lib.HM_TAG_BAD, None, None, None, empty=True, only=d2)
                          for d2 in (FWD, REV)]
-        return self._bad[d].bad(e)
+        rc, _ = self._bad[d].bad(e)
+        self.dirs[d].msgs.bad(d, e)
+        return rc
 
     def run(self, d, xbuf, e, op):
         s = self.dirs[d]
@@ -153,6 +158,17 @@ class ZeroCopy:
         rc = lib.hm_zc_update(pulls, readers, ready, tags, self.tag, xbuf, e)
         if rc:
             self._check(rc, pulls)
+
+    def whole_call(self):
+        """The C call of a whole forward update as f(xbuf, e), or None when messages go to
+        other nodes (Halo.update's hot path)."""
+        if self._whole is None:
+            return None
+        return functools.partial(lib.hm_zc_update, *self._whole, self.tag)
+
+    def check(self, rc):
+        """Raise the error of a whole forward update that returned ``rc``."""
+        self._check(rc, self._whole[0])
 
     def begin(self, d, xbuf, e):
         """Start the messages (packed, across nodes), then publish this vector inside the node."""

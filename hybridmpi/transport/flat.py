@@ -20,6 +20,11 @@ class Flat(Transport):
         m.wait("reverse" if d == REV else "update", e)
         self.halo.check(lib.hm_xchg_recv(m.recv.x, xbuf, e, op, d), m.recv)
 
+    def bad_call(self, d, e):
+        """Call ``e`` of direction ``d`` with invalid arguments on this rank (Messages.bad)."""
+        self.msgs[d].bad(d, e)
+        return lib.HM_OK
+
     def free(self):
         for m in self.msgs:
             m.free()

@@ -5,8 +5,9 @@ The graph communicator belongs to the pattern and is shared by its Halos
 using it frees it.  Nonblocking collectives on one communicator match in the
 order they are started, so Halos of one pattern begun in different orders on
 different ranks would exchange each other's data: every message starts with a
-16-byte header (the Halo's tag, the call and direction), which the receiver
-checks before it unpacks anything.
+16-byte header (the Halo's tag, the call and direction; negative from a rank
+whose arguments were invalid), which the receiver checks before it unpacks
+anything.
 """
 
 import numpy as np
@@ -73,8 +74,21 @@ class Neighbor(Transport):
         stamp = 2 * e + d
         for p, h in zip(self.nbrs, rhdr):
             if h[0] != self.halo.tag or h[1] != stamp:
+                if h[0] == self.halo.tag and h[1] == -1 - stamp:
+                    raise self.halo.mismatch_error(p, lib.HM_TAG_BAD)
                 raise self.halo.order_error(p, int(h[0]), int(h[1]) >> 1, int(h[1]) & 1)
         self.halo.check(lib.hm_xchg_recv(recv.x, xbuf, e, op, d), recv)
+
+    def bad_call(self, d, e):
+        """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: take part in
+        the collective with headers marked invalid (-1 - stamp) and nothing packed; the
+        peers' messages are dropped."""
+        _, _, args, shdr, _ = self.dirs[d]
+        for h in shdr:
+            h[0], h[1] = self.halo.tag, -1 - (2 * e + d)
+        self._req = self.graph.Ineighbor_alltoallv(*args)
+        complete(self.halo, [self._req], [None], "reverse" if d == REV else "update", e)
+        return lib.HM_OK
 
     def free(self):
         if self._req is not None:

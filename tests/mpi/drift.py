@@ -164,7 +164,7 @@ def sequence(seed, n_ops, node_size, max_us, fault):
 
 
 RAISED_AT = 0.0
-FIRED = False  # whether the sequence's fault was injected (the same on every rank)
+FIRED = False  # whether this rank reached the sequence's faulty operation
 
 
 def run_sequence(hc, draw, drift, world, scattered, n_ops, fault_at, fault_rank, max_us):
@@ -335,8 +335,10 @@ def main():
             err = traceback.format_exc()
         raised_at = RAISED_AT  # one machine: one clock
         errs = comm.allgather(err)
+        # a rank that failed (as it must) before reaching the faulty operation never drew it
+        fired = comm.allreduce(FIRED, op=MPI.LOR)
         times = comm.allgather(raised_at)
-        if a.fault and FIRED:
+        if a.fault and fired:
             # every rank must have raised: the injected rank its fault, the others an error
             spread = max(times) - min(times)
             ok = all(errs) and spread < 2.0

@@ -370,6 +370,54 @@ def case_neighbor_order(comm, rng, **cfg):
         hc.free()
 
 
+def case_one_rank_bad_arguments(comm, rng, **cfg):
+    """One rank passes an invalid array, its peers valid ones, on a one-way pattern (rank 0
+    sends, rank 1 only receives): the receiver of an invalid sender raises; a valid sender
+    of an invalid receiver may return.  Then the next valid call either gives every rank the
+    right values (nothing of the failed call was left behind) or raises on every rank."""
+    if comm.size != 2:
+        return
+    for method in ("atomic", "flat", "neighbor"):
+        for bad_rank in (0, 1):
+            with hc_of(comm, cfg) as hc:
+                r = hc.rank
+                pat = GhostPattern(hc, send={1: [0, 1]} if r == 0 else {},
+                                   recv={0: [2, 3]} if r == 1 else {}, size=4)
+                h = Halo(pat, method=method)
+                x = np.full(4, -1.0)
+                x[:2] = 10 * r + np.arange(2)
+                err = None
+                try:
+                    h.update(x if r != bad_rank else x.astype(np.float32))
+                except (TypeError, ValueError, hybridmpi.PeerError) as e:
+                    err = type(e).__name__
+                errs = comm.allgather(err)
+                assert errs[bad_rank] == "TypeError", (method, bad_rank, errs)
+                if bad_rank == 0:
+                    assert errs[1] in ("ValueError", "PeerError"), (method, errs)
+                # then valid calls and a barrier: a receiver that returns has the new
+                # values; a rank stops at its first error, and by the barrier either every
+                # rank raised or none did (a one-way sender needs no peer until then)
+                after = None
+                for k in range(3):
+                    x[:2] = 100 * (k + 1) + 10 * r + np.arange(2)
+                    try:
+                        h.update(x)
+                    except (RuntimeError, ValueError) as e:
+                        after = type(e).__name__
+                        break
+                    if r == 1:
+                        assert list(x[2:]) == [100.0 * (k + 1), 100.0 * (k + 1) + 1], (method, x)
+                if after is None:
+                    try:
+                        hc.barrier()
+                    except (RuntimeError, ValueError) as e:
+                        after = type(e).__name__
+                afters = comm.allgather(after)
+                assert all(a is None for a in afters) or all(afters), (method, bad_rank, afters)
+                h.free()
+
+
 def case_consecutive_updates(comm, rng, iters, **cfg):
     """Many calls in a row, fresh data each time, two Halos interleaved."""
     with hc_of(comm, cfg) as hc:
@@ -596,7 +644,7 @@ def case_timeout_names_peer(comm, rng, **cfg):
 
 CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_vectors,
          case_cross_memory_attach, case_cross_memory_attach_failure, case_mismatched_vectors,
-         case_neighbor_order, case_consecutive_updates,
+         case_neighbor_order, case_one_rank_bad_arguments, case_consecutive_updates,
          case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
          case_timeout_names_peer]
 

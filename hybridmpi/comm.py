@@ -374,7 +374,6 @@ class HybridComm:
         self._tags = 0
         self._notices = []  # the failure notice this rank sent (_break)
         self._notice_from = None  # the first rank whose failure notice came
-        self._bad_notes = set()  # (Halo tag, direction, call, invalid calls before, rank)
         self.arena = Arena(self)  # shared memory of Halos and global memory
         self._gm = None  # the state of sync_images, made with the first GlobalMemory
         self._cma = None  # _cma_pids(): not probed yet
@@ -667,30 +666,6 @@ class HybridComm:
                     self._notice_from = status.Get_source()
                     break
         return self._notice_from
-
-    def _bad_notice(self, tag, d, e, count, src=None):
-        """A rank (``src``, or any) that told this one its arguments to call ``e`` (direction
-        ``d``) of the Halo with ``tag`` were invalid (transport._base.notify_bad), else None.
-        ``count`` is this rank's count of invalid calls on that Halo: notices of calls that
-        every rank found invalid (an older count) are dropped."""
-        from .transport._base import BAD_TAG
-
-        MPI = self._MPI
-        status = MPI.Status()
-        notes = self._bad_notes
-        while self.comm.Iprobe(MPI.ANY_SOURCE, BAD_TAG, status):
-            note = np.empty(5, dtype=np.int64)
-            self.comm.Recv(note, status.Get_source(), BAD_TAG)
-            if int(note[0]) == self._nonce:
-                notes.add(tuple(int(v) for v in note[1:]) + (status.Get_source(),))
-        if not notes:
-            return None
-        for key in [k for k in notes if k[0] == tag and k[3] < count]:
-            notes.discard(key)
-        for k in notes:
-            if k[:4] == (tag, d, e, count) and (src is None or k[4] == src):
-                return k[4]
-        return None
 
     # ------------------------------------------------------------ barrier
 

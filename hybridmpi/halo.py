@@ -113,13 +113,15 @@ class Halo:
         self.esz = dt.itemsize * block
         self.timeout = hc.timeout
         self.tag = _TAG_BASE + 2 * (hc._next_tag() % _TAG_SLOTS)
-        self._shapes = ((pattern.size, block),) if block > 1 else ((pattern.size,), (pattern.size, 1))
+        # block > 1: rows of `block` values, or the same values flat (as DOLFINx and PETSc
+        # store blocked vectors: u.x.array, vec.array)
+        self._shapes = (((pattern.size, block), (pattern.size * block,)) if block > 1
+                        else ((pattern.size,), (pattern.size, 1)))
         self._epoch = [0, 0]
         self._pending = None
         self._current = FWD
         self._view = (None, None)
         self._broken = None
-        self._bad_calls = 0  # calls this rank made with invalid arguments (notify_bad)
         self._vectors = []   # (array, arena block, ZeroCopy or None) of vector()
         self.zero_copy = False  # whether vector()s are updated without staging buffers
         self._theirs = None  # per direction: each node peer's ids of its channel to this rank
@@ -328,8 +330,8 @@ class Halo:
     def _bad_call(self, exc, d):
         """Raise ``exc``, this rank's invalid arguments, after making the call with an
         'invalid' mark instead of data (methods atomic, flat, neighbor): node peers see the
-        mark in the tag word, peers reached by MPI messages get a notice (or, with neighbor,
-        the mark in the message header).  A peer whose arguments were valid and that reads
+        mark in the tag word, peers reached by MPI messages get an empty message (with
+        neighbor, a marked header) where the data would be.  A peer whose arguments were valid and that reads
         from this rank raises ValueError (the Halo becomes unusable there); when every peer's
         arguments were invalid too, the Halo stays usable.  No message of the call is left
         behind for the next one."""
@@ -343,7 +345,6 @@ class Halo:
         except BaseException as err:
             self._failed(err)
             raise
-        self._bad_calls += 1
         if rc != lib.HM_OK:
             self._failed(exc)
         raise exc

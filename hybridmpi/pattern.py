@@ -320,6 +320,53 @@ class GhostPattern:
         pattern._set(hc, send, recv, n_owned + gh.size, n_owned)
         return pattern
 
+    @classmethod
+    def from_index_map(cls, hc, index_map):
+        """The pattern of a DOLFINx ``IndexMap`` (collective; DOLFINx 0.5 and newer).
+
+        Local ids are DOLFINx's: owned ``0 .. size_local-1``, then the ghosts in the map's
+        order, so a Halo of this pattern (with ``block=bs``) updates ``u.x.array`` as it is,
+        with the same bits as ``scatter_forward``/``scatter_reverse``.
+
+        Raises:
+            PatternError: not an IndexMap, or one whose ranges do not tile this HybridComm's
+                ranks (made on another communicator), or ghosts outside their owner's range
+                (every rank).
+        """
+        from .interop import from_index_map
+
+        return from_index_map(hc, index_map)
+
+    @classmethod
+    def from_sf(cls, hc, sf, size=None):
+        """The pattern of a petsc4py star forest whose roots and leaves index one local array
+        (collective): a DMPlex point SF (``dm.getPointSF()``), a Firedrake halo.
+
+        A leaf that references another rank's root is a ghost of that root; a leaf that
+        references this rank's own root must be that same entry.  ``size`` is the number
+        of roots; :meth:`Halo.update` then does the SF's broadcast, :meth:`Halo.reverse` its
+        reduction.  ``size`` (optional) is the local array's length; it is needed when the SF
+        has no graph (PETSc leaves a DMPlex's point SF without one on a single rank).
+
+        Raises:
+            PatternError: not an SF, an SF on another communicator, a leaf outside the roots,
+                a self-leaf that references another entry, or a leaf whose root is a ghost on
+                its owner (every rank).
+        """
+        from .interop import from_sf
+
+        return from_sf(hc, sf, size)
+
+    def to_sf(self):
+        """This pattern as a petsc4py ``PETSc.SF`` (collective): roots and leaves index the
+        local vector; each ghost is a leaf of its owner's point.  ``bcast`` with
+        ``MPI.REPLACE`` does what :meth:`Halo.update` does, ``reduce`` what
+        :meth:`Halo.reverse` does, so PETSc and Firedrake tools can use a pattern made here.
+        Needs petsc4py built on the same MPI as mpi4py."""
+        from .interop import to_sf
+
+        return to_sf(self)
+
     def __repr__(self):
         return (f"<GhostPattern rank {self.hc.rank}: {self.n_owned} owned, {self.n_ghosts} ghosts, "
                 f"{len(self.intranode)} intranode + {len(self.internode)} internode neighbors>")

@@ -93,40 +93,22 @@ def private_chans(specs, esz):
 #: MPI tag of the notice a rank sends every other rank when its HybridComm breaks (payload:
 #: the HybridComm's nonce), so that ranks waiting on MPI requests raise instead of waiting
 ERROR_TAG = 32700
-#: MPI tag of the notice a rank whose arguments to a Halo call were invalid sends the peers
-#: it exchanges messages with (payload: nonce, Halo tag, direction, call, the Halo's count
-#: of invalid calls so far), so that a peer whose arguments were valid raises instead of
-#: waiting for its messages; a peer that was invalid too never waits for it
-BAD_TAG = 32701
 
-
-def notify_bad(halo, peers, d, e):
-    """Tell ``peers`` that this rank's call ``e`` of direction ``d`` had invalid arguments."""
-    hc = halo.hc
-    note = np.array([hc._nonce, halo.tag, d, e, halo._bad_calls], dtype=np.int64)
-    hc._notices.append(note)  # kept alive until the HybridComm is freed
-    for p in peers:
-        hc.comm.Isend(note, p, BAD_TAG).Free()
-
-
-def complete(halo, reqs, peers, what, e):
+def complete(halo, reqs, peers, what, e, statuses=None):
     """Complete MPI requests, under the Halo's deadline if it has one; a failure notice from
-    a peer ends the wait with PeerError."""
+    a peer ends the wait with PeerError.  ``statuses`` (a list as long as ``reqs``) receive
+    the requests' statuses."""
     MPI = halo.hc._MPI
-    if MPI.Request.Testall(reqs):
+    if MPI.Request.Testall(reqs, statuses):
         return
     deadline = None if halo.timeout is None else time.monotonic() + halo.timeout
     polls, spin = 0, halo.hc._st.policy.spin
-    while not MPI.Request.Testall(reqs):
+    while not MPI.Request.Testall(reqs, statuses):
         polls += 1
         if polls % 64 == 0:
             peer = halo.hc._failure_notice()
             if peer is not None:
                 raise halo.peer_failed(peer)
-            bad = halo.hc._bad_notice(halo.tag, REV if what == "reverse" else FWD, e,
-                                      halo._bad_calls)
-            if bad is not None:
-                raise halo.mismatch_error(bad, lib.HM_TAG_BAD)
         if deadline is not None and time.monotonic() > deadline:
             late = [peers[i] for i, r in enumerate(reqs) if not r.Test()]
             raise halo.timeout_error(f"{what}: the messages with ranks {late} of call {e} did not "
@@ -164,6 +146,9 @@ def release(reqs, *buffers):
         _PENDING.append((list(reqs), buffers))
 
 
+_EMPTY = bytearray(0)
+
+
 class Transport:
     """What every method shares: a whole call is its begin then its end."""
 
@@ -195,6 +180,10 @@ class Messages:
             self._reqs = ([comm.Recv_init(v, p, tag) for p, v in self._pairs[0]]
                           + [comm.Send_init(v, p, tag) for p, v in self._pairs[1]])
         self.empty = not self.peers
+        self._MPI = halo.hc._MPI
+        self._statuses = [self._MPI.Status() for _ in self.peers]
+        # the receives that carry data (an empty one is an invalid call's mark)
+        self._expect = [i for i, (_, v) in enumerate(self._pairs[0]) if v.size]
 
     def start(self, xbuf, e):
         """Pack the sends and start every message."""
@@ -211,51 +200,28 @@ class Messages:
         self._reqs = reqs
 
     def bad(self, d, e):
-        """Call ``e`` (direction ``d``) for a rank whose arguments were invalid: tell the peers
-        that receive from this rank (they raise unless theirs were invalid too), and take
-        and drop what each other peer sends, or its own notice that it was invalid too, so
-        that no message of this call is left for the next one."""
+        """Call ``e`` (direction ``d``) for a rank whose arguments were invalid: an empty
+        message where each receiver expects data (it raises unless its arguments were invalid
+        too), and each sender's message or empty message taken and dropped, so that nothing
+        of this call is left for the next one (a message and its mark share the data's tag:
+        MPI keeps them in order)."""
         if self.empty:
             return
-        halo, comm, tag = self.halo, self._comm, self._tag
-        senders = [p for p, _ in self._pairs[0]]
-        receivers = [p for p, _ in self._pairs[1]]
-        if receivers:
-            notify_bad(halo, receivers, d, e)
-        if not senders:
-            return
-        if self._persistent:
-            reqs = self._reqs[:len(senders)]
-            halo.hc._MPI.Prequest.Startall(reqs)
-        else:
-            reqs = [comm.Irecv(v, p, tag) for p, v in self._pairs[0]]
-        hc = halo.hc
-        left = set(range(len(reqs)))
-        deadline = None if halo.timeout is None else time.monotonic() + halo.timeout
-        polls = 0
-        while left:
-            for i in list(left):
-                if reqs[i].Test():
-                    left.discard(i)
-                elif polls % 64 == 63 and hc._bad_notice(halo.tag, d, e, halo._bad_calls,
-                                                         senders[i]) is not None:
-                    reqs[i].Cancel()  # that peer's arguments were invalid too: no message
-                    reqs[i].Wait()
-                    left.discard(i)
-            polls += 1
-            if polls % 64 == 0 and hc._failure_notice() is not None:
-                raise halo.peer_failed(hc._notice_from)
-            if left and deadline is not None and time.monotonic() > deadline:
-                late = [senders[i] for i in sorted(left)]
-                raise halo.timeout_error(f"the messages from ranks {late} of call {e} did not "
-                                         "arrive", late[0] if len(late) == 1 else None, "message", e)
-            if left and polls > hc._st.policy.spin:
-                os.sched_yield()
+        comm, tag = self._comm, self._tag
+        reqs = [comm.Irecv(v, p, tag) for p, v in self._pairs[0]]
+        reqs += [comm.Isend(_EMPTY, p, tag) for p, _ in self._pairs[1]]
+        complete(self.halo, reqs, self.peers, "reverse" if d else "update", e)
 
     def wait(self, what, e):
-        """Complete the messages started last."""
-        if not self.empty:
-            complete(self.halo, self._reqs, self.peers, what, e)
+        """Complete the messages started last; an empty message from a peer (its arguments
+        were invalid: Messages.bad) raises ValueError once all completed."""
+        if self.empty:
+            return
+        st = self._statuses
+        complete(self.halo, self._reqs, self.peers, what, e, st)
+        for i in self._expect:
+            if st[i].Get_count(self._MPI.BYTE) == 0:
+                raise self.halo.mismatch_error(self.peers[i], lib.HM_TAG_BAD)
 
     def free(self):
         release(self._reqs, self._sbuf, self._rbuf)

@@ -1,0 +1,178 @@
+"""Patterns from where users' numberings live: a DOLFINx ``IndexMap`` and a PETSc star forest;
+and a pattern as a PETSc star forest.
+
+Both give each ghost its owner and the owner's local id, so one exchange of those ids builds
+the send lists (``from_remote``); nothing imports DOLFINx or petsc4py until it is asked for.
+"""
+
+import numpy as np
+
+from .pattern import GhostPattern, _agree, _alltoallv
+
+
+def _attr(obj, name):
+    """``obj.name``, called if it is a method (DOLFINx changed some between versions)."""
+    value = getattr(obj, name)
+    return value() if callable(value) else value
+
+
+def from_remote(hc, size, n_owned, ghost_local, owner, remote):
+    """The pattern of ghosts at local ids ``ghost_local``, each owned by rank ``owner[i]`` at
+    its local id ``remote[i]`` (collective).  Ghosts receive from their owners in the order
+    given; each owner sends in the order its peer asked.  A requested id that is out of the
+    owner's range or a ghost there raises PatternError on every rank."""
+    comm, MPI, rank = hc.comm, hc._MPI, hc.rank
+    by_owner = np.argsort(owner, kind="stable")
+    peers, starts = np.unique(owner[by_owner], return_index=True)
+    bounds = list(starts) + [owner.size]
+    recv = {int(p): ghost_local[by_owner[bounds[i]:bounds[i + 1]]].astype(np.int64)
+            for i, p in enumerate(peers)}
+    wanted, _, wcounts, _ = _alltoallv(comm, MPI, remote, owner, hc.size)
+    problem = None
+    askers = np.repeat(np.arange(hc.size), wcounts)
+    bad = np.flatnonzero((wanted < 0) | (wanted >= size))
+    if bad.size:
+        problem = (f"rank {rank}: rank {int(askers[bad[0]])} has a ghost at this rank's local "
+                   f"id {int(wanted[bad[0]])}, outside [0, {size})")
+    elif ghost_local.size and wanted.size:
+        hit = np.flatnonzero(np.isin(wanted, ghost_local))
+        if hit.size:
+            problem = (f"rank {rank}: rank {int(askers[hit[0]])} has a ghost at this rank's "
+                       f"local id {int(wanted[hit[0]])}, which is a ghost here too")
+    _agree(comm, problem)
+    send, start = {}, 0
+    for p in np.flatnonzero(wcounts):
+        k = int(wcounts[p])
+        send[int(p)] = wanted[start:start + k].astype(np.int64)
+        start += k
+    pattern = GhostPattern.__new__(GhostPattern)
+    pattern._set(hc, send, recv, size, n_owned)
+    return pattern
+
+
+def from_index_map(hc, index_map):
+    """See :meth:`GhostPattern.from_index_map`."""
+    comm = GhostPattern._comm_of(hc)
+    rank = hc.rank
+    problem, n, lo, ghosts, owners, size_global = None, 0, 0, None, None, None
+    try:
+        n = int(_attr(index_map, "size_local"))
+        lo, hi = (int(v) for v in _attr(index_map, "local_range"))
+        ghosts = np.asarray(_attr(index_map, "ghosts"), dtype=np.int64).reshape(-1)
+        owners = np.asarray(_attr(index_map, "owners"), dtype=np.int64).reshape(-1)
+        size_global = int(_attr(index_map, "size_global"))
+        if hi - lo != n:
+            problem = f"rank {rank}: the IndexMap's local_range {lo, hi} does not hold size_local {n}"
+        elif owners.size != ghosts.size:
+            problem = (f"rank {rank}: the IndexMap has {ghosts.size} ghosts but {owners.size} "
+                       "owners")
+    except (AttributeError, TypeError, ValueError) as e:
+        problem = (f"rank {rank}: from_index_map needs a DOLFINx IndexMap (size_local, "
+                   f"local_range, ghosts, owners, size_global), got {type(index_map).__name__}: {e}")
+    views = comm.allgather((problem, lo, n, size_global))
+    problems = [v[0] for v in views if v[0]]
+    if not problems:
+        starts = np.array([v[1] for v in views], dtype=np.int64)
+        sizes = np.array([v[2] for v in views], dtype=np.int64)
+        expect = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        if not np.array_equal(starts, expect) or any(v[3] != sizes.sum() for v in views):
+            problems = ["the IndexMap's ranges do not tile this HybridComm's ranks (made on "
+                        f"another communicator?): local ranges start at {starts.tolist()} with "
+                        f"sizes {sizes.tolist()}, global sizes {sorted({v[3] for v in views})}"]
+    if not problems:
+        bad = np.flatnonzero((owners < 0) | (owners >= hc.size) | (owners == rank))
+        if bad.size:
+            problem = (f"rank {rank}: ghost {int(ghosts[bad[0]])} has owner {int(owners[bad[0]])}, "
+                       f"not another rank of this HybridComm's {hc.size}")
+        else:
+            remote = ghosts - starts[owners] if ghosts.size else ghosts
+            out = np.flatnonzero((remote < 0) | (remote >= sizes[owners])) if ghosts.size else []
+            if len(out):
+                i = out[0]
+                problem = (f"rank {rank}: ghost {int(ghosts[i])} is outside the range of its "
+                           f"owner {int(owners[i])}")
+        _agree(comm, problem)
+    else:
+        _agree(comm, problems[0] if problem is None else problem)
+    ghost_local = n + np.arange(ghosts.size, dtype=np.int64)
+    return from_remote(hc, n + ghosts.size, n, ghost_local, owners, remote)
+
+
+def from_sf(hc, sf, size=None):
+    """See :meth:`GhostPattern.from_sf`."""
+    comm = GhostPattern._comm_of(hc)
+    rank = hc.rank
+    problem = None
+    nroots, local, owner, remote = 0, None, None, None
+    try:
+        from mpi4py import MPI
+
+        same = MPI.Comm.Compare(sf.getComm().tompi4py(), comm)
+        if same not in (MPI.IDENT, MPI.CONGRUENT):
+            problem = f"rank {rank}: the star forest is on another communicator than the HybridComm"
+        try:
+            nroots, ilocal, iremote = sf.getGraph()
+        except ValueError:  # petsc4py on an SF without a graph (nleaves -1)
+            nroots = -1
+        nroots = int(nroots)
+        if nroots < 0:  # no graph set: no leaves (a DMPlex's point SF on one rank)
+            nroots, ilocal, iremote = (-1 if size is None else size), None, []
+        if size is not None and nroots != size:
+            problem = f"rank {rank}: size={size} but the star forest has {nroots} roots"
+        elif nroots < 0:
+            problem = (f"rank {rank}: the star forest has no graph (a DMPlex's point SF on one "
+                       "rank): pass size=, the length of the local array")
+        iremote = np.asarray(iremote, dtype=np.int64).reshape(-1, 2)
+        local = (np.arange(len(iremote), dtype=np.int64) if ilocal is None
+                 else np.asarray(ilocal, dtype=np.int64).reshape(-1))
+        owner, remote = iremote[:, 0], iremote[:, 1]
+    except (AttributeError, TypeError, ValueError) as e:
+        problem = f"rank {rank}: from_sf needs a petsc4py SF, got {type(sf).__name__}: {e}"
+    if problem is None and size is not None and (type(size) is not int or size < 0):
+        problem = f"rank {rank}: size must be an int >= 0 or None, got {size!r}"
+    if problem is None:
+        bad = np.flatnonzero((local < 0) | (local >= nroots))
+        selfish = np.flatnonzero((owner == rank) & (remote != local))
+        if bad.size:
+            problem = (f"rank {rank}: leaf {int(local[bad[0]])} is outside the {nroots} roots: "
+                       "roots and leaves must index the same local array")
+        elif selfish.size:
+            i = selfish[0]
+            problem = (f"rank {rank}: leaf {int(local[i])} references this rank's own root "
+                       f"{int(remote[i])}; a self-leaf must be the same entry")
+        elif np.any((owner < 0) | (owner >= hc.size)):
+            problem = f"rank {rank}: a leaf references a rank outside this HybridComm"
+    _agree(comm, problem)
+    far = owner != rank
+    ghost_local, owner, remote = local[far], owner[far], remote[far]
+    dup = np.unique(ghost_local, return_counts=True)
+    twice = dup[0][dup[1] > 1]
+    _agree(comm, f"rank {rank}: leaf {int(twice[0])} appears twice" if twice.size else None)
+    return from_remote(hc, nroots, nroots - ghost_local.size, ghost_local, owner, remote)
+
+
+def to_sf(pattern):
+    """See :meth:`GhostPattern.to_sf`."""
+    from petsc4py import PETSc
+
+    hc = pattern.hc
+    comm, MPI = hc.comm, hc._MPI
+    peers = np.array([p for p, ids in pattern.send.items() for _ in range(len(ids))], dtype=np.int64)
+    ids = (np.concatenate(list(pattern.send.values())) if pattern.send
+           else np.zeros(0, dtype=np.int64))
+    theirs, _, counts, _ = _alltoallv(comm, MPI, ids, peers, hc.size)
+    # theirs: for each owner in rank order, its local ids of this rank's ghosts, in the
+    # order of pattern.recv[owner]
+    local, remote = [], []
+    start = 0
+    for p in np.flatnonzero(counts):
+        k = int(counts[p])
+        local.append(pattern.recv[int(p)])
+        remote.append(np.stack([np.full(k, p, dtype=np.int64), theirs[start:start + k]], axis=1))
+        start += k
+    local = np.concatenate(local) if local else np.zeros(0, dtype=np.int64)
+    remote = np.concatenate(remote) if remote else np.zeros((0, 2), dtype=np.int64)
+    sf = PETSc.SF().create(comm=comm)
+    sf.setGraph(pattern.size, local.astype(PETSc.IntType), remote.reshape(-1).astype(PETSc.IntType))
+    sf.setUp()
+    return sf

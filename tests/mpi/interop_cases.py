@@ -1,0 +1,211 @@
+"""DOLFINx and PETSc patterns: GhostPattern.from_index_map, from_sf, to_sf, flat block arrays.
+
+    python -m mpi4py interop_cases.py [--only CASES]
+
+Needs dolfinx (cases on IndexMaps) and petsc4py (cases on star forests); a case whose package
+does not import is skipped (it prints so).  Every comparison is bit for bit.
+"""
+
+import sys
+
+import numpy as np
+from _harness import main
+from mpi4py import MPI
+
+import hybridmpi
+from hybridmpi import GhostPattern, Halo, PatternError
+
+try:
+    import dolfinx
+    import dolfinx.fem
+    import dolfinx.la
+    import dolfinx.mesh
+except ImportError:
+    dolfinx = None
+try:
+    from petsc4py import PETSc
+except ImportError:
+    PETSc = None
+
+
+def _skip(comm, what):
+    if comm.rank == 0:
+        print(f"  (skipped: {what} does not import)", flush=True)
+
+
+def _spaces(comm):
+    """(name, function space) of P1 scalar and vector spaces on 2-D and 3-D meshes."""
+    sq = dolfinx.mesh.create_unit_square(comm, 9, 7)
+    cube = dolfinx.mesh.create_unit_cube(comm, 4, 3, 5)
+    for mesh, dim in ((sq, 2), (cube, 3)):
+        yield f"{dim}-D P1 bs=1", dolfinx.fem.FunctionSpace(mesh, ("Lagrange", 1))
+        for bs in sorted({2, 3, dim}):
+            yield f"{dim}-D P1 bs={bs}", dolfinx.fem.VectorFunctionSpace(mesh, ("Lagrange", 1), dim=bs)
+
+
+def case_index_map_matches_dolfinx(comm, rng, **cfg):
+    """Forward and reverse (add, insert) on u.x.array, flat and as rows: the same bits as
+    DOLFINx's scatter_forward / scatter_reverse; ghosts hold their owner's rank after a
+    forward update of each rank's rank."""
+    if dolfinx is None:
+        return _skip(comm, "dolfinx")
+    with hybridmpi.HybridComm(comm, **cfg) as hc:
+        for name, V in _spaces(comm):
+            imap, bs = V.dofmap.index_map, V.dofmap.index_map_bs
+            pat = GhostPattern.from_index_map(hc, imap)
+            n = imap.size_local
+            assert pat.size == n + imap.num_ghosts and pat.n_owned == n, (name, pat)
+            u = dolfinx.fem.Function(V)
+            h = Halo(pat, block=bs)
+            for layout in ("flat", "rows"):
+                # forward
+                u.x.array[:] = rng.standard_normal(u.x.array.size)
+                ours = u.x.array.copy()
+                u.x.scatter_forward()
+                h.update(ours if layout == "flat" else ours.reshape(-1, bs))
+                assert np.array_equal(ours, u.x.array), (name, layout, "forward")
+                # reverse, both modes DOLFINx has
+                for op, mode in (("add", dolfinx.la.ScatterMode.add),
+                                 ("insert", dolfinx.la.ScatterMode.insert)):
+                    u.x.array[:] = rng.standard_normal(u.x.array.size)
+                    ours = u.x.array.copy()
+                    u.x.scatter_reverse(mode)
+                    h.reverse(ours if layout == "flat" else ours.reshape(-1, bs), op)
+                    owned = slice(0, n * bs)
+                    assert np.array_equal(ours[owned], u.x.array[owned]), (name, layout, op)
+            # each rank's rank: ghosts get their owner's
+            x = np.full(pat.size * bs, -1.0)
+            x[:n * bs] = hc.rank
+            h.update_begin(x)
+            h.update_end(x)
+            owners = np.asarray(imap.owners() if callable(imap.owners) else imap.owners)
+            assert np.array_equal(x[n * bs:], np.repeat(owners, bs).astype(float)), name
+            h.free()
+
+
+def case_index_map_bad_input(comm, rng, **cfg):
+    """An IndexMap on another communicator, a non-IndexMap, a flat array of the wrong length:
+    a clear error on every rank."""
+    if dolfinx is None:
+        return _skip(comm, "dolfinx")
+    with hybridmpi.HybridComm(comm, **cfg) as hc:
+        if hc.size > 1:
+            other = dolfinx.common.IndexMap(MPI.COMM_SELF, 5)
+            try:
+                GhostPattern.from_index_map(hc, other)
+            except PatternError as e:
+                assert "another communicator" in str(e), e
+            else:
+                raise AssertionError("an IndexMap on COMM_SELF was taken")
+        try:
+            GhostPattern.from_index_map(hc, object())
+        except PatternError as e:
+            assert "needs a DOLFINx IndexMap" in str(e), e
+        else:
+            raise AssertionError("not an IndexMap, no error")
+        V = dolfinx.fem.VectorFunctionSpace(dolfinx.mesh.create_unit_square(comm, 4, 4),
+                                            ("Lagrange", 1), dim=2)
+        pat = GhostPattern.from_index_map(hc, V.dofmap.index_map)
+        with Halo(pat, block=2) as h:
+            try:
+                h.update(np.zeros(pat.size * 2 + 1))
+            except ValueError as e:
+                assert f"expected ({pat.size}, 2) or ({pat.size * 2},)" in str(e), e
+            else:
+                raise AssertionError("a flat array of the wrong length was taken")
+            x = np.zeros(pat.size * 2)
+            h.update(x)  # still usable: every rank's array was wrong alike
+
+
+def _point_sf(comm, dim):
+    """A distributed DMPlex box mesh and its point SF (roots and leaves: the mesh points)."""
+    dm = PETSc.DMPlex().createBoxMesh([4] * dim, simplex=False, comm=comm)
+    dm.distribute()
+    return dm, dm.getPointSF()
+
+
+def case_point_sf_matches_petsc(comm, rng, **cfg):
+    """Halo.update / reverse on a DMPlex point SF's pattern equal the SF's bcast / reduce;
+    to_sf() gives back an SF of the same pattern (round trip)."""
+    if PETSc is None:
+        return _skip(comm, "petsc4py")
+    with hybridmpi.HybridComm(comm, **cfg) as hc:
+        for dim in (2, 3):
+            dm, sf = _point_sf(comm, dim)
+            start, end = dm.getChart()
+            pat = GhostPattern.from_sf(hc, sf, size=end - start)
+            nroots = end - start
+            assert pat.size == nroots, (pat, nroots)
+            with Halo(pat) as h:
+                sfs = [(pat.to_sf(), "to_sf()")]
+                if comm.size > 1:  # PETSc sets no graph on one rank
+                    sfs.append((sf, "point SF"))
+                for sfx, name in sfs:
+                    data = rng.standard_normal(nroots)
+                    ref, ours = data.copy(), data.copy()
+                    sfx.bcastBegin(MPI.DOUBLE, data, ref, MPI.REPLACE)
+                    sfx.bcastEnd(MPI.DOUBLE, data, ref, MPI.REPLACE)
+                    h.update(ours)
+                    assert np.array_equal(ours, ref), (dim, name, "bcast")
+                    # integer values: a sum is exact in any order
+                    data = rng.integers(-1000, 1000, nroots).astype(float)
+                    ref, ours = data.copy(), data.copy()
+                    sfx.reduceBegin(MPI.DOUBLE, data, ref, MPI.SUM)
+                    sfx.reduceEnd(MPI.DOUBLE, data, ref, MPI.SUM)
+                    h.reverse(ours, "add")
+                    assert np.array_equal(ours, ref), (dim, name, "reduce")
+                    if sfx is not sf:
+                        sfx.destroy()
+            back = GhostPattern.from_sf(hc, pat.to_sf(), size=pat.size)
+            assert back.send.keys() == pat.send.keys() and back.recv.keys() == pat.recv.keys()
+            for p in pat.send:
+                assert np.array_equal(back.send[p], pat.send[p]), p
+            for p in pat.recv:
+                assert np.array_equal(back.recv[p], pat.recv[p]), p
+            dm.destroy()
+
+
+def case_sf_bad_input(comm, rng, **cfg):
+    """A self-leaf that references another entry, a leaf outside the roots, an SF on another
+    communicator: PatternError on every rank."""
+    if PETSc is None:
+        return _skip(comm, "petsc4py")
+    with hybridmpi.HybridComm(comm, **cfg) as hc:
+        r = hc.rank
+        cases = [("self-leaf", lambda: ([1], [r, 0]), "a self-leaf must be the same entry"),
+                 ("outside", lambda: ([7], [(r + 1) % hc.size, 0]), "outside the 4 roots")]
+        for what, graph, words in cases:
+            sf = PETSc.SF().create(comm=comm)
+            local, remote = graph()
+            # only rank 0 has the bad leaf; the others none
+            if r != 0:
+                local, remote = [], []
+            sf.setGraph(4, np.array(local, dtype=PETSc.IntType), np.array(remote, dtype=PETSc.IntType))
+            sf.setUp()
+            try:
+                GhostPattern.from_sf(hc, sf)
+            except PatternError as e:
+                assert words in str(e), (what, e)
+            else:
+                raise AssertionError(f"{what}: no PatternError")
+            sf.destroy()
+        if hc.size > 1:
+            sf = PETSc.SF().create(comm=MPI.COMM_SELF)
+            sf.setGraph(4, np.zeros(0, dtype=PETSc.IntType), np.zeros(0, dtype=PETSc.IntType))
+            try:
+                GhostPattern.from_sf(hc, sf)
+            except PatternError as e:
+                assert "another communicator" in str(e), e
+            else:
+                raise AssertionError("an SF on COMM_SELF was taken")
+            sf.destroy()
+
+
+CASES = [case_index_map_matches_dolfinx, case_index_map_bad_input, case_point_sf_matches_petsc,
+         case_sf_bad_input]
+
+if __name__ == "__main__":
+    if "--list" in sys.argv:
+        print(dolfinx is not None, PETSc is not None)
+        sys.exit(0)
+    main(CASES)

@@ -1,0 +1,29 @@
+"""DOLFINx IndexMaps and PETSc star forests as GhostPatterns, at 1-4 ranks (tests/mpi/interop_cases.py).
+
+They run where dolfinx and petsc4py import (the system stack, the third leg of .ci/run) and skip
+elsewhere; the check runs in a subprocess, so this process never initializes MPI."""
+
+import functools
+import subprocess
+import sys
+
+import pytest
+from conftest import run_mpi
+
+
+@functools.lru_cache(maxsize=None)
+def available():
+    code = ("import importlib.util as u; print(u.find_spec('dolfinx') is not None, "
+            "u.find_spec('petsc4py') is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()
+    return out == ["True", "True"]
+
+
+@pytest.mark.parametrize("args", [[], ["--node-size", "1"]], ids=["node", "node_size1"])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_interop(ranks, args):
+    if not available():
+        pytest.skip("dolfinx and petsc4py do not import here (the system stack has them)")
+    if ranks == 1 and args:
+        pytest.skip("one rank has one layout")
+    run_mpi("interop_cases.py", ranks, *args, timeout=300)

@@ -65,6 +65,25 @@ static void pack(const hm_chan *c, char *restrict b, char *restrict x, int esz)
     DISPATCH(esz, TO_BUF)
 }
 
+/* Add point by point through an index list, `PP` values of type T per point
+ * (the assembly's reverse update: no call per point). */
+#define ADD_IDX(T, PP)                                                         \
+    for (int64_t i = 0; i < n; i++) {                                          \
+        T *restrict d = (T *)(x + (int64_t)idx[i] * esz);                      \
+        const T *restrict s = (const T *)b + i * (PP);                         \
+        for (int k = 0; k < (PP); k++)                                         \
+            d[k] = d[k] + s[k];                                                \
+    }
+
+#define ADD_IDX_TYPE(T)                                                        \
+    do {                                                                       \
+        int pp = esz / (int)sizeof(T);                                         \
+        if (pp == 1) ADD_IDX(T, 1)                                             \
+        else if (pp == 2) ADD_IDX(T, 2)                                        \
+        else if (pp == 3) ADD_IDX(T, 3)                                        \
+        else ADD_IDX(T, pp)                                                    \
+    } while (0)
+
 static void unpack(const hm_chan *c, const char *restrict buf, char *restrict x, int esz,
                    int dtype, int op)
 {
@@ -74,6 +93,14 @@ static void unpack(const hm_chan *c, const char *restrict buf, char *restrict x,
         int64_t n = c->count;
         if (op == HM_INSERT) {
             DISPATCH_IDX(esz, FROM_BUF)
+            return;
+        }
+        if (op == HM_SUM && dtype == HM_F64) {
+            ADD_IDX_TYPE(double);
+            return;
+        }
+        if (op == HM_SUM && dtype == HM_F32) {
+            ADD_IDX_TYPE(float);
             return;
         }
         uint64_t per_point = (uint64_t)esz / hm_dtype_size(dtype);
@@ -272,11 +299,32 @@ void hm_poison(int n, void **words, uint64_t bits)
     for (int64_t i = 0; i < n; i++)                                            \
         memcpy(x + (int64_t)im[i] * (SZ), c->src + (int64_t)it[i] * (SZ), (SZ));
 
+/* Add the peer's points into this rank's through the two index lists. */
+#define PULL_ADD(T, PP)                                                        \
+    for (int64_t i = 0; i < n; i++) {                                          \
+        T *restrict d = (T *)(x + (int64_t)im[i] * esz);                       \
+        const T *restrict s = (const T *)(c->src + (int64_t)it[i] * esz);      \
+        for (int k = 0; k < (PP); k++)                                         \
+            d[k] = d[k] + s[k];                                                \
+    }
+
+#define PULL_ADD_TYPE(T)                                                       \
+    do {                                                                       \
+        int pp = esz / (int)sizeof(T);                                         \
+        if (pp == 1) PULL_ADD(T, 1)                                            \
+        else if (pp == 3) PULL_ADD(T, 3)                                       \
+        else PULL_ADD(T, pp)                                                   \
+    } while (0)
+
 static void pull(const hm_pull *c, char *restrict x, int esz, int dtype, int op)
 {
     if (c->imine) {
         const int32_t *restrict im = c->imine, *restrict it = c->itheirs;
         int64_t n = c->count;
+        if (op == HM_SUM && dtype == HM_F64) {
+            PULL_ADD_TYPE(double);
+            return;
+        }
         if (op != HM_INSERT) {
             uint64_t per_point = (uint64_t)esz / hm_dtype_size(dtype);
             for (int64_t i = 0; i < n; i++)

@@ -100,10 +100,11 @@ def _mpi_job(args, body):
     limit_blas_threads(1)
     comm = MPI.COMM_WORLD
     hc = HybridComm(comm, node_size=args.node_size)
-    try:
-        return body(hc, comm)
-    finally:
-        hc.free()
+    # freed only after success: freeing is collective, and after an error on one rank the
+    # command aborts the job (main) rather than wait there for the others
+    result = body(hc, comm)
+    hc.free()
+    return result
 
 
 def cmd_bench(args):

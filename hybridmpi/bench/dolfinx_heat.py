@@ -5,11 +5,12 @@ Each step assembles the action of the stiffness form on u (DOLFINx), accumulates
 contributions into their owners (reverse, add), updates the owned values and refreshes the
 ghosts of u (forward).  Both variants start from the same u; their final u must have the same
 bits (``identical`` in the JSON).  A barrier before each ghost update (outside its timing)
-keeps the ranks' assembly imbalance out of the ghost-update time.  Per repetition, each variant runs the given steps (the
-order alternates between repetitions); per step: the ghost-update time (max over ranks) and
-the whole step.  Rows: ``dolfinx ghost`` (the baseline), ``hybridmpi ghost`` (ratio to it),
-``dolfinx step``, ``hybridmpi step``; ``slower_steps``: steps in which the library's ghost
-updates took longer than DOLFINx's of the same step number.
+keeps the ranks' assembly imbalance out of the ghost-update time.  Per repetition, each
+variant runs the given steps (the order alternates between repetitions); per step: the
+ghost-update time (max over ranks) and the whole step.  Rows: ``dolfinx ghost`` (the
+baseline), ``hybridmpi ghost`` (ratio to it), ``dolfinx step``, ``hybridmpi step``;
+``slower_steps``: steps in which the library's ghost updates took longer than DOLFINx's of
+the same step number.
 """
 
 import time

@@ -45,12 +45,51 @@ def _csr(n, i, j):
     return xadj, dst[order]
 
 
-def _metis(n, i, j, nparts, seed):
-    import pymetis
+def _foreign_metis():
+    """The path of a METIS shared library this process loaded (Debian's DOLFINx and PETSc
+    bring one), else None.  pymetis's own METIS would then bind to its symbols, which take
+    other integer sizes: it fails ("Input Error: Incorrect ufactor") or worse."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if "/libmetis" in path and "pymetis" not in path:
+                    return path
+    except OSError:
+        pass
+    return None
 
+
+def _metis(n, i, j, nparts, seed):
     if nparts == 1:
         return np.zeros(n, dtype=np.int64)
     xadj, adjncy = _csr(n, i, j)
+    if _foreign_metis():
+        return _metis_apart(xadj, adjncy, nparts, seed)
+    return _part_graph(xadj, adjncy, nparts, seed)
+
+
+def _metis_apart(xadj, adjncy, nparts, seed):
+    """pymetis in a fresh interpreter, where no other METIS is loaded."""
+    import pickle
+    import subprocess
+    import sys
+
+    code = ("import pickle, sys; from hybridmpi.mesh.partition import _part_graph; "
+            "a = pickle.load(sys.stdin.buffer); "
+            "sys.stdout.buffer.write(pickle.dumps(_part_graph(*a)))")
+    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((xadj, adjncy, nparts, seed)),
+                          capture_output=True)
+    if proc.returncode:
+        raise RuntimeError("hybridmpi: mesh.partition: METIS in a separate process (another METIS "
+                           f"is loaded here: {_foreign_metis()}) failed:\n"
+                           f"{proc.stderr.decode(errors='replace')[-2000:]}")
+    return pickle.loads(proc.stdout)
+
+
+def _part_graph(xadj, adjncy, nparts, seed):
+    import pymetis
+
     opts = pymetis.Options(seed=seed)
     if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025.2
         res = pymetis.part_graph(nparts, adjacency=pymetis.CSRAdjacency(xadj, adjncy), options=opts)

@@ -27,3 +27,23 @@ def test_interop(ranks, args):
     if ranks == 1 and args:
         pytest.skip("one rank has one layout")
     run_mpi("interop_cases.py", ranks, *args, timeout=300)
+
+
+def test_partition_after_import_dolfinx():
+    """DOLFINx brings its own libmetis: after `import dolfinx` (or petsc4py), mesh.partition
+    still gives the same parts as in a process without it (pymetis then runs apart)."""
+    if not available():
+        pytest.skip("dolfinx and petsc4py do not import here (the system stack has them)")
+    code = ("import sys\n"
+            "if sys.argv[1] == 'yes':\n"
+            "    import dolfinx, petsc4py  # noqa\n"
+            "from hybridmpi import mesh\n"
+            "m = mesh.cube(0.2)\n"
+            "print(mesh.partition(m, 4, seed=3).tolist())\n")
+    outs = []
+    for first in ("yes", "no"):
+        p = subprocess.run([sys.executable, "-c", code, first], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
+        outs.append(p.stdout)
+    assert outs[0] == outs[1] and len(outs[0]) > 100, outs

@@ -201,8 +201,40 @@ def case_sf_bad_input(comm, rng, **cfg):
             sf.destroy()
 
 
+def case_petsc_ghost_vec_recipe(comm, rng, **cfg):
+    """The README's recipe for PETSc ghosted Vecs: from_global on the ownership range and the
+    ghosts, a Halo on vec.localForm()'s array: the same bits as ghostUpdate both ways."""
+    if PETSc is None:
+        return _skip(comm, "petsc4py")
+    with hybridmpi.HybridComm(comm, **cfg) as hc:
+        r, p = hc.rank, hc.size
+        n = 5 + r
+        start = sum(5 + q for q in range(r))
+        total = sum(5 + q for q in range(p))
+        ghosts = np.array(sorted({(start + n + k) % total for k in range(3)} - set(range(start, start + n))),
+                          dtype=PETSc.IntType)
+        vec = PETSc.Vec().createGhost(ghosts, size=(n, PETSc.DECIDE), comm=comm)
+        rstart, rend = vec.getOwnershipRange()
+        pat = GhostPattern.from_global(hc, np.arange(rstart, rend), ghosts)
+        with Halo(pat) as h:
+            with vec.localForm() as loc:
+                loc.array[:] = rng.standard_normal(loc.getSize())
+                ours = loc.array.copy()
+            vec.ghostUpdate(PETSc.InsertMode.INSERT, PETSc.ScatterMode.FORWARD)
+            with vec.localForm() as loc:
+                h.update(ours)
+                assert np.array_equal(ours, loc.array), "forward"
+                loc.array[:] = rng.integers(-99, 99, loc.getSize()).astype(float)
+                ours = loc.array.copy()
+            vec.ghostUpdate(PETSc.InsertMode.ADD, PETSc.ScatterMode.REVERSE)
+            with vec.localForm() as loc:
+                h.reverse(ours, "add")
+                assert np.array_equal(ours[:n], loc.array[:n]), "reverse"
+        vec.destroy()
+
+
 CASES = [case_index_map_matches_dolfinx, case_index_map_bad_input, case_point_sf_matches_petsc,
-         case_sf_bad_input]
+         case_sf_bad_input, case_petsc_ghost_vec_recipe]
 
 if __name__ == "__main__":
     if "--list" in sys.argv:

@@ -650,4 +650,4 @@ CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_ve
 
 
 if __name__ == "__main__":
-    main(CASES, memory_order="acq_rel", iters=1000)
+    main(CASES, memory_order="acq_rel", iters=300)

@@ -24,10 +24,13 @@ def test_drift(ranks, args, env):
             env={**CHAOS, **env}, timeout=200)
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_faults_reach_every_rank(ranks):
-    """One node: an error inside a call, a mismatched argument or method on one rank makes every
-    rank raise (PeerError, ValueError) within 2 s, never a hang."""
+@pytest.mark.parametrize("ranks,args", [(2, []), (3, []), (4, ["--node-size", "2"]),
+                                        (3, ["--node-size", "1"])],
+                         ids=["2", "3", "4-node_size2", "3-node_size1"])
+def test_faults_reach_every_rank(ranks, args):
+    """An error inside a call, a mismatched argument or method on one rank makes every rank
+    raise (PeerError, ValueError) within 2 s, never a hang: on one node and across (virtual)
+    nodes, also ranks that were not in the failed call."""
     out = run_mpi("drift.py", ranks, "--seed", "5", "--sequences", "8", "--ops", "80", "--fault",
-                  env={"HYBRIDMPI_TIMEOUT": "20"}, timeout=200)
+                  *args, env={"HYBRIDMPI_TIMEOUT": "20"}, timeout=200)
     assert "every rank raised within" in out

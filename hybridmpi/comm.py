@@ -163,6 +163,11 @@ def hm_py_warn(word, value, seen, waited):
                         if lib.hm_load(hc._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
                 where = (f"collective call {st.epoch} of {hc!r}, on a word of rank "
                          f"{hc.node_ranks[nr]}; ranks that have not entered it: {late}")
+        for obj in [*hc._children.values(), hc._gm]:
+            describe = getattr(obj, "_describe_word", None)
+            what = describe(addr) if describe is not None else None
+            if what:
+                where = what
     rank = next((hc.rank for hc in _LIVE.values()), "?")
     flags = " (error bits set)" if seen >> 62 else ""
     print(f"hybridmpi: rank {rank} has waited {waited:.0f} s in {where}: the word at {addr:#x} "

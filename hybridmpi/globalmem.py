@@ -176,6 +176,16 @@ class _Sync:
             rank=self.hc.rank, peer=late[0] if len(late) == 1 else None,
             counter="sync_images", epoch=None)
 
+    def _describe_word(self, addr):
+        """What a wait on ``addr`` waits for, if it is a sync_images counter (hang diagnosis)."""
+        if self.block.chunk is None:
+            return None
+        for nr, r in enumerate(self.hc.node_ranks):
+            if addr == self.block.local + nr * _R:
+                return (f"sync_images, waiting for rank {r} to name rank {self.hc.rank} once more "
+                        f"(call {int(self.calls[r])} naming it)")
+        return None
+
     def poison(self, bits):
         """Error bits in the sync_images counters this rank writes (its HybridComm broke)."""
         if self.block.chunk is None:

@@ -320,6 +320,23 @@ class Halo:
             hc._break(why, notify=not isinstance(exc, PeerError))
             self._poison(ERRBIT | (MISBIT if bad_args else 0))
 
+    def _describe_word(self, addr):
+        """What a wait on the word at ``addr`` waits for, if it is one of this Halo's
+        (hang diagnosis, HYBRIDMPI_WARN_AFTER), else None."""
+        for s in getattr(self._t, "dirs", ()):
+            found = ([("READY", c.peer) for c in s.recv_chans if c.ready == addr]
+                     + [("DONE", c.peer) for c in s.send_chans if c.done == addr])
+            if found:
+                counter, peer = found[0]
+                d = self._pending[0] if self._pending else self._current
+                e = self._epoch[d]
+                shm = getattr(self._t, "shm", None)
+                missing = shm.missing(d, e) if shm is not None else []
+                return (f"Halo #{self.tag} (method {self.method!r}) {_WHAT[d]} call {e}, waiting "
+                        f"for the {counter} word of rank {peer}; ranks of this node that have not "
+                        f"entered the call: {missing}")
+        return None
+
     def _poison(self, bits):
         """Error bits in the words this rank writes that its node peers wait on."""
         words = getattr(self._t, "words", None)

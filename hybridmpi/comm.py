@@ -602,7 +602,6 @@ class HybridComm:
             if self.is_leader:
                 sig = self._leader_sig(lib.HM_K_BAD, 0, 0, 0, 0)
                 if self._sig_differs(sig):
-                    lib.hm_coll_poison(st, ERRBIT | MISBIT)
                     self._break("ValueError")
         if rc != lib.HM_OK:
             self._break(type(exc).__name__)
@@ -617,9 +616,9 @@ class HybridComm:
         return sig
 
     def _other_node_failed(self, sig, what):
-        """At a leader: raise PeerError (and poison the node) if a node's call failed."""
+        """At a leader: raise PeerError (breaking the comm poisons the node) if a node's call
+        failed."""
         if sig[0] == _FAILED:
-            lib.hm_coll_poison(self._st, ERRBIT)
             raise self._peer_error(f"{what} (on another node)", None, ERRBIT)
 
     @staticmethod
@@ -727,7 +726,6 @@ class HybridComm:
             self._fail(rc, f"barrier({method})")
         self._other_node_failed(sig, f"barrier({method})")
         if self._sig_differs(sig):
-            lib.hm_coll_poison(st, ERRBIT | MISBIT)
             self._break("ValueError")
             raise ValueError(f"hybridmpi: rank {self.rank}: barrier({method}): the ranks of another node "
                              "failed or are in a different collective call")

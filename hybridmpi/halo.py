@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from ._clib import ERRBIT, MISBIT, ffi, lib
+from ._clib import MISBIT, ffi, lib
 from .comm import DTYPES
 from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
@@ -315,10 +315,9 @@ class Halo:
             self._broken = type(exc).__name__
         hc = self.hc
         if self._t is not None and hc._st is not None and not hc._MPI.Is_finalized():
-            bad_args = isinstance(exc, ValueError)
-            why = "ValueError" if bad_args else f"a failed Halo call ({type(exc).__name__})"
+            why = ("ValueError" if isinstance(exc, ValueError)
+                   else f"a failed Halo call ({type(exc).__name__})")
             hc._break(why, notify=not isinstance(exc, PeerError))
-            self._poison(ERRBIT | (MISBIT if bad_args else 0))
 
     def _describe_word(self, addr):
         """What a wait on the word at ``addr`` waits for, if it is one of this Halo's
@@ -348,8 +347,9 @@ class Halo:
         """Raise ``exc``, this rank's invalid arguments, after making the call with an
         'invalid' mark instead of data (methods atomic, flat, neighbor): node peers see the
         mark in the tag word, peers reached by MPI messages get an empty message (with
-        neighbor, a marked header) where the data would be.  A peer whose arguments were valid and that reads
-        from this rank raises ValueError (the Halo becomes unusable there); when every peer's
+        neighbor, a marked header) where the data would be.  A peer whose arguments were
+        valid and that reads from this rank raises ValueError (the Halo becomes unusable
+        there); when every peer's
         arguments were invalid too, the Halo stays usable.  No message of the call is left
         behind for the next one."""
         bad = getattr(self._t, "bad_call", None)

@@ -26,7 +26,7 @@ TINY = {
 
 def has_dolfinx():
     code = "import importlib.util as u; print(u.find_spec('dolfinx') is not None)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     return out.strip() == "True"
 
 

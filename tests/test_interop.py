@@ -15,7 +15,8 @@ from conftest import run_mpi
 def available():
     code = ("import importlib.util as u; print(u.find_spec('dolfinx') is not None, "
             "u.find_spec('petsc4py') is not None)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120).stdout.split()
     return out == ["True", "True"]
 
 

@@ -262,6 +262,7 @@ static const int barrier_kind[] = {HM_K_BARRIER_TREE, HM_K_BARRIER_LINEAR, HM_K_
 
 int hm_barrier(hm_coll *c, int method, int part)
 {
+    HM_PROFILED;
     if (part < HM_GATHER || part > HM_BOTH || (c->rank != 0 && part != HM_BOTH) || method < 0 ||
         method > HM_DISSEMINATION)
         return HM_EARG;
@@ -286,6 +287,7 @@ int hm_barrier_linear(hm_coll *c) { return hm_barrier(c, HM_LINEAR, HM_BOTH); }
 
 int hm_barrier_dissemination(hm_coll *c)
 {
+    HM_PROFILED;
     uint64_t e = ++c->epoch;
     enter(c, e, HM_K_BARRIER_DISS, 0, 0, 0);
     c->err.code = HM_OK;
@@ -416,6 +418,7 @@ int hm_allreduce(hm_coll *c, const void *send, void *recv, uint64_t count, int d
 int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count, uint64_t total,
                        int dtype, int op, int part)
 {
+    HM_PROFILED;
     size_t esz = hm_dtype_size(dtype);
     if (esz == 0 || op < 0 || op >= HM_NOPS || part < HM_GATHER || part > HM_BOTH ||
         (c->rank != 0 && part != HM_BOTH) || count * esz > c->capacity)
@@ -567,6 +570,7 @@ static inline int64_t sig_of(uint64_t count, int dtype, int op)
 
 int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op)
 {
+    HM_PROFILED;
     size_t esz = hm_dtype_size(dtype);
     uint64_t nbytes = count * esz;
     if (esz == 0 || op < 0 || op >= HM_NOPS || nbytes > HM_RD_BYTES)

@@ -117,6 +117,34 @@ typedef struct hm_coll {
     hm_error err;
 } hm_coll;
 
+/* The profile clock (hybridmpi.profile): while hm_prof[2] is nonzero, each synchronizing
+ * entry point of the C core stores CLOCK_MONOTONIC nanoseconds at its entry into
+ * hm_prof[0] when that is 0 (the caller zeroes it before a call it times), and at its
+ * return into hm_prof[1].  Off, it costs one load and one branch per call. */
+extern int64_t hm_prof[3];
+
+/* A profiled operation's calls (hybridmpi.profile): records of 6 int64 (Python entry,
+ * C core entry, C core return, Python return, sequence number, bytes), at most `limit`;
+ * the calls beyond are summed in `over` (calls, bytes, time, wait). */
+typedef struct hm_prof_log {
+    int64_t *rec;
+    int64_t n;
+    int64_t cap;
+    int64_t limit;
+    int64_t nbytes;           /* bytes of each call (hm_prof_end) */
+    int64_t over[4];
+} hm_prof_log;
+
+/* Start a profiled call (calls nest): note the time, zero hm_prof[0..1]. */
+void hm_prof_begin(void);
+/* The profiled call begun last raised: forget it. */
+void hm_prof_abort(void);
+/* End the profiled call begun last: append its record with log->nbytes, or with
+ * `nbytes` (0, or -1 when out of memory: the call is summed in `over`). */
+int hm_prof_end(hm_prof_log *log);
+int hm_prof_end_bytes(hm_prof_log *log, int64_t nbytes);
+void hm_prof_free(hm_prof_log *log);
+
 /* 1 if 64-bit atomics are lock-free (required across processes). */
 int hm_lock_free(void);
 

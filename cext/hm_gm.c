@@ -6,6 +6,8 @@
 #define _GNU_SOURCE
 #include "hm_wait.h"
 
+#include <stdlib.h>
+
 void (*hm_progress_hook)(void) = NULL;
 
 void hm_set_progress(void (*fn)(void)) { hm_progress_hook = fn; }
@@ -24,6 +26,7 @@ int64_t hm_compare_swap(void *addr, int64_t expected, int64_t value)
 
 int hm_signal_wait(hm_pairs *p)
 {
+    HM_PROFILED;
     int ord = p->policy.order;
     p->err.code = HM_OK;
     for (int i = 0; i < p->n; i++)
@@ -45,6 +48,68 @@ int hm_signal_wait(hm_pairs *p)
 }
 
 /* ------------------------------------------------------------------ chaos and warnings */
+
+int64_t hm_prof[3];
+
+#define HM_PROF_DEPTH 16
+static int64_t prof_t0[HM_PROF_DEPTH];
+static int prof_depth = 0;
+
+void hm_prof_begin(void)
+{
+    if (prof_depth < HM_PROF_DEPTH)
+        prof_t0[prof_depth] = now_ns();
+    prof_depth++;
+    hm_prof[0] = hm_prof[1] = 0;
+}
+
+void hm_prof_abort(void)
+{
+    if (prof_depth > 0)
+        prof_depth--;
+}
+
+int hm_prof_end_bytes(hm_prof_log *log, int64_t nbytes)
+{
+    int64_t t1 = now_ns(), a = hm_prof[0], b = hm_prof[1];
+    int64_t t0 = prof_t0[prof_depth > HM_PROF_DEPTH ? HM_PROF_DEPTH - 1 : prof_depth - 1];
+    if (prof_depth > 0)
+        prof_depth--;
+    if (log->n == log->cap && log->n < log->limit) {
+        int64_t cap = log->cap ? 2 * log->cap : 1024;
+        if (cap > log->limit)
+            cap = log->limit;
+        int64_t *rec = realloc(log->rec, (size_t)cap * 6 * sizeof(int64_t));
+        if (rec != NULL) {
+            log->rec = rec;
+            log->cap = cap;
+        }
+    }
+    if (log->n == log->cap) {
+        log->over[0] += 1;
+        log->over[1] += nbytes;
+        log->over[2] += t1 - t0;
+        log->over[3] += (a && b >= a) ? b - a : 0;
+        return log->n < log->limit ? -1 : 0;
+    }
+    int64_t *r = log->rec + 6 * log->n++;
+    r[0] = t0;
+    r[1] = a;
+    r[2] = b;
+    r[3] = t1;
+    r[4] = 0;
+    r[5] = nbytes;
+    return 0;
+}
+
+int hm_prof_end(hm_prof_log *log) { return hm_prof_end_bytes(log, log->nbytes); }
+
+void hm_prof_free(hm_prof_log *log)
+{
+    free(log->rec);
+    log->rec = NULL;
+    log->n = log->cap = 0;
+}
 
 int hm_chaos_on = 0;
 static uint64_t chaos_state = 1;

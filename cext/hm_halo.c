@@ -139,6 +139,7 @@ static inline _Atomic int64_t *tag_slot(void *tag, uint64_t e)
 
 int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
 {
+    HM_PROFILED;
     int ord = s->policy.order, esz = s->esz;
     char *buf = (char *)x;
     s->err.code = HM_OK;
@@ -197,6 +198,7 @@ static inline int try_take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op, 
 
 int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
 {
+    HM_PROFILED;
     int ord = s->policy.order, n = s->n;
     s->err.code = HM_OK;
     if (op != HM_INSERT && (op < 0 || op >= HM_NOPS || op == HM_PROD))
@@ -442,6 +444,7 @@ static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, i
 
 int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int ordered)
 {
+    HM_PROFILED;
     int n = p->n, ord = p->policy.order;
     p->err.code = HM_OK;
     if (op != HM_INSERT && (op < 0 || op >= HM_NOPS || op == HM_PROD))
@@ -499,6 +502,7 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
 
 int hm_wait_done(hm_pulls *p, uint64_t e)
 {
+    HM_PROFILED;
     p->err.code = HM_OK;
     for (int i = 0; i < p->n; i++) {
         hm_pull *c = &p->chan[i];
@@ -514,6 +518,7 @@ int hm_wait_done(hm_pulls *p, uint64_t e)
 int hm_zc_publish(hm_pulls *readers, void **ready, void **tag, int64_t tagval, const void *x,
                   uint64_t e)
 {
+    HM_PROFILED;
     int order = readers->policy.order;
     readers->err.code = HM_OK;
     for (int i = 0; i < readers->n; i++) {
@@ -538,6 +543,7 @@ int hm_zc_publish(hm_pulls *readers, void **ready, void **tag, int64_t tagval, c
 int hm_zc_update(hm_pulls *pulls, hm_pulls *readers, void **ready, void **tag,
                  int64_t tagval, void *x, uint64_t e)
 {
+    HM_PROFILED;
     int rc = hm_zc_publish(readers, ready, tag, tagval, x, e);
     if (rc == HM_OK)
         rc = hm_pull_recv(pulls, x, tagval, e, HM_INSERT, 0);

@@ -66,6 +66,24 @@ static inline int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+static inline int prof_enter(void)
+{
+    if (__builtin_expect(hm_prof[2] == 0, 1))
+        return 0;
+    if (hm_prof[0] == 0)
+        hm_prof[0] = now_ns();
+    return 1;
+}
+
+static inline void prof_leave(const int *on)
+{
+    if (__builtin_expect(*on, 0))
+        hm_prof[1] = now_ns();
+}
+
+/* First statement of a profiled entry point (hm_prof): entry and return times. */
+#define HM_PROFILED int hm_prof_on_ __attribute__((cleanup(prof_leave), unused)) = prof_enter()
+
 static inline uint64_t load_acq(const hm_counter *p, int order)
 {
     return order == HM_SEQ_CST ? atomic_load_explicit(p, memory_order_seq_cst)

@@ -9,6 +9,7 @@ from .errors import FreedError, PatternError, PeerError, SyncTimeout, abort_on_e
 from .globalmem import Coarray, GlobalMemory, Request, waitall
 from .halo import Halo
 from .pattern import GhostPattern
+from .profile import profile
 
 __version__ = "0.1.0"
 
@@ -28,5 +29,6 @@ __all__ = [
            "allreduce",
            "barrier",
            "hybrid",
+           "profile",
            "waitall",
 ]

@@ -6,6 +6,7 @@ Across nodes, the node leaders combine with plain MPI on ``leader_comm``
 between the node's gather and release phases.
 """
 
+import itertools
 import os
 import time
 
@@ -14,6 +15,7 @@ import numpy as np
 from ._clib import ERRBIT, MISBIT, ffi, lib
 from .arena import Arena
 from .errors import FreedError, PeerError, SyncTimeout
+from .profile import mark as prof_mark
 
 #: numpy dtype -> C core type code
 DTYPES = {
@@ -53,6 +55,7 @@ _LIVE = {}
 #: communicators of broken HybridComms, never freed (HybridComm._free_comm)
 _KEPT = []
 _FINALIZE_HOOK = []
+_SERIALS = itertools.count()  # HybridComms made by this process, in order
 
 
 def _mpi():
@@ -112,6 +115,8 @@ def _env_settings():
         warn = _env_float("HYBRIDMPI_WARN_AFTER")
         out["warn_after"] = WARN_AFTER if warn is None else warn
         out["cma"] = os.environ.get("HYBRIDMPI_CMA", "1").strip() != "0"
+        profile = os.environ.get("HYBRIDMPI_PROFILE", "").strip()
+        out["profile"] = None if profile in ("", "0") else profile
         for key, name in (("cma_bytes", "HYBRIDMPI_CMA_BYTES"),
                           ("zero_copy_bytes", "HYBRIDMPI_ZERO_COPY_BYTES")):
             v = _env_float(name)
@@ -376,6 +381,9 @@ class HybridComm:
         self._bufs = {}
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         self._children = {}  # Halos and global memory built on this comm, freed with it
+        self._profile = None   # the hybridmpi.profile that records this comm's calls
+        self._env_profile = None
+        self._serial = next(_SERIALS)
         self._tags = 0
         self._notices = []  # the failure notice this rank sent (_break)
         self._notice_from = None  # the first rank whose failure notice came
@@ -384,6 +392,10 @@ class HybridComm:
         self._cma = None  # _cma_pids(): not probed yet
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
+        if env["profile"]:
+            from .profile import start_env
+
+            start_env(self)
 
     @staticmethod
     def _check_args(node_size, memory_order, timeout, radix, spin):
@@ -407,6 +419,13 @@ class HybridComm:
         _LIVE.pop(id(self), None)
         if self._st is None:
             return
+        if self._env_profile is not None:
+            from .profile import stop_env
+
+            stop_env(self)
+        elif self._profile is not None:
+            self._profile._stop()
+            self._profile._state = "failed"
         for child in list(self._children.values()):
             child.free()
         if self._gm is not None:
@@ -455,6 +474,13 @@ class HybridComm:
             ok = self.comm.allreduce(int(ok), op=MPI.MIN)  # word stays alive until here
             self._cma = [pid for pid, _, _ in peers] if ok else False
         return self._cma or None
+
+    def _adopt(self, child):
+        """Register a Halo, GlobalMemory or Coarray made on this comm (freed with it; recorded
+        by a profile that is on)."""
+        self._children[id(child)] = child
+        if self._profile is not None:
+            self._profile._adopt(child)
 
     def _next_tag(self):
         """A number for the next Halo's MPI tags (Halos are built collectively, in order)."""
@@ -646,6 +672,8 @@ class HybridComm:
             polls += 1
             if polls % 64 == 0 and self._failure_notice() is not None:
                 raise self._peer_error(what, self._notice_from, ERRBIT)
+            if polls == 1:
+                prof_mark()
             if deadline is not None and time.monotonic() > deadline:
                 others = [r for r in range(self.leader_comm.Get_size())
                           if r != self.leader_comm.Get_rank()]

@@ -16,6 +16,7 @@ import numpy as np
 from ._clib import ERRBIT, copy_policy, ffi, lib
 from .comm import HybridComm
 from .errors import FreedError, PeerError, SyncTimeout
+from .profile import mark as prof_mark, mark_end as prof_mark_end
 
 _R = lib.HM_REGION
 _TAG_SYNC = 1
@@ -217,7 +218,9 @@ def _wait_requests(hc, reqs, notices=False):
         (the caller names who it waited for).
     """
     MPI = hc._MPI
+    prof_mark()
     if MPI.Request.Testall(reqs):
+        prof_mark_end()
         return None
     deadline = None if hc.timeout is None else time.monotonic() + hc.timeout
     polls, spin = 0, hc._st.policy.spin
@@ -229,6 +232,7 @@ def _wait_requests(hc, reqs, notices=False):
             return [i for i, r in enumerate(reqs) if not r.Test()]
         if polls > spin:
             os.sched_yield()
+    prof_mark_end()
     return None
 
 
@@ -407,7 +411,7 @@ class GlobalMemory:
         self._views = views
         self._near = {r: views[r] for r in node_rank}  # the parts reached by load/store
         hc.comm.Barrier()  # every part zeroed before anyone reaches it
-        hc._children[id(self)] = self
+        hc._adopt(self)
 
     def _array(self, addr, count):
         if count == 0:
@@ -761,7 +765,9 @@ class Coarray:
         self.shape = shape
         self.mem = GlobalMemory(hc, int(np.prod(shape, dtype=np.int64)), dtype)
         hc._children.pop(id(self.mem), None)
-        hc._children[id(self)] = self
+        if hc._profile is not None:
+            hc._profile._forget(self.mem)  # recorded as the Coarray's
+        hc._adopt(self)
         self.hc = hc
         self.dtype = self.mem.dtype
         self.local = self.mem.local.reshape(shape)

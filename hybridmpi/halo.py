@@ -158,7 +158,7 @@ class Halo:
         self._hot_f = self._hot_r = _COLD
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
-        hc._children[id(self)] = self
+        hc._adopt(self)
 
     def _node_ids(self):
         """Per direction: each node peer's ids of its channel to this rank (collective on the

@@ -7,6 +7,7 @@ from collections import namedtuple
 import numpy as np
 
 from .._clib import copy_policy, ffi, lib
+from ..profile import mark as prof_mark, mark_end as prof_mark_end
 
 FWD, REV = 0, 1
 
@@ -101,6 +102,7 @@ def complete(halo, reqs, peers, what, e, statuses=None):
     MPI = halo.hc._MPI
     if MPI.Request.Testall(reqs, statuses):
         return
+    prof_mark()
     deadline = None if halo.timeout is None else time.monotonic() + halo.timeout
     polls, spin = 0, halo.hc._st.policy.spin
     while not MPI.Request.Testall(reqs, statuses):
@@ -115,14 +117,17 @@ def complete(halo, reqs, peers, what, e, statuses=None):
                                      "complete", late[0] if len(late) == 1 else None, "message", e)
         if polls > spin:  # as the C core's waits: spin first, then let other ranks run
             os.sched_yield()
+    prof_mark_end()
 
 
 def wait_until(halo, poll, value, peer, counter, what, e):
     """Call ``poll()`` until it returns at least ``value``, yielding the CPU, under the deadline."""
     deadline = None if halo.timeout is None else time.monotonic() + halo.timeout
+    prof_mark()
     while True:
         seen = poll()
         if seen >= value:
+            prof_mark_end()
             return
         if deadline is not None and time.monotonic() > deadline:
             raise halo.timeout_error(f"{what}: rank {peer} did not set {counter} to {value} "

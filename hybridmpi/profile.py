@@ -1,0 +1,571 @@
+"""Where communication time goes: ``with hybridmpi.profile(hc) as prof:``.
+
+Per object (Halo, HybridComm, GlobalMemory, Coarray) and operation, each rank records
+its calls, the bytes it moved, the time in the call, the part spent in the C core and
+in MPI waits (``wait``) and the rest (``python``: argument checks, dispatch).  The wait
+is split into **imbalance** (the part before the last peer this call synchronizes with
+had arrived) and **transfer** (the rest: copies, handshakes, messages).
+
+How: while a profile is on, the C core stores the time of its first entry and of its
+last return in each call (``hm_prof``, CLOCK_MONOTONIC), and so do the Python waits on
+MPI requests.  A rank's *arrival* in a call is that first entry (when it published
+its data or signal).  At the end of the profile (collective) each rank sends its
+arrival times to the ranks that waited for them (a Halo's receivers, every rank of a
+collective, the ranks named in ``sync_images``), on rank 0's clock: on one node the
+clock is shared; across nodes each node's offset is measured by ping-pong with rank 0
+(``MPI.Wtime``-style, the round trip of least delay).  A waiting call's imbalance is
+``min(wait, max(0, latest peer arrival - own entry))``, charged to that peer.
+
+Off, the profile costs one load and one branch per C call.  On, each profiled call
+pays four clock reads and one record in Python (see ``bench profile``).
+"""
+
+import collections
+import json
+import sys
+import time
+
+import numpy as np
+
+from ._clib import ffi, lib
+from .errors import FreedError
+
+_CLK = lib.hm_prof
+_now = time.monotonic_ns   # CLOCK_MONOTONIC, the C core's clock
+#: calls per object and operation whose wait is split (later ones are timed, not split)
+SPLIT_CALLS = 1_000_000
+KEYS = ("object", "op", "calls", "bytes", "time_s", "python_s", "wait_s", "imbalance_s",
+        "transfer_s", "late_peer")
+
+_ACTIVE = []   # profiles that are on (the C clock runs while there is one)
+
+
+def mark():
+    """A Python wait on MPI requests begins: the call's entry time when none was stored."""
+    if _CLK[2] and not _CLK[0]:
+        _CLK[0] = _now()
+
+
+def mark_end():
+    """A Python wait on MPI requests ended."""
+    if _CLK[2]:
+        _CLK[1] = _now()
+
+
+# What each kind of object records: op -> (kind, direction).  Kinds: "whole" (arrives and
+# waits), "begin" (arrives), "end" (waits), "coll" (collective over the HybridComm: every
+# rank arrives and waits), "images" (sync_images), "one" (one-sided: no peer to wait for).
+_HALO_OPS = {"update": ("whole", 0), "reverse": ("whole", 1), "update_begin": ("begin", 0),
+             "update_end": ("end", 0), "reverse_begin": ("begin", 1), "reverse_end": ("end", 1)}
+_COMM_OPS = {"barrier": ("coll", "c"), "allreduce": ("coll", "c"), "Allreduce": ("coll", "c")}
+_MEM_OPS = {"Put": ("one", None), "Get": ("one", None), "Rput": ("one", None),
+            "Rget": ("one", None), "fetch_add": ("one", None), "compare_swap": ("one", None),
+            "flush": ("one", None), "sync_all": ("coll", "s"), "sync_images": ("images", None)}
+_CO_OPS = {"_put": ("one", "put"), "_get": ("one", "get"), "Rput": ("one", None),
+           "Rget": ("one", None), "sync_all": ("coll", "s"), "sync_images": ("images", None)}
+
+
+def _nbytes(op, args, out, obj):
+    """Bytes of the first array argument (put, get, reductions) or of what a get returned."""
+    if op in ("flush", "barrier", "sync_all"):
+        return 0
+    if op == "get":
+        return int(getattr(out, "nbytes", 0))
+    if op == "put":   # Coarray a[r][index] = values: the section's bytes
+        from .globalmem import _key
+
+        return int(obj._section(_key(args[1], obj.mem.rank), args[1]).nbytes)
+    for a in args:
+        n = getattr(a, "nbytes", None)
+        if n is not None:
+            return int(n)
+    return 8 if args and isinstance(args[0], (int, float, complex)) else 0
+
+
+class _Op:
+    """One object's operation: its call records in a C log (hm_prof_log), and for
+    sync_images the ranks each call named."""
+
+    __slots__ = ("label", "op", "kind", "key", "obj", "log", "named")
+
+    def __init__(self, label, op, kind, key, obj):
+        self.label, self.op, self.kind, self.key, self.obj = label, op, kind, key, obj
+        self.log = ffi.new("hm_prof_log *")
+        self.log.limit = SPLIT_CALLS if kind in ("whole", "begin", "end", "one") else 2**40
+        self.named = []
+
+    def records(self):
+        """(calls, 6) int64: Python entry, C entry, C return, Python return, seq, bytes."""
+        n = int(self.log.n)
+        if n == 0:
+            return np.zeros((0, 6), dtype=np.int64)
+        return np.frombuffer(ffi.buffer(self.log.rec, n * 48), dtype=np.int64).reshape(n, 6).copy()
+
+    def release(self):
+        lib.hm_prof_free(self.log)
+
+
+class profile:
+    """Record where communication time goes on ``hc`` (collective on enter and exit).
+
+    ::
+
+        with hybridmpi.profile(hc) as prof:
+            for step in range(n):
+                halo.update(u)
+                ...
+        prof.print()                 # rank 0: min/mean/max over ranks per object and op
+        rows = prof.rows()           # this rank's rows (dicts)
+        prof.to_json("profile.json") # rank 0 writes every rank's rows
+
+    Every Halo, GlobalMemory and Coarray of ``hc`` (those made inside the block too)
+    and ``hc``'s own collectives are recorded.  Rows nest as the calls do:
+    ``sync_all`` includes its barrier.  Env ``HYBRIDMPI_PROFILE=1`` profiles each
+    HybridComm from its creation to its free (or the end of the run) and prints
+    there; ``HYBRIDMPI_PROFILE=path.json`` also writes the JSON.
+
+    Raises (every rank):
+        TypeError: ``hc`` is not a HybridComm.
+        FreedError: ``hc`` was freed.
+        RuntimeError: a profile of ``hc`` is already on; ``rows()`` before the
+            profile ended or after it ended with an exception.
+    """
+
+    def __init__(self, hc):
+        from .comm import HybridComm
+
+        if not isinstance(hc, HybridComm):
+            raise TypeError(f"hybridmpi: profile needs a HybridComm, got {type(hc).__name__}")
+        self.hc = hc
+        self._ops = []
+        self._wrapped = []   # (object, [op names])
+        self._epochs = []    # (Halo, its epochs when recording began)
+        self._counts = collections.Counter()   # labels given per kind of object
+        self._rows = None
+        self._all = None
+        self._state = "new"
+        self.elapsed_s = None
+
+    # ------------------------------------------------------------ life
+
+    def __enter__(self):
+        hc = self.hc
+        if hc.closed:
+            raise FreedError(f"hybridmpi: rank {hc.rank}: profile of a freed HybridComm")
+        problem = None
+        if self._state != "new":
+            problem = "this profile object was already used; make a new one"
+        elif hc._profile is not None:
+            problem = "a profile of this HybridComm is already on"
+        views = hc.comm.allgather(problem)
+        bad = [(r, p) for r, p in enumerate(views) if p]
+        if bad:
+            raise RuntimeError(f"hybridmpi: profile: rank {bad[0][0]}: {bad[0][1]}")
+        self._offset = _clock_offset(hc)
+        self._state = "on"
+        hc._profile = self
+        self._adopt(hc)
+        for child in list(hc._children.values()):
+            self._adopt(child)
+        _ACTIVE.append(self)
+        _CLK[2] = 1
+        hc.comm.Barrier()
+        self._t0 = _now()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._stop()
+        if exc_type is not None:
+            self._state = "failed"
+            return False
+        self._finish()
+        return False
+
+    def _stop(self):
+        self.elapsed_s = (_now() - self._t0) * 1e-9
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        if not _ACTIVE:
+            _CLK[2] = 0
+        for obj, names in self._wrapped:
+            for name in names:
+                obj.__dict__.pop(name, None)
+        self._wrapped = []
+        if self.hc._profile is self:
+            self.hc._profile = None
+
+    # ------------------------------------------------------------ recording
+
+    def _adopt(self, obj):
+        """Record the operations of ``obj`` (HybridComm, Halo, GlobalMemory, Coarray)."""
+        from .comm import HybridComm
+        from .globalmem import Coarray, GlobalMemory
+        from .halo import Halo
+
+        if isinstance(obj, Halo):
+            ops, label = _HALO_OPS, f"Halo #{obj.tag} ({obj.method})"
+            self._epochs.append((obj, list(obj._epoch)))
+        elif isinstance(obj, HybridComm):
+            ops, label = _COMM_OPS, "HybridComm"
+        elif isinstance(obj, Coarray):
+            self._counts["Coarray"] += 1
+            ops, label = _CO_OPS, f"Coarray {self._counts['Coarray']} {obj.shape}"
+        elif isinstance(obj, GlobalMemory):
+            self._counts["GlobalMemory"] += 1
+            ops, label = _MEM_OPS, f"GlobalMemory {self._counts['GlobalMemory']}"
+        else:
+            return
+        names = []
+        for name, (kind, key) in ops.items():
+            # Coarray's a[r][index] put and get are its methods _put and _get
+            rec = _Op(label, key if name.startswith("_") else name, kind, key, obj)
+            self._ops.append(rec)
+            obj.__dict__[name] = _wrapper(getattr(type(obj), name).__get__(obj), rec, obj)
+            names.append(name)
+        self._wrapped.append((obj, names))
+
+    def _forget(self, obj):
+        """Stop recording ``obj`` (a Coarray's own GlobalMemory), before any call of it."""
+        for o, names in self._wrapped:
+            if o is obj:
+                for name in names:
+                    obj.__dict__.pop(name, None)
+        self._wrapped = [(o, n) for o, n in self._wrapped if o is not obj]
+        self._ops = [rec for rec in self._ops if rec.obj is not obj]
+        self._counts["GlobalMemory"] -= 1
+
+    # ------------------------------------------------------------ the split (collective)
+
+    def _finish(self):
+        hc = self.hc
+        rank, size = hc.rank, hc.size
+        off = self._offset
+        recs = [(op, op.records()) for op in self._ops]
+        out = [dict() for _ in range(size)]   # dest -> group -> [(seqs, arrivals)]
+        waits = {}   # id(op) -> [(peer, group, seqs)]: the arrivals each call waited for
+        arrival = {id(op): np.where(r[:, 1] > 0, r[:, 1], r[:, 0]) + off for op, r in recs}
+
+        def publish(dests, group, seq, times):
+            for p in dests:
+                if p != rank:
+                    out[p].setdefault(group, []).append((seq, times))
+
+        everyone = [p for p in range(size) if p != rank]
+        # a Halo's calls of one direction: numbered by their epoch (the epoch at the start
+        # of the profile, then one per whole call or begin, in order); an end has its begin's
+        for halo, epochs in self._epochs:
+            for d in (0, 1):
+                mine = [(op, r) for op, r in recs if op.obj is halo and op.kind != "coll"
+                        and op.key == d and op.kind in ("whole", "begin")]
+                if mine:
+                    t0 = np.concatenate([r[:, 0] for _, r in mine])
+                    seq = np.empty(t0.size, dtype=np.int64)
+                    seq[np.argsort(t0, kind="stable")] = epochs[d] + 1 + np.arange(t0.size)
+                    i = 0
+                    for op, r in mine:
+                        r[:, 4] = seq[i:i + len(r)]
+                        i += len(r)
+                begins = [r for op, r in recs if op.obj is halo and op.kind == "begin" and op.key == d]
+                ends = [r for op, r in recs if op.obj is halo and op.kind == "end" and op.key == d]
+                if begins and ends:
+                    n = min(len(begins[0]), len(ends[0]))
+                    ends[0][:n, 4] = begins[0][:n, 4]
+        # collectives: the calls of one group (every collective of the comm; every sync_all)
+        # are numbered in the order this rank entered them, the same on every rank
+        groups = collections.defaultdict(list)
+        for op, r in recs:
+            if op.kind == "coll":
+                groups[op.key].append((op, r))
+        for group, items in groups.items():
+            t0 = np.concatenate([r[:, 0] for _, r in items])
+            seq = np.empty(t0.size, dtype=np.int64)
+            seq[np.argsort(t0, kind="stable")] = np.arange(t0.size)
+            i = 0
+            for op, r in items:
+                mine = seq[i:i + len(r)]
+                i += len(r)
+                publish(everyone, group, mine, arrival[id(op)])
+                waits[id(op)] = [(p, group, mine) for p in everyone]
+        # sync_images: the j-th call naming rank p meets p's j-th call naming this rank
+        calls = sorted(((r[i, 0], op, i) for op, r in recs if op.kind == "images"
+                        for i in range(len(r))), key=lambda c: c[0])
+        named = collections.Counter()
+        img = collections.defaultdict(lambda: collections.defaultdict(list))  # op -> p -> [(i, seq)]
+        for _, op, i in calls:
+            for p in _image_ranks(op.named[i], rank, size):
+                img[id(op)][p].append((i, named[p]))
+                named[p] += 1
+        for op, r in recs:
+            if op.kind == "images":
+                ws = []
+                for p, pairs in img[id(op)].items():
+                    idx = np.array([i for i, _ in pairs], dtype=np.int64)
+                    seq = np.array([j for _, j in pairs], dtype=np.int64)
+                    publish([p], "i", seq, arrival[id(op)][idx])
+                    full = np.full(len(r), -1, dtype=np.int64)
+                    full[idx] = seq
+                    ws.append((p, "i", full))
+                waits[id(op)] = ws
+            elif op.kind in ("whole", "begin", "end"):
+                halo, d = op.obj, op.key
+                group = ("h", halo.tag, d)
+                if op.kind != "end":
+                    publish(halo.pattern.send if d == 0 else halo.pattern.recv, group, r[:, 4],
+                            arrival[id(op)])
+                if op.kind != "begin":
+                    srcs = halo.pattern.recv if d == 0 else halo.pattern.send
+                    waits[id(op)] = [(p, group, r[:, 4]) for p in srcs if p != rank]
+        inbox = hc.comm.alltoall([{g: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
+                                   for g, v in o.items()} for o in out])
+        rows = []
+        for op, r in recs:
+            log = op.log
+            over = [int(v) for v in log.over]
+            if len(r) == 0 and not over[0]:
+                continue
+            a, b = r[:, 1], r[:, 2]
+            wait = np.where((a > 0) & (b >= a), b - a, 0)
+            latest = np.full(len(r), np.iinfo(np.int64).min, dtype=np.int64)
+            late = np.full(len(r), -1, dtype=np.int64)
+            for p, group, seq in waits.get(id(op), ()):
+                got = inbox[p].get(group)
+                if got is None or seq.size == 0:
+                    continue
+                order = np.argsort(got[0], kind="stable")
+                S, T = got[0][order], got[1][order]
+                if S.size == 0:
+                    continue
+                idx = np.minimum(np.searchsorted(S, seq), S.size - 1)
+                t = np.where((S[idx] == seq) & (seq >= 0), T[idx], np.iinfo(np.int64).min)
+                newer = t > latest
+                latest = np.where(newer, t, latest)
+                late = np.where(newer, p, late)
+            known = (a > 0) & (late >= 0)
+            imb = np.where(known, np.clip(np.where(known, latest, 0) - (a + off), 0, wait), 0)
+            was_late = late[imb > 0]
+            total = (int((r[:, 3] - r[:, 0]).sum()) + over[2]) * 1e-9
+            w = (int(wait.sum()) + over[3]) * 1e-9
+            i = int(imb.sum()) * 1e-9
+            rows.append({"object": op.label, "op": op.op, "calls": len(r) + over[0],
+                         "bytes": int(r[:, 5].sum()) + over[1], "time_s": total,
+                         "python_s": max(total - w, 0.0), "wait_s": w, "imbalance_s": i,
+                         "transfer_s": w - i,
+                         "late_peer": int(np.bincount(was_late).argmax()) if was_late.size else None,
+                         "split_calls": len(r)})
+            op.release()
+        self._rows = rows
+        self._all = hc.comm.gather(rows, root=0)
+        self._state = "done"
+
+    # ------------------------------------------------------------ results
+
+    def rows(self):
+        """This rank's rows: dicts with keys ``object``, ``op``, ``calls``, ``bytes`` (this rank
+        sent and received; Put and Get: moved), ``time_s`` (in the calls), ``python_s``,
+        ``wait_s`` (in the C core and MPI waits), ``imbalance_s``, ``transfer_s`` and
+        ``late_peer`` (the peer that arrived last most often, None when none was late)."""
+        if self._state != "done":
+            why = ("ended with an exception" if self._state == "failed"
+                   else "has not ended yet (rows are ready after the with block)")
+            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: profile.rows(): the profile {why}")
+        return [dict(r) for r in self._rows]
+
+    def summary(self):
+        """On rank 0: per object and op, min/mean/max over the ranks that made the call (dicts);
+        elsewhere None."""
+        self.rows()
+        if self._all is None:
+            return None
+        groups = {}
+        for r, rows in enumerate(self._all):
+            for row in rows:
+                groups.setdefault((row["object"], row["op"]), []).append((r, row))
+        out = []
+        for (obj, op), got in groups.items():
+            s = {"object": obj, "op": op, "ranks": len(got),
+                 "calls": max(row["calls"] for _, row in got),
+                 "bytes": sum(row["bytes"] for _, row in got)}
+            for k in ("time_s", "python_s", "wait_s", "imbalance_s", "transfer_s"):
+                v = np.array([row[k] for _, row in got])
+                s[k] = {"min": float(v.min()), "mean": float(v.mean()), "max": float(v.max())}
+            late = collections.Counter(row["late_peer"] for _, row in got if row["late_peer"] is not None)
+            s["late_peer"] = late.most_common(1)[0][0] if late else None
+            out.append(s)
+        return out
+
+    def print(self, file=None):
+        """Rank 0 prints the summary table (as PETSc's ``-log_view``: totals over the profile,
+        min/mean/max over ranks, per call in microseconds); other ranks print nothing."""
+        summary = self.summary()
+        if summary is None:
+            return
+        file = file or sys.stdout
+        print(f"hybridmpi profile: {self.hc.size} ranks, {self.elapsed_s:.3f} s "
+              "(per call, microseconds, mean over ranks [min-max])", file=file)
+        head = (f"{'object':<26} {'op':<14} {'calls':>8} {'kB/call':>8} {'time':>18} "
+                f"{'python':>8} {'imbalance':>18} {'transfer':>18} {'late':>5}")
+        print(head, file=file)
+        print("-" * len(head), file=file)
+        for s in summary:
+            n = max(s["calls"], 1)
+
+            def us(k, spread=True):
+                v = s[k]
+                mean = v["mean"] / n * 1e6
+                if not spread:
+                    return f"{mean:8.2f}"
+                return f"{mean:8.2f} [{v['min'] / n * 1e6:.1f}-{v['max'] / n * 1e6:.1f}]".rjust(18)
+            kb = s["bytes"] / max(s["ranks"], 1) / n / 1e3
+            late = "" if s["late_peer"] is None else str(s["late_peer"])
+            print(f"{s['object'][:26]:<26} {s['op']:<14} {s['calls']:>8} {kb:8.2f} {us('time_s')} "
+                  f"{us('python_s', False)} {us('imbalance_s')} {us('transfer_s')} {late:>5}",
+                  file=file)
+        file.flush()
+
+    def to_json(self, path):
+        """Rank 0 writes ``{"ranks": [rows of each rank], "summary": [...]}`` to ``path``;
+        other ranks write nothing."""
+        summary = self.summary()
+        if summary is None:
+            return
+        with open(path, "w") as f:
+            json.dump({"size": self.hc.size, "elapsed_s": self.elapsed_s, "ranks": self._all,
+                       "summary": summary}, f, indent=1)
+
+
+def _image_ranks(ranks, me, size):
+    """The ranks a sync_images call named, as the call took them (this rank left out)."""
+    if isinstance(ranks, (int, np.integer)):
+        ranks = [ranks]
+    return [int(r) for r in ranks if 0 <= int(r) < size and int(r) != me]
+
+
+def _wrapper(f, rec, obj):
+    """``f`` (a bound method) timed into ``rec``: one C call before, one after."""
+    log = rec.log
+    begin, end, abort = lib.hm_prof_begin, lib.hm_prof_end, lib.hm_prof_abort
+    kind, op = rec.kind, rec.op
+    if kind in ("whole", "begin", "end"):
+        d = rec.key
+        p = obj.pattern
+        sent = sum(ids.size for ids in (p.send if d == 0 else p.recv).values()) * obj.esz
+        got = sum(ids.size for ids in (p.recv if d == 0 else p.send).values()) * obj.esz
+        log.nbytes = {"whole": sent + got, "begin": sent, "end": got}[kind]
+
+        def call(x, *args, **kw):
+            begin()
+            try:
+                f(x, *args, **kw)
+            except BaseException:
+                abort()
+                raise
+            end(log)
+    elif kind == "images":
+        named = rec.named
+
+        def call(ranks):
+            begin()
+            try:
+                f(ranks)
+            except BaseException:
+                abort()
+                raise
+            named.append(ranks)
+            end(log)
+    else:
+        end_bytes = lib.hm_prof_end_bytes
+
+        def call(*args, **kw):
+            begin()
+            try:
+                out = f(*args, **kw)
+            except BaseException:
+                abort()
+                raise
+            end_bytes(log, _nbytes(op, args, out, obj))
+            return out
+    call.__doc__ = f.__doc__
+    call.__wrapped__ = f
+    return call
+
+
+def _clock_offset(hc):
+    """This rank's clock minus rank 0's (ns): 0 on rank 0's shared-memory node; elsewhere
+    the node leader's, measured by ping-pong with rank 0 (the round trip of least delay)."""
+    MPI = hc._MPI
+    comm = hc.comm
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, hc.rank)
+    try:
+        leader = node.bcast(hc.rank if node.Get_rank() == 0 else None, root=0)
+        leaders = sorted(set(comm.allgather(leader)))
+        mine = 0
+        buf = np.zeros(1, dtype=np.int64)
+        for other in leaders:
+            if other == 0:
+                continue
+            if hc.rank == 0:
+                best = None
+                for _ in range(16):
+                    t_send = _now()
+                    comm.Send(buf, other, 32701)
+                    comm.Recv(buf, other, 32701)
+                    t_back = _now()
+                    if best is None or t_back - t_send < best[0]:
+                        best = (t_back - t_send, int(buf[0]) - (t_send + t_back) // 2)
+                comm.Send(np.array([best[1]], dtype=np.int64), other, 32701)
+            elif hc.rank == other:
+                for _ in range(16):
+                    comm.Recv(buf, 0, 32701)
+                    buf[0] = _now()
+                    comm.Send(buf, 0, 32701)
+                comm.Recv(buf, 0, 32701)
+                mine = int(buf[0])
+        # times are sent on rank 0's clock: subtract this node's offset
+        return -int(node.bcast(mine, root=0))
+    finally:
+        node.Free()
+
+
+_AT_EXIT = []
+
+
+def start_env(hc):
+    """HYBRIDMPI_PROFILE: profile ``hc`` until its free, or the end of the run."""
+    prof = profile(hc)
+    prof.__enter__()
+    hc._env_profile = prof
+    if not _AT_EXIT:
+        # after mpi4py's own exit handler was registered (it finalizes MPI), so this runs first
+        import atexit
+        import weakref
+
+        _AT_EXIT.append(weakref.WeakSet())
+        atexit.register(_at_exit)
+    _AT_EXIT[0].add(hc)
+
+
+def _at_exit():
+    """The end of a run that profiled with HYBRIDMPI_PROFILE: the comms not freed end their
+    profile here (collective), unless the program ended with an uncaught exception."""
+    if hasattr(sys, "last_value"):
+        return
+    for hc in sorted(_AT_EXIT[0], key=lambda h: h._serial):
+        if hc._env_profile is not None and not hc._MPI.Is_finalized():
+            stop_env(hc)
+
+
+def stop_env(hc):
+    """At the free of a HybridComm profiled by HYBRIDMPI_PROFILE: end, print, write JSON."""
+    prof = getattr(hc, "_env_profile", None)
+    if prof is None:
+        return
+    hc._env_profile = None
+    if hc._broken is not None:
+        prof._stop()
+        prof._state = "failed"
+        return
+    prof.__exit__(None, None, None)
+    prof.print(file=sys.stderr if hc.env.get("profile") == "stderr" else None)
+    path = hc.env.get("profile")
+    if path and path.endswith(".json"):
+        prof.to_json(path)

@@ -489,9 +489,45 @@ def _wrapper(f, rec, obj):
     return call
 
 
+def split_waits(hc, entries, exits, peers):
+    """The imbalance of a sequence of synchronizing regions of an application, measured the
+    way the profile measures a call (collective over ``hc``): call ``i`` on every rank is
+    region ``i``; ``entries`` and ``exits`` are this rank's monotonic times (ns) of entering
+    and leaving each region, ``peers`` the ranks each region waits for.  Works for any
+    exchange (plain mpi4py too), so that baselines are split the same way.
+
+    Returns:
+        (imbalance, late): per region, the ns spent before the last peer had entered
+        (at most the region's time) and that peer (-1 when none was late).
+    """
+    raw = np.asarray(entries, dtype=np.int64)
+    entries = raw + _clock_offset(hc)
+    span = np.asarray(exits, dtype=np.int64) - raw
+    peers = [p for p in peers if p != hc.rank]
+    sends = [None] * hc.size
+    for p in peers:
+        sends[p] = entries
+    got = hc.comm.alltoall(sends)
+    latest = np.full(entries.size, np.iinfo(np.int64).min, dtype=np.int64)
+    late = np.full(entries.size, -1, dtype=np.int64)
+    for p in peers:
+        theirs = got[p]
+        if theirs is None or theirs.size != entries.size:
+            raise ValueError(f"hybridmpi: split_waits: rank {p} has {None if theirs is None else theirs.size} "
+                             f"regions, rank {hc.rank} {entries.size}, or does not name it")
+        newer = theirs > latest
+        latest = np.where(newer, theirs, latest)
+        late = np.where(newer, p, late)
+    imb = np.where(late >= 0, np.clip(np.where(late >= 0, latest, 0) - entries, 0, span), 0)
+    return imb, np.where(imb > 0, late, -1)
+
+
 def _clock_offset(hc):
     """This rank's clock minus rank 0's (ns): 0 on rank 0's shared-memory node; elsewhere
     the node leader's, measured by ping-pong with rank 0 (the round trip of least delay)."""
+    cached = hc.__dict__.get("_prof_offset")
+    if cached is not None:
+        return cached
     MPI = hc._MPI
     comm = hc.comm
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, hc.rank)
@@ -521,7 +557,8 @@ def _clock_offset(hc):
                 comm.Recv(buf, 0, 32701)
                 mine = int(buf[0])
         # times are sent on rank 0's clock: subtract this node's offset
-        return -int(node.bcast(mine, root=0))
+        hc._prof_offset = -int(node.bcast(mine, root=0))
+        return hc._prof_offset
     finally:
         node.Free()
 

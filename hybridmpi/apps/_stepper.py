@@ -44,6 +44,9 @@ class Stepper:
         self.inner, self.shell = boxes(owned, full)
         self.step_count = 0
         self.times = {"halo": 0.0, "compute": 0.0, "reduce": 0.0}
+        #: with a list here, each step appends the monotonic times (ns) of entering and
+        #: leaving its three exchange parts (hybridmpi.profile.split_waits splits them)
+        self.marks = None
 
     @property
     def current(self):
@@ -54,7 +57,8 @@ class Stepper:
         write Y, push Y's planes; returns (X, Y)."""
         x = self.arrays[self.step_count % 2]
         y = self.arrays[(self.step_count + 1) % 2]
-        ex, clock = self.ex, time.perf_counter
+        ex = self.ex
+        clock = time.perf_counter if self.marks is None else time.monotonic
         t0 = clock()
         ex.before(x)
         t1 = clock()
@@ -68,6 +72,8 @@ class Stepper:
         ex.after(y)
         t5 = clock()
         self.times["halo"] += (t1 - t0) + (t3 - t2) + (t5 - t4)
+        if self.marks is not None:
+            self.marks.append((t0, t1, t2, t3, t4, t5))
         self.times["compute"] += (t2 - t1) + (t4 - t3)
         self.step_count += 1
         return x, y

@@ -27,12 +27,14 @@ KINDS = {
            "time per CG iteration of P1 Poisson: atomic (private or shared search direction) "
            "vs flat vs flat-numpy"),
     "heat3d": (apps.heat3d_arguments, apps.run_heat3d,
-               (("halo", "halo_us"), ("compute", "compute_us"), ("reduce", "reduce_us"),
-                ("halo/MPI", "halo_ratio"), ("checksum", "checksum")),
+               (("halo", "halo_us"), ("imbal", "imbalance_us"), ("transfer", "transfer_us"),
+                ("compute", "compute_us"), ("reduce", "reduce_us"), ("halo/MPI", "halo_ratio"),
+                ("xfer/MPI", "transfer_ratio"), ("checksum", "checksum")),
                "3D heat conduction: time per step by exchange, split halo/compute/reduce"),
     "himeno": (apps.himeno_arguments, apps.run_himeno,
-               (("halo", "halo_us"), ("compute", "compute_us"), ("reduce", "reduce_us"),
-                ("halo/MPI", "halo_ratio"), ("MFLOPS", "mflops"), ("gosa", "gosa")),
+               (("halo", "halo_us"), ("imbal", "imbalance_us"), ("transfer", "transfer_us"),
+                ("compute", "compute_us"), ("reduce", "reduce_us"), ("halo/MPI", "halo_ratio"),
+                ("xfer/MPI", "transfer_ratio"), ("MFLOPS", "mflops"), ("gosa", "gosa", "14.6e")),
                "Himeno benchmark: time per iteration by exchange, MFLOPS, gosa"),
     "dolfinx": (dolfinx_heat.arguments, dolfinx_heat.run, (),
                 "explicit heat in DOLFINx: ghost updates by DOLFINx's scatters vs a Halo on its "

@@ -121,14 +121,16 @@ def print_table(doc, extra=()):
     for line in doc.get("notes", ()):
         print(f"# {line}")
     cols = f"{'# ' + doc['x_label']:<16}{'series':>22}{'min':>10}{'avg':>10}{'max':>10}{'sd':>9}"
-    cols += "".join(f"{name:>10}" for name, _ in extra) + f"{'ratio':>8}"
+    def width(spec):
+        return int(spec[2].split(".")[0]) if len(spec) > 2 else 10
+    cols += "".join(f"{spec[0]:>{width(spec)}}" for spec in extra) + f"{'ratio':>8}"
     print(cols)
     for r in doc["results"]:
         line = (f"{str(r['x']):<16}{r['series']:>22}{r['min']:10.3f}{r['mean']:10.3f}"
                 f"{r['max']:10.3f}{r['sd']:9.3f}")
-        for _, key in extra:
-            v = r.get(key)
-            line += f"{v:10.3f}" if isinstance(v, (int, float)) else f"{'-':>10}"
+        for spec in extra:
+            v, fmt = r.get(spec[1]), (spec[2] if len(spec) > 2 else "10.3f")
+            line += f"{v:{fmt}}" if isinstance(v, (int, float)) else f"{'-':>{width(spec)}}"
         line += f"{r['ratio']:8.2f}" if r["ratio"] is not None else f"{'(MPI)' if r['baseline'] else '-':>8}"
         print(line)
 

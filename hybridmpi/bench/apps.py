@@ -1,11 +1,17 @@
 """The stencil applications as benchmarks: heat3d (DART-MPI Section 5.3, Fig. 8) and Himeno
 (XcalableMP Section 4.3, Fig. 9).  Time per step split into halo exchange, computation and
-reduction, per exchange, with the flat-MPI exchange of the same run as the baseline."""
+reduction, per exchange, with the flat-MPI exchange of the same run as the baseline; the
+exchange split again into imbalance (a neighbour had not arrived) and transfer, and the
+ratios to the baseline on both the exchange and its transfer time (medians of the
+repetitions)."""
 
 import time
 
+import numpy as np
+
 from ..apps import heat3d, himeno
 from ..comm import HybridComm
+from ..profile import split_waits
 from ._common import Progress, add, document
 
 
@@ -48,19 +54,27 @@ def _sweep(comm, text, kind):
 def _time(hc, app, steps, reps):
     """Per repetition: µs per step of the whole step (max over ranks) and of each part
     (mean over ranks: a part's maximum would charge one rank's wait for a slower neighbour
-    to the exchange and its neighbour's computation to the computation)."""
+    to the exchange and its neighbour's computation to the computation), then the exchange
+    split into imbalance (waiting for a neighbour that had not entered the same part of the
+    same step yet) and transfer (the rest), as hybridmpi.profile splits a call."""
     from mpi4py import MPI
 
     app.run(2)  # warm-up
     out = []
+    st = app.stepper
     for _ in range(reps):
         for _ in range(10):
             hc.barrier()
-        st = app.stepper
         st.times = dict.fromkeys(st.times, 0.0)
+        st.marks = []
         t0 = time.perf_counter()
         app.run(steps)
         parts = [time.perf_counter() - t0, st.times["halo"], st.times["compute"], st.times["reduce"]]
+        marks = (np.array(st.marks) * 1e9).astype(np.int64)
+        st.marks = None
+        imb, _ = split_waits(hc, marks[:, 0::2].ravel(), marks[:, 1::2].ravel(),
+                             app.grid.neighbor_ranks)
+        parts.append(float(imb.sum()) * 1e-9)
         parts = [hc.comm.allreduce(parts[0], op=MPI.MAX)] + [
             hc.comm.allreduce(v, op=MPI.SUM) / hc.size for v in parts[1:]]
         out.append([v / steps * 1e6 for v in parts])
@@ -93,12 +107,16 @@ def _run(hc, comm, a, kind, make, names, baseline, result):
         rows = comm.bcast(rows, root=0)
         base = {n: s for n, s, _ in rows}.get(baseline)
         for name, samples, extra in rows:
-            mean = [sum(s[k] for s in samples) / len(samples) for k in range(4)]
+            mean = [float(np.median([s[k] for s in samples])) for k in range(5)]
             row = add(doc, name, r, [s[0] for s in samples], baseline=name == baseline,
-                      halo_us=mean[1], compute_us=mean[2], reduce_us=mean[3], **extra)
+                      halo_us=mean[1], compute_us=mean[2], reduce_us=mean[3],
+                      imbalance_us=mean[4], transfer_us=mean[1] - mean[4], **extra)
             if base is not None:
-                base_halo = sum(s[1] for s in base) / len(base)
+                base_halo = float(np.median([s[1] for s in base]))
+                base_transfer = float(np.median([s[1] - s[4] for s in base]))
                 row["halo_ratio"] = mean[1] / base_halo if base_halo > 0 else None
+                row["transfer_ratio"] = ((mean[1] - mean[4]) / base_transfer
+                                         if base_transfer > 0 else None)
     return doc
 
 
@@ -134,7 +152,10 @@ def run_himeno(hc, comm, a):
         return himeno.Himeno(h, a.size, exchange=name)
 
     def result(app):
-        return {"gosa": app.gosa, "flops_per_iteration": app.flops_per_iteration}
+        # gosa adds up over every iteration this app ran (warm-up and repetitions), as in the
+        # reference, which never resets p between its measuring runs
+        return {"gosa": app.gosa, "gosa_iterations": app.stepper.step_count,
+                "flops_per_iteration": app.flops_per_iteration}
 
     doc = _run(hc, comm, a, "himeno", make, names, "mpi", result)
     for row in doc["results"]:

@@ -25,7 +25,7 @@ def one_run(a, layout, block, path):
     cmd = shlex.split(a.mpiexec) + ["-n", str(a.np), sys.executable, "-m", "hybridmpi", "bench",
                                     "ghost", "--sizes", a.sizes, "--layout", layout, "--block",
                                     str(block), "--methods", "atomic", "--peers", "--reps",
-                                    str(a.reps), "--json", path]
+                                    str(a.reps), "--json", path] + (["--kb"] if a.unit == "kB" else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=a.timeout)
     with open(path) as f:
         return json.load(f)
@@ -36,7 +36,10 @@ def main():
     p.add_argument("--np", type=int, default=2, help="ranks")
     p.add_argument("--runs", type=int, default=3, help="runs per configuration (median)")
     p.add_argument("--reps", type=int, default=7, help="repetitions per run")
-    p.add_argument("--sizes", default="4,20,78,312", help="KiB per neighbor")
+    p.add_argument("--sizes", default="4,20,78,312", help="per neighbor, in --unit")
+    p.add_argument("--unit", choices=["kB", "KiB"], default="kB",
+                   help="kB (1000 bytes, the default: 4 kB stays under Open MPI's 4096-byte "
+                   "eager limit) or KiB")
     p.add_argument("--layouts", default="runs,scattered")
     p.add_argument("--blocks", default="1,3")
     p.add_argument("--mpiexec", default="mpiexec", help="launcher and its options")
@@ -59,7 +62,7 @@ def main():
                                if r["series"] == s and r["x"] == size]
                         med[s] = statistics.median(got) if got else None
                     rows.append((size, layout, block, med))
-    head = (["KiB", "layout", "block"] + [s for s in SERIES]
+    head = ([a.unit, "layout", "block"] + [s for s in SERIES]
             + ["private/PETSc", "shared/PETSc", "shared/DOLFINx", "shared/floor"])
     print(f"# {docs[0]['mpi_library']}; {a.np} ranks; median of {a.runs} runs (µs)")
     print("| " + " | ".join(head) + " |")

@@ -38,6 +38,8 @@ def arguments(p):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--h", default=None, help="cube meshes, comma-separated lengths (default 0.05)")
     src.add_argument("--sizes", default=None, help="synthetic ring: KiB per neighbor, comma-separated")
+    p.add_argument("--kb", action="store_true", help="--sizes in decimal kB (1000 bytes): 4 kB "
+                   "stays under Open MPI's 4096-byte eager limit, 4 KiB does not")
     src.add_argument("--mesh", default=None, help="a mesh file (any format meshio reads, tetrahedra)")
     p.add_argument("--methods", default=",".join(METHODS), help="Halo methods to time")
     p.add_argument("--block", type=int, default=None, help="values per point (mesh: 3, ring: 1)")
@@ -207,7 +209,8 @@ def run(hc, comm, a):
     bar = Progress(comm, len(values) * (len(methods) + 1 + len(peers)), "ghost")
     for v in values:
         if a.sizes:
-            pattern = ring_pattern(hc, max(1, int(v * 1024) // (8 * block)), layout, rng)
+            unit = 1000 if a.kb else 1024
+            pattern = ring_pattern(hc, max(1, int(v * unit) // (8 * block)), layout, rng)
             size_kb = v
         else:
             pattern = (distribute_file(hc, v) if a.mesh else distribute_cube(hc, v))[1].pattern

@@ -10,6 +10,7 @@ facade.
 
 import os
 import time
+import weakref
 
 import numpy as np
 
@@ -17,6 +18,11 @@ from ._clib import ERRBIT, copy_policy, ffi, lib
 from .comm import HybridComm
 from .errors import FreedError, PeerError, SyncTimeout
 from .profile import mark as prof_mark, mark_end as prof_mark_end
+
+try:
+    from ._timed import Near as _Near
+except ImportError:  # built without the extension: the Python methods
+    _Near = None
 
 _R = lib.HM_REGION
 _TAG_SYNC = 1
@@ -410,6 +416,14 @@ class GlobalMemory:
         self._itemsize = dt.itemsize
         self._views = views
         self._near = {r: views[r] for r in node_rank}  # the parts reached by load/store
+        if _Near is not None and dt.itemsize:
+            # Put and Get of a 1-D array to a part on this node in C: about 0.2 us instead of
+            # 1 us of Python checks and slicing; anything else falls back to the methods below
+            bases = [a if v is not None else 0 for a, v in zip(addrs, views)]
+            me = weakref.proxy(self)  # no reference cycle through the C object
+            for name, get in (("Put", False), ("Get", True)):
+                self.__dict__[name] = _Near(np.ndarray, dt, getattr(GlobalMemory, name).__get__(me),
+                                            bases, list(self.counts), dt.itemsize, get)
         hc.comm.Barrier()  # every part zeroed before anyone reaches it
         hc._adopt(self)
 
@@ -475,9 +489,13 @@ class GlobalMemory:
         # or on another node.
         v = self._near.get(rank)
         if type(data) is np.ndarray and data.dtype is self.dtype and data.ndim == 1 and type(offset) is int:
-            if v is not None:
-                if 0 <= offset <= v.size - data.size:
-                    v[offset:offset + data.size] = data
+            if v is not None and data.flags.c_contiguous:
+                n = data.size
+                if 0 <= offset <= v.size - n:
+                    if n == 1:  # one element: a scalar store, a third of a slice copy's time
+                        v[offset] = data.item()
+                    else:
+                        v[offset:offset + n] = data
                     return
             elif (type(rank) is int and 0 <= rank < self.size and 0 <= offset
                   and offset + data.size <= self.counts[rank] and data.flags.c_contiguous
@@ -510,10 +528,14 @@ class GlobalMemory:
         """
         v = self._near.get(rank)
         if type(out) is np.ndarray and out.dtype is self.dtype and out.ndim == 1 and type(offset) is int:
-            if v is not None:
-                if 0 <= offset <= v.size - out.size:
+            if v is not None and out.flags.c_contiguous:
+                n = out.size
+                if 0 <= offset <= v.size - n:
                     try:
-                        out[:] = v[offset:offset + out.size]
+                        if n == 1:  # one element: a scalar load and store
+                            out[0] = v[offset]
+                        else:
+                            out[:] = v[offset:offset + n]
                         return
                     except ValueError:
                         pass  # read-only: the checks below say so
@@ -664,6 +686,10 @@ class GlobalMemory:
         self._views = None
         self._near = {}
         self.local = None
+        for name in ("Put", "Get"):
+            fast = self.__dict__.pop(name, None)
+            if fast is not None and hasattr(fast, "close"):
+                fast.close()  # a reference kept by the caller now raises FreedError too
         if self._win is not None and not self.hc._MPI.Is_finalized():
             self._win.Flush_all()  # every pending operation on the window: none stays dirty
             if self.hc._gm is not None:

@@ -145,7 +145,7 @@ class profile:
             raise TypeError(f"hybridmpi: profile needs a HybridComm, got {type(hc).__name__}")
         self.hc = hc
         self._ops = []
-        self._wrapped = []   # (object, [op names])
+        self._wrapped = []   # (object, [op names], its own instance attributes they replaced)
         self._epochs = []    # (Halo, its epochs when recording began)
         self._counts = collections.Counter()   # labels given per kind of object
         self._rows = None
@@ -194,9 +194,14 @@ class profile:
             _ACTIVE.remove(self)
         if not _ACTIVE:
             _CLK[2] = 0
-        for obj, names in self._wrapped:
+        for obj, names, saved in self._wrapped:
             for name in names:
                 obj.__dict__.pop(name, None)
+            if getattr(obj, "closed", False) is False:
+                obj.__dict__.update(saved)   # the C fast paths of GlobalMemory.Put and Get
+            else:
+                for fast in saved.values():
+                    getattr(fast, "close", lambda: None)()
         self._wrapped = []
         if self.hc._profile is self:
             self.hc._profile = None
@@ -223,21 +228,23 @@ class profile:
         else:
             return
         names = []
+        saved = {name: obj.__dict__[name] for name in ops if name in obj.__dict__}
         for name, (kind, key) in ops.items():
             # Coarray's a[r][index] put and get are its methods _put and _get
             rec = _Op(label, key if name.startswith("_") else name, kind, key, obj)
             self._ops.append(rec)
             obj.__dict__[name] = _wrapper(getattr(type(obj), name).__get__(obj), rec, obj)
             names.append(name)
-        self._wrapped.append((obj, names))
+        self._wrapped.append((obj, names, saved))
 
     def _forget(self, obj):
         """Stop recording ``obj`` (a Coarray's own GlobalMemory), before any call of it."""
-        for o, names in self._wrapped:
+        for o, names, saved in self._wrapped:
             if o is obj:
                 for name in names:
                     obj.__dict__.pop(name, None)
-        self._wrapped = [(o, n) for o, n in self._wrapped if o is not obj]
+                obj.__dict__.update(saved)
+        self._wrapped = [w for w in self._wrapped if w[0] is not obj]
         self._ops = [rec for rec in self._ops if rec.obj is not obj]
         self._counts["GlobalMemory"] -= 1
 

@@ -290,7 +290,61 @@ def case_many_objects(comm, rng, **cfg):
     assert all(m.closed for m in mems + fresh_ones) and all(a.closed for a in arrays)
 
 
-CASES = [case_local_view, case_random_put_get, case_overlapping_nonblocking, case_producer_consumer,
+def case_put_get_every_path(comm, rng, **cfg):
+    """Put and Get of every dtype by every path (C on this node, MPI across nodes, the Python
+    checks): values against the target's part; every bad call raises what the methods say,
+    also through a reference to Put or Get kept past free()."""
+    from hybridmpi import FreedError
+
+    with make_hc(comm, cfg) as hc:
+        for dt in DTYPES:
+            mem = GlobalMemory(hc, 16, dt)
+            t = (hc.rank + 1) % hc.size
+            mine = fresh(rng, dt, 16)
+            mem.Put(mine[:1], t)                       # one element at offset 0
+            mem.Put(mine[1:9], t, 1)                   # eight at 1
+            mem.Put(mine[9:12].reshape(3, 1), t, offset=9)   # 2-D and a keyword: the checks
+            mem.Put(mine[12:16], np.int64(t), np.int32(12))  # numpy ints
+            mem.sync_all()
+            src = (hc.rank - 1) % hc.size
+            theirs = comm.sendrecv(mine, t, source=src)
+            assert np.array_equal(mem.local, theirs), (dt, mem.local.copy(), theirs)  # no view of freed memory in the message
+            out = np.zeros(16, dt)
+            mem.Get(out[:1], t)
+            mem.Get(out[1:16], t, 1)
+            assert np.array_equal(out, mine), (dt, out, mine)   # t's part holds what this rank put
+            bad = [(TypeError, lambda: mem.Put(mine.astype(np.int16), t)),
+                   (TypeError, lambda: mem.Put(list(mine), t)),
+                   (ValueError, lambda: mem.Put(mine[:4], hc.size)),
+                   (ValueError, lambda: mem.Put(mine[:4], -1)),
+                   (IndexError, lambda: mem.Put(mine[:4], t, 13)),
+                   (IndexError, lambda: mem.Put(mine[:1], t, -1)),
+                   (ValueError, lambda: mem.Put(mine[::2], t)),
+                   (ValueError, lambda: mem.Get(np.zeros(4, dt)[::2], t)),
+                   (IndexError, lambda: mem.Get(np.zeros(17, dt), t))]
+            ro = np.zeros(4, dt)
+            ro.flags.writeable = False
+            bad.append((ValueError, lambda: mem.Get(ro, t)))
+            for exc, call in bad:
+                try:
+                    call()
+                except exc:
+                    pass
+                else:
+                    raise AssertionError(f"{dt}: no {exc.__name__} from a bad call")
+            put, get = mem.Put, mem.Get
+            mem.sync_all()
+            mem.free()
+            for call in (lambda: put(mine[:1], t), lambda: get(out[:4], t)):
+                try:
+                    call()
+                except FreedError:
+                    pass
+                else:
+                    raise AssertionError(f"{dt}: a kept Put/Get worked after free()")
+
+
+CASES = [case_local_view, case_put_get_every_path, case_random_put_get, case_overlapping_nonblocking, case_producer_consumer,
          case_sync_images_subsets, case_fetch_add, case_coarray_sections, case_sync_timeout,
          case_many_objects]
 

@@ -122,6 +122,8 @@ typedef struct hm_coll {
  * hm_prof[0] when that is 0 (the caller zeroes it before a call it times), and at its
  * return into hm_prof[1].  Off, it costs one load and one branch per call. */
 extern int64_t hm_prof[3];
+/* Profiled entry points active (nested calls stamp only at the outermost). */
+extern int hm_prof_nest;
 
 /* A profiled operation's calls (hybridmpi.profile): records of 6 int64 (Python entry,
  * C core entry, C core return, Python return, sequence number, bytes), at most `limit`;

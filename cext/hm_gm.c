@@ -50,6 +50,7 @@ int hm_signal_wait(hm_pairs *p)
 /* ------------------------------------------------------------------ chaos and warnings */
 
 int64_t hm_prof[3];
+int hm_prof_nest = 0;
 
 #define HM_PROF_DEPTH 16
 static int64_t prof_t0[HM_PROF_DEPTH];

@@ -266,6 +266,7 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
 
 int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t e, int op, int ordered)
 {
+    HM_PROFILED;
     int rc = hm_xchg_send(s, x, e);
     return rc != HM_OK ? rc : hm_xchg_recv(r, x, e, op, ordered);
 }

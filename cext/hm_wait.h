@@ -70,14 +70,14 @@ static inline int prof_enter(void)
 {
     if (__builtin_expect(hm_prof[2] == 0, 1))
         return 0;
-    if (hm_prof[0] == 0)
+    if (hm_prof_nest++ == 0 && hm_prof[0] == 0)
         hm_prof[0] = now_ns();
     return 1;
 }
 
 static inline void prof_leave(const int *on)
 {
-    if (__builtin_expect(*on, 0))
+    if (__builtin_expect(*on, 0) && --hm_prof_nest == 0)
         hm_prof[1] = now_ns();
 }
 

@@ -21,6 +21,7 @@ TINY = {
     "heat3d": ["--reps", "2", "--steps", "3", "--grid", "8,6,6"],
     "himeno": ["--reps", "2", "--iterations", "3", "--size", "XS"],
     "dolfinx": ["--reps", "2", "--steps", "2", "--n", "6"],
+    "profile": ["--reps", "2", "--iters", "20", "--kb", "4", "--calls", "5", "--sleep-ms", "0.5"],
 }
 
 
@@ -100,11 +101,18 @@ def test_bench_apps_sweep_and_checksums(tmp_path):
     doc = validate(json.loads(path.read_text()))
     assert sorted({r["x"] for r in doc["results"]}) == [1, 3]
     assert len({r["checksum"] for r in doc["results"]}) == 1  # every exchange, every rank count
+    for r in doc["results"]:   # the exchange split into imbalance and transfer
+        assert 0 <= r["imbalance_us"] <= r["halo_us"] + 1e-9, r
+        assert r["transfer_us"] == pytest.approx(r["halo_us"] - r["imbalance_us"]), r
+        assert r["baseline"] or r["x"] == 1 or r["transfer_ratio"] is not None, r
     path = tmp_path / "himeno.json"
-    mpirun(2, "bench", "himeno", *TINY["himeno"], "--exchange", "mpi,coarray", "--json", str(path))
+    out = mpirun(2, "bench", "himeno", *TINY["himeno"], "--exchange", "mpi,coarray", "--json", str(path))
     doc = validate(json.loads(path.read_text()))
     gosa = [r["gosa"] for r in doc["results"]]
     assert gosa[0] > 0 and gosa[0] == gosa[1] and all(r["mflops"] > 0 for r in doc["results"])
+    # cumulative over the warm-up (2) and every repetition, as the reference's p
+    assert all(r["gosa_iterations"] == 2 + 2 * 3 for r in doc["results"])
+    assert f"{gosa[0]:.6e}" in out, out   # printed as the reference prints it
 
 
 def test_bench_ghost_ring_and_virtual_nodes(tmp_path):

@@ -113,7 +113,7 @@ def _run(hc, comm, a, kind, make, names, baseline, result):
                       imbalance_us=mean[4], transfer_us=mean[1] - mean[4], **extra)
             if base is not None:
                 base_halo = float(np.median([s[1] for s in base]))
-                base_transfer = float(np.median([s[1] - s[4] for s in base]))
+                base_transfer = base_halo - float(np.median([s[4] for s in base]))
                 row["halo_ratio"] = mean[1] / base_halo if base_halo > 0 else None
                 row["transfer_ratio"] = ((mean[1] - mean[4]) / base_transfer
                                          if base_transfer > 0 else None)

@@ -17,7 +17,8 @@ import numpy as np
 from ._clib import ERRBIT, copy_policy, ffi, lib
 from .comm import HybridComm
 from .errors import FreedError, PeerError, SyncTimeout
-from .profile import mark as prof_mark, mark_end as prof_mark_end
+from .profile import mark as prof_mark
+from .profile import mark_end as prof_mark_end
 
 try:
     from ._timed import Near as _Near

@@ -276,7 +276,7 @@ class profile:
                     seq = np.empty(t0.size, dtype=np.int64)
                     seq[np.argsort(t0, kind="stable")] = epochs[d] + 1 + np.arange(t0.size)
                     i = 0
-                    for op, r in mine:
+                    for _, r in mine:
                         r[:, 4] = seq[i:i + len(r)]
                         i += len(r)
                 begins = [r for op, r in recs if op.obj is halo and op.kind == "begin" and op.key == d]
@@ -423,7 +423,7 @@ class profile:
         for s in summary:
             n = max(s["calls"], 1)
 
-            def us(k, spread=True):
+            def us(k, spread=True, s=s, n=n):
                 v = s[k]
                 mean = v["mean"] / n * 1e6
                 if not spread:
@@ -529,8 +529,9 @@ def split_waits(hc, entries, exits, peers):
     for p in peers:
         theirs = got[p]
         if theirs is None or theirs.size != entries.size:
-            raise ValueError(f"hybridmpi: split_waits: rank {p} has {None if theirs is None else theirs.size} "
-                             f"regions, rank {hc.rank} {entries.size}, or does not name it")
+            have = None if theirs is None else theirs.size
+            raise ValueError(f"hybridmpi: split_waits: rank {p} has {have} regions, rank {hc.rank} "
+                             f"{entries.size}, or does not name it")
         newer = theirs > latest
         latest = np.where(newer, theirs, latest)
         late = np.where(newer, p, late)

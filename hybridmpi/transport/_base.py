@@ -7,7 +7,8 @@ from collections import namedtuple
 import numpy as np
 
 from .._clib import copy_policy, ffi, lib
-from ..profile import mark as prof_mark, mark_end as prof_mark_end
+from ..profile import mark as prof_mark
+from ..profile import mark_end as prof_mark_end
 
 FWD, REV = 0, 1
 

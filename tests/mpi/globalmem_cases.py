@@ -308,44 +308,47 @@ def case_put_get_every_path(comm, rng, **cfg):
             mem.sync_all()
             src = (hc.rank - 1) % hc.size
             theirs = comm.sendrecv(mine, t, source=src)
-            assert np.array_equal(mem.local, theirs), (dt, mem.local.copy(), theirs)  # no view of freed memory in the message
+            # (a copy: the message must not hold a view of memory freed with the comm)
+            assert np.array_equal(mem.local, theirs), (dt, mem.local.copy(), theirs)
             out = np.zeros(16, dt)
             mem.Get(out[:1], t)
             mem.Get(out[1:16], t, 1)
             assert np.array_equal(out, mine), (dt, out, mine)   # t's part holds what this rank put
-            bad = [(TypeError, lambda: mem.Put(mine.astype(np.int16), t)),
-                   (TypeError, lambda: mem.Put(list(mine), t)),
-                   (ValueError, lambda: mem.Put(mine[:4], hc.size)),
-                   (ValueError, lambda: mem.Put(mine[:4], -1)),
-                   (IndexError, lambda: mem.Put(mine[:4], t, 13)),
-                   (IndexError, lambda: mem.Put(mine[:1], t, -1)),
-                   (ValueError, lambda: mem.Put(mine[::2], t)),
-                   (ValueError, lambda: mem.Get(np.zeros(4, dt)[::2], t)),
-                   (IndexError, lambda: mem.Get(np.zeros(17, dt), t))]
+            z4 = np.zeros(4, dt)
             ro = np.zeros(4, dt)
             ro.flags.writeable = False
-            bad.append((ValueError, lambda: mem.Get(ro, t)))
-            for exc, call in bad:
+            bad = [(TypeError, mem.Put, (mine.astype(np.int16), t)),
+                   (TypeError, mem.Put, (list(mine), t)),
+                   (ValueError, mem.Put, (mine[:4], hc.size)),
+                   (ValueError, mem.Put, (mine[:4], -1)),
+                   (IndexError, mem.Put, (mine[:4], t, 13)),
+                   (IndexError, mem.Put, (mine[:1], t, -1)),
+                   (ValueError, mem.Put, (mine[::2], t)),
+                   (ValueError, mem.Get, (z4[::2], t)),
+                   (IndexError, mem.Get, (np.zeros(17, dt), t)),
+                   (ValueError, mem.Get, (ro, t))]
+            for exc, call, args in bad:
                 try:
-                    call()
+                    call(*args)
                 except exc:
                     pass
                 else:
-                    raise AssertionError(f"{dt}: no {exc.__name__} from a bad call")
+                    raise AssertionError(f"{dt}: no {exc.__name__} from {call}{args[1:]}")
             put, get = mem.Put, mem.Get
             mem.sync_all()
             mem.free()
-            for call in (lambda: put(mine[:1], t), lambda: get(out[:4], t)):
+            for call, args in ((put, (mine[:1], t)), (get, (out[:4], t))):
                 try:
-                    call()
+                    call(*args)
                 except FreedError:
                     pass
                 else:
                     raise AssertionError(f"{dt}: a kept Put/Get worked after free()")
 
 
-CASES = [case_local_view, case_put_get_every_path, case_random_put_get, case_overlapping_nonblocking, case_producer_consumer,
-         case_sync_images_subsets, case_fetch_add, case_coarray_sections, case_sync_timeout,
+CASES = [case_local_view, case_put_get_every_path, case_random_put_get, case_overlapping_nonblocking,
+         case_producer_consumer, case_sync_images_subsets, case_fetch_add, case_coarray_sections,
+         case_sync_timeout,
          case_many_objects]
 
 if __name__ == "__main__":

@@ -22,7 +22,17 @@ TINY = {
     "himeno": ["--reps", "2", "--iterations", "3", "--size", "XS"],
     "dolfinx": ["--reps", "2", "--steps", "2", "--n", "6"],
     "profile": ["--reps", "2", "--iters", "20", "--kb", "4", "--calls", "5", "--sleep-ms", "0.5"],
+    "mesh": ["--reps", "2", "--h", "0.3"],
 }
+
+
+def test_every_kind_has_a_runner():
+    """bench/ holds one thin runner per kind (README: layout)."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    texts = {f: open(os.path.join(folder, f)).read() for f in os.listdir(folder) if f.endswith(".py")}
+    for kind in KINDS:
+        assert any(f'main(["bench", "{kind}", *sys.argv[1:]])' in t for t in texts.values()), kind
+    assert not {"dolfinx.py", "profile.py"} & set(texts)   # would shadow dolfinx / profile
 
 
 def has_dolfinx():

@@ -5,7 +5,7 @@ and the ratio to it, and writes a JSON document (schema in bench/README.md,
 checked by :func:`validate`).
 """
 
-from . import apps, cg, collectives, dolfinx_heat, dot, ghost, profile, rma
+from . import apps, cg, collectives, dolfinx_heat, dot, ghost, mesh, profile, rma
 from ._common import SCHEMA, print_table, set_ratios, validate, write_json
 
 #: kind -> (add its arguments to a parser, run it: (hc, comm, args) -> document,
@@ -39,6 +39,8 @@ KINDS = {
     "dolfinx": (dolfinx_heat.arguments, dolfinx_heat.run, (),
                 "explicit heat in DOLFINx: ghost updates by DOLFINx's scatters vs a Halo on its "
                 "IndexMap, per step, same bits"),
+    "mesh": (mesh.arguments, mesh.run, (("points", "points"), ("max local", "max_local_points")),
+             "mesh pipeline: gmsh generation, cached read, METIS partition, distribute"),
     "profile": (profile.arguments, profile.run, (("+us", "overhead_us"),),
                 "Halo.update with hybridmpi.profile off and on; a sleeping rank's imbalance"),
     "rma": (rma.arguments, rma.run, (("MB/s", "mb_per_s"), ("overlap%", "overlap_pct")),

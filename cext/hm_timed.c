@@ -23,6 +23,7 @@ typedef int (*end_fn)(void *);
 typedef struct {
     PyObject_HEAD
     PyObject *fn;
+    PyObject *keep;       /* what owns the log's memory */
     begin_fn begin;
     end_fn end;
     begin_fn abort;
@@ -45,15 +46,17 @@ static PyObject *timed_vectorcall(PyObject *self, PyObject *const *args, size_t 
 
 static PyObject *timed_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    PyObject *fn;
+    PyObject *fn, *keep = Py_None;
     unsigned long long b, e, a, log;
-    if (!PyArg_ParseTuple(args, "OKKKK", &fn, &b, &e, &a, &log))
+    if (!PyArg_ParseTuple(args, "OKKKK|O", &fn, &b, &e, &a, &log, &keep))
         return NULL;
     Timed *t = (Timed *)type->tp_alloc(type, 0);
     if (t == NULL)
         return NULL;
     Py_INCREF(fn);
+    Py_INCREF(keep);
     t->fn = fn;
+    t->keep = keep;
     t->begin = (begin_fn)(uintptr_t)b;
     t->end = (end_fn)(uintptr_t)e;
     t->abort = (begin_fn)(uintptr_t)a;
@@ -65,6 +68,7 @@ static PyObject *timed_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static void timed_dealloc(Timed *t)
 {
     Py_XDECREF(t->fn);
+    Py_XDECREF(t->keep);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
@@ -259,15 +263,325 @@ static PyTypeObject NearType = {
     .tp_doc = "Near(ndarray, dtype, fallback, bases, counts, itemsize, get): Put or Get on this node",
 };
 
+/* ------------------------------------------------------------------ Halo hot paths */
+
+typedef int (*xchg_update_fn)(void *, void *, void *, uint64_t);
+typedef int (*xchg_both_fn)(void *, void *, void *, uint64_t, int, int);
+typedef int (*zc_update_fn)(void *, void *, void *, void *, int64_t, void *, uint64_t);
+
+enum { HOT_UPDATE = 0, HOT_ZC = 1, HOT_REVERSE = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *halo;
+    PyObject *x;          /* the hot array */
+    PyObject *fallback;   /* Halo.update or Halo.reverse (the function) */
+    PyObject *error;      /* error(rc): raises the exception of a failed call */
+    PyObject *op;         /* reverse: the op string of the hot call */
+    PyObject *keep;       /* what owns the profile log's memory, or None */
+    int kind, d, opcode, closed, default_op, bound;
+    void (*pbegin)(void);      /* a profile records the hot calls (hybridmpi.profile): */
+    int (*pend)(void *);       /* hm_prof_begin, hm_prof_end, hm_prof_abort and the log */
+    void (*pabort)(void);
+    void *plog;
+    void *fn;
+    void *a[4];
+    int64_t tagval;
+    char *buf;
+    Py_ssize_t len, itemsize, shape[2];
+    int ndim;
+    char format[8];
+    vectorcallfunc vectorcall;
+} Hot;
+
+static PyObject *s_pending, *s_broken, *s_epoch, *s_current, *small_int[2];
+
+static int attr_is_none(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int none = v == Py_None;
+    Py_DECREF(v);
+    return none;
+}
+
+/* The checks of Halo.update's hot path: the same array object, no begin pending, not broken,
+ * still writeable, C-contiguous, of the same memory, dtype (format) and shape. */
+static int hot_ok(Hot *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (t->closed || kwnames != NULL || args[0] != t->x)
+        return 0;
+    if (t->kind == HOT_REVERSE) {
+        if (nargs == 2 ? args[1] != t->op : !t->default_op)
+            return 0;
+    } else if (nargs != 1) {
+        return 0;
+    }
+    if (!attr_is_none(t->halo, s_pending) || !attr_is_none(t->halo, s_broken))
+        return 0;
+    Py_buffer v;
+    if (PyObject_GetBuffer(args[0], &v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = v.buf == t->buf && v.len == t->len && v.itemsize == t->itemsize && v.ndim == t->ndim &&
+             v.format != NULL && strncmp(v.format, t->format, sizeof t->format) == 0;
+    for (int i = 0; ok && i < v.ndim; i++)
+        ok = v.shape[i] == t->shape[i];
+    PyBuffer_Release(&v);
+    return ok;
+}
+
+static PyObject *hot_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames)
+{
+    Hot *t = (Hot *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1 || nargs > 2 || !hot_ok(t, args, nargs, kwnames))
+        goto slow;
+    /* e = halo._epoch[d] + 1 (stored back), halo._current = d */
+    PyObject *ep = PyObject_GetAttr(t->halo, s_epoch);
+    if (ep == NULL || !PyList_CheckExact(ep) || PyList_GET_SIZE(ep) != 2) {
+        Py_XDECREF(ep);
+        PyErr_Clear();
+        goto slow;
+    }
+    if (t->plog)
+        t->pbegin();
+    uint64_t e = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(ep, t->d)) + 1;
+    PyObject *ne = PyErr_Occurred() ? NULL : PyLong_FromUnsignedLongLong(e);
+    if (ne == NULL) {
+        Py_DECREF(ep);
+        if (t->plog)
+            t->pabort();
+        return NULL;
+    }
+    PyList_SetItem(ep, t->d, ne);
+    Py_DECREF(ep);
+    if (PyObject_SetAttr(t->halo, s_current, small_int[t->d]) < 0) {
+        if (t->plog)
+            t->pabort();
+        return NULL;
+    }
+    int rc;
+    if (t->kind == HOT_UPDATE)
+        rc = ((xchg_update_fn)t->fn)(t->a[0], t->a[1], t->buf, e);
+    else if (t->kind == HOT_ZC)
+        rc = ((zc_update_fn)t->fn)(t->a[0], t->a[1], t->a[2], t->a[3], t->tagval, t->buf, e);
+    else
+        rc = ((xchg_both_fn)t->fn)(t->a[0], t->a[1], t->buf, e, t->opcode, t->d);
+    if (t->plog) {
+        if (rc == 0)
+            t->pend(t->plog);
+        else
+            t->pabort();
+    }
+    if (rc != 0) {
+        PyObject *code = PyLong_FromLong(rc);
+        if (code == NULL)
+            return NULL;
+        PyObject *r = PyObject_CallOneArg(t->error, code);
+        Py_DECREF(code);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+slow:;
+    /* fallback(halo, *args, **kw) */
+    PyObject *stack[4];
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (t->bound || nargs + nk > 3)
+        return PyObject_Vectorcall(t->fallback, args, nargsf, kwnames);
+    stack[0] = t->halo;
+    for (Py_ssize_t i = 0; i < nargs + nk; i++)
+        stack[i + 1] = args[i];
+    return PyObject_Vectorcall(t->fallback, stack, (size_t)(nargs + 1), kwnames);
+}
+
+static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *halo, *x, *fb, *err, *op, *addrs, *prof = Py_None;
+    int kind, d, opcode;
+    unsigned long long fn, buf;
+    long long tagval;
+    if (!PyArg_ParseTuple(args, "OOOOOiiiKOKL|O", &halo, &x, &fb, &err, &op, &kind, &d, &opcode,
+                          &fn, &addrs, &buf, &tagval, &prof))
+        return NULL;
+    unsigned long long pa[4] = {0, 0, 0, 0};
+    PyObject *keep = Py_None;
+    if (prof != Py_None && !PyArg_ParseTuple(prof, "KKKKO", &pa[0], &pa[1], &pa[2], &pa[3], &keep))
+        return NULL;
+    if (kind < HOT_UPDATE || kind > HOT_REVERSE || d < 0 || d > 1) {
+        PyErr_SetString(PyExc_ValueError, "Hot: bad kind or direction");
+        return NULL;
+    }
+    Py_buffer v;
+    if (PyObject_GetBuffer(x, &v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    Hot *t = (Hot *)type->tp_alloc(type, 0);
+    if (t == NULL) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    t->buf = v.buf;
+    t->len = v.len;
+    t->itemsize = v.itemsize;
+    t->ndim = v.ndim;
+    if (v.ndim > 2 || v.format == NULL || strlen(v.format) >= sizeof t->format) {
+        PyBuffer_Release(&v);
+        Py_DECREF(t);
+        PyErr_SetString(PyExc_ValueError, "Hot: an array of 1 or 2 dimensions and a short format");
+        return NULL;
+    }
+    for (int i = 0; i < v.ndim; i++)
+        t->shape[i] = v.shape[i];
+    strcpy(t->format, v.format);
+    PyBuffer_Release(&v);
+    if ((void *)(uintptr_t)buf != t->buf) {
+        Py_DECREF(t);
+        PyErr_SetString(PyExc_ValueError, "Hot: the buffer is not the array's");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Size(addrs);
+    for (Py_ssize_t i = 0; i < n && i < 4; i++) {
+        PyObject *a = PySequence_GetItem(addrs, i);
+        if (a == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        t->a[i] = (void *)(uintptr_t)PyLong_AsUnsignedLongLong(a);
+        Py_DECREF(a);
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    Py_INCREF(halo);
+    Py_INCREF(x);
+    Py_INCREF(fb);
+    Py_INCREF(err);
+    Py_INCREF(op);
+    Py_INCREF(keep);
+    t->keep = keep;
+    t->halo = halo;
+    t->x = x;
+    t->fallback = fb;
+    t->error = err;
+    t->op = op;
+    t->default_op = PyUnicode_Check(op) && PyUnicode_CompareWithASCIIString(op, "add") == 0;
+    t->kind = kind;
+    t->d = d;
+    t->opcode = opcode;
+    t->fn = (void *)(uintptr_t)fn;
+    t->tagval = tagval;
+    /* with a profile: the fallback is its (bound) wrapper, and the hot calls are recorded */
+    t->bound = prof != Py_None;
+    t->pbegin = (void (*)(void))(uintptr_t)pa[0];
+    t->pend = (int (*)(void *))(uintptr_t)pa[1];
+    t->pabort = (void (*)(void))(uintptr_t)pa[2];
+    t->plog = (void *)(uintptr_t)pa[3];
+    t->vectorcall = hot_vectorcall;
+    return (PyObject *)t;
+}
+
+static int hot_traverse(Hot *t, visitproc visit, void *arg)
+{
+    Py_VISIT(t->halo);
+    Py_VISIT(t->x);
+    Py_VISIT(t->fallback);
+    Py_VISIT(t->error);
+    Py_VISIT(t->op);
+    Py_VISIT(t->keep);
+    return 0;
+}
+
+static int hot_clear(Hot *t)
+{
+    t->closed = 1;
+    Py_CLEAR(t->halo);
+    Py_CLEAR(t->x);
+    Py_CLEAR(t->fallback);
+    Py_CLEAR(t->error);
+    Py_CLEAR(t->op);
+    Py_CLEAR(t->keep);
+    return 0;
+}
+
+static void hot_dealloc(Hot *t)
+{
+    PyObject_GC_UnTrack(t);
+    hot_clear(t);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyObject *hot_close(Hot *t, PyObject *unused)
+{
+    t->closed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *hot_wrapped(Hot *t, void *closure)
+{
+    if (t->fallback == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(t->fallback);
+    return t->fallback;
+}
+
+static PyMethodDef hot_methods[] = {
+    {"close", (PyCFunction)hot_close, METH_NOARGS, "send every later call to the fallback"},
+    {NULL}
+};
+
+static PyObject *hot_bound(Hot *t, void *closure)
+{
+    return PyBool_FromLong(t->bound);
+}
+
+static PyGetSetDef hot_getset[] = {
+    {"__wrapped__", (getter)hot_wrapped, NULL, "the Python method", NULL},
+    {"bound", (getter)hot_bound, NULL, "whether the fallback is a profile's wrapper", NULL},
+    {NULL}
+};
+
+static PyTypeObject HotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hybridmpi._timed.Hot",
+    .tp_basicsize = sizeof(Hot),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_vectorcall_offset = offsetof(Hot, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = hot_new,
+    .tp_dealloc = (destructor)hot_dealloc,
+    .tp_traverse = (traverseproc)hot_traverse,
+    .tp_clear = (inquiry)hot_clear,
+    .tp_methods = hot_methods,
+    .tp_getset = hot_getset,
+    .tp_doc = "Hot(halo, x, fallback, error, op, kind, d, opcode, fn, addrs, buf, tag[, prof]): "
+              "Halo.update or reverse of one array, as one C call; prof = (begin, end, abort, "
+              "log) records each hot call for a profile, whose wrapper is then the fallback",
+};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._timed",
                                     "The profile's call wrapper.", -1, NULL};
 
 PyMODINIT_FUNC PyInit__timed(void)
 {
-    if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&NearType) < 0)
+    if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&NearType) < 0 || PyType_Ready(&HotType) < 0)
         return NULL;
     dtype_name = PyUnicode_InternFromString("dtype");
-    if (dtype_name == NULL)
+    s_pending = PyUnicode_InternFromString("_pending");
+    s_broken = PyUnicode_InternFromString("_broken");
+    s_epoch = PyUnicode_InternFromString("_epoch");
+    s_current = PyUnicode_InternFromString("_current");
+    small_int[0] = PyLong_FromLong(0);
+    small_int[1] = PyLong_FromLong(1);
+    if (!dtype_name || !s_pending || !s_broken || !s_epoch || !s_current || !small_int[0] ||
+        !small_int[1])
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -281,6 +595,12 @@ PyMODINIT_FUNC PyInit__timed(void)
     Py_INCREF(&NearType);
     if (PyModule_AddObject(m, "Near", (PyObject *)&NearType) < 0) {
         Py_DECREF(&NearType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&HotType);
+    if (PyModule_AddObject(m, "Hot", (PyObject *)&HotType) < 0) {
+        Py_DECREF(&HotType);
         Py_DECREF(m);
         return NULL;
     }

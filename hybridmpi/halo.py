@@ -19,6 +19,12 @@ _WHAT = {FWD: "update", REV: "reverse"}
 _COLD = (None, None, None, None, None)  # no hot array yet (Halo.update)
 _xchg_both = lib.hm_xchg_both
 _xchg_update = lib.hm_xchg_update
+try:  # the hot paths as C objects (Halo._install)
+    from ._timed import Hot as _Hot
+except ImportError:
+    _Hot = None
+_FN = {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+       for name in ("hm_xchg_update", "hm_zc_update", "hm_xchg_both")}
 # Two MPI tags per Halo (one per direction), so Halos on one HybridComm never
 # match each other's messages.
 _TAG_BASE = 100
@@ -542,6 +548,8 @@ class Halo:
             raise
         if not zc and self._fast[REV] is not None:
             self._hot_r = (x, buf, x.shape) + self._fast[REV]
+            self._install("reverse", 2, REV, x, buf, "hm_xchg_both", self._fast[REV],
+                          functools.partial(self._fast_error, REV), op, code)
 
     def _heat(self, x, buf, zc):
         """After a blocking update of ``x`` (through ``zc``, or packed): make ``x`` the hot
@@ -550,9 +558,45 @@ class Halo:
             call = zc.whole_call()
             if call is not None:
                 self._hot_f = (x, buf, x.shape, call, functools.partial(self._hot_error, zc.check))
+                self._install("update", 1, FWD, x, buf, "hm_zc_update", zc.whole_args(),
+                              self._hot_f[4], tag=zc.tag)
         elif self._fast[FWD] is not None:
             self._hot_f = (x, buf, x.shape, functools.partial(_xchg_update, *self._fast[FWD]),
                            functools.partial(self._fast_error, FWD))
+            self._install("update", 0, FWD, x, buf, "hm_xchg_update", self._fast[FWD], self._hot_f[4])
+
+    def _install(self, name, kind, d, x, buf, fn, structs, error, op="add", opcode=0, tag=0):
+        """Make ``self.update`` (or ``reverse``) of ``x`` one C object (hybridmpi._timed.Hot): the
+        checks of the hot path and the C call without Python in between; any other call goes
+        to the method (while a profile records this Halo: to the profile's wrapper, and the hot
+        calls are recorded by the C object itself)."""
+        if _Hot is None:
+            return
+        fallback, prof = getattr(Halo, name), None
+        if self.hc._profile is not None:   # recorded by the profile, its wrapper the fallback
+            got = self.hc._profile._hot_recording(self, name)
+            if got is None:
+                return
+            fallback, prof = got
+        self._cool(name)
+        try:
+            self.__dict__[name] = _Hot(self, x, fallback, error, op, kind, d, opcode,
+                                       _FN[fn], [int(ffi.cast("uintptr_t", p)) for p in structs],
+                                       int(ffi.cast("uintptr_t", buf)), tag, prof)
+        except (ValueError, BufferError):
+            if prof is not None:
+                self.__dict__[name] = fallback  # the profile's wrapper stays in place
+
+    def _cool(self, *names):
+        """Drop the C hot paths ``names`` (a kept reference to one then calls the method)."""
+        for name in names or ("update", "reverse"):
+            hot = self.__dict__.get(name)
+            if hot is not None and type(hot) is _Hot:
+                hot.close()
+                if hot.bound:   # the profile's wrapper was its fallback: it stays
+                    self.__dict__[name] = hot.__wrapped__
+                else:
+                    del self.__dict__[name]
 
     def _fast_error(self, d, rc):
         """The hot path's packed exchange returned ``rc``: raise as the transport would."""
@@ -612,6 +656,8 @@ class Halo:
     def free(self):
         """Release the shared window and MPI objects (collective).  Idempotent."""
         self.hc._children.pop(id(self), None)
+        if _Hot is not None:
+            self._cool()
         t, self._t = self._t, None
         self._view = (None, None)
         self._hot_f = self._hot_r = _COLD

@@ -109,7 +109,9 @@ class _Op:
         return np.frombuffer(ffi.buffer(self.log.rec, n * 48), dtype=np.int64).reshape(n, 6).copy()
 
     def release(self):
+        """Free the records; a wrapper kept past the profile only adds to ``over`` (no memory)."""
         lib.hm_prof_free(self.log)
+        self.log.limit = 0
 
 
 class profile:
@@ -147,6 +149,7 @@ class profile:
         self._ops = []
         self._wrapped = []   # (object, [op names], its own instance attributes they replaced)
         self._epochs = []    # (Halo, its epochs when recording began)
+        self._recorders = {}   # (id(object), op) -> (its wrapper, its _Op)
         self._counts = collections.Counter()   # labels given per kind of object
         self._rows = None
         self._all = None
@@ -195,8 +198,15 @@ class profile:
         if not _ACTIVE:
             _CLK[2] = 0
         for obj, names, saved in self._wrapped:
+            if hasattr(obj, "_cool"):   # a Halo: close the recording C hot paths first
+                obj._cool()
             for name in names:
                 obj.__dict__.pop(name, None)
+            if hasattr(obj, "_cool"):   # ... and the ones from before: the next calls make new
+                for hot in saved.values():
+                    hot.close()
+                saved = {}
+                obj._hot_f = obj._hot_r = (None,) * 5
             if getattr(obj, "closed", False) is False:
                 obj.__dict__.update(saved)   # the C fast paths of GlobalMemory.Put and Get
             else:
@@ -228,14 +238,27 @@ class profile:
         else:
             return
         names = []
+        if isinstance(obj, Halo):   # its C hot paths: made again, recording, by the next calls
+            obj._cool()
+            obj._hot_f = obj._hot_r = (None,) * 5
         saved = {name: obj.__dict__[name] for name in ops if name in obj.__dict__}
         for name, (kind, key) in ops.items():
             # Coarray's a[r][index] put and get are its methods _put and _get
             rec = _Op(label, key if name.startswith("_") else name, kind, key, obj)
             self._ops.append(rec)
-            obj.__dict__[name] = _wrapper(getattr(type(obj), name).__get__(obj), rec, obj)
+            obj.__dict__[name] = wrapper = _wrapper(getattr(type(obj), name).__get__(obj), rec, obj)
+            self._recorders[(id(obj), name)] = (wrapper, rec)
             names.append(name)
         self._wrapped.append((obj, names, saved))
+
+    def _hot_recording(self, halo, name):
+        """For a Halo's C hot path of ``name`` while this profile is on: (the wrapper, as its
+        fallback; (begin, end, abort, log) addresses, so that it records its calls), or None."""
+        got = self._recorders.get((id(halo), name))
+        if got is None or _Timed is None:
+            return None
+        wrapper, rec = got
+        return wrapper, (*_ADDRS, int(ffi.cast("uintptr_t", rec.log)), rec.log)
 
     def _forget(self, obj):
         """Stop recording ``obj`` (a Coarray's own GlobalMemory), before any call of it."""
@@ -466,7 +489,7 @@ def _wrapper(f, rec, obj):
         got = sum(ids.size for ids in (p.recv if d == 0 else p.send).values()) * obj.esz
         log.nbytes = {"whole": sent + got, "begin": sent, "end": got}[kind]
         if _Timed is not None:
-            return _Timed(f, *_ADDRS, int(ffi.cast("uintptr_t", log)))
+            return _Timed(f, *_ADDRS, int(ffi.cast("uintptr_t", log)), log)
 
         def call(x, *args, **kw):
             begin()

@@ -166,6 +166,11 @@ class ZeroCopy:
             return None
         return functools.partial(lib.hm_zc_update, *self._whole, self.tag)
 
+    def whole_args(self):
+        """The structures of hm_zc_update's first four arguments (pulls, readers, ready, tags),
+        or None as for whole_call."""
+        return self._whole
+
     def check(self, rc):
         """Raise the error of a whole forward update that returned ``rc``."""
         self._check(rc, self._whole[0])

@@ -438,6 +438,75 @@ def case_consecutive_updates(comm, rng, iters, **cfg):
                         assert same(y, want), f"{method}: reverse {i} differs"
 
 
+def case_hot_path_edges(comm, rng, **cfg):
+    """The hot path of the last array (a C object where the package has it) against every
+    change a program can make between calls: the same array reshaped, made read-only, given
+    another dtype in place, another array, a begin pending, a reverse op other than the one
+    of the hot call (default op after "max"), an op string that is not the interned one; a
+    reference to update/reverse kept past free().  Every rank makes the same calls."""
+    with hc_of(comm, cfg) as hc:
+        lay = Layout(comm, 41, sorted_ids=True, empty_prob=0.0)
+        pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+        for shared in (False, True):
+            h = Halo(pat)
+            x = h.vector() if shared else np.zeros(pat.size)
+            for _ in range(3):   # heats: the next calls take the hot path
+                x[:] = rand(rng, np.float64, pat.size)
+                want = ref_forward(comm, lay, x)
+                h.update(x)
+                assert same(x, want)
+            if hc.num_nodes == 1 and hc.size > 1 and (not shared or h.zero_copy):
+                from hybridmpi.halo import _Hot
+                assert _Hot is None or type(vars(h).get("update")) is _Hot, vars(h).get("update")
+            for op in ("max", "max", "add", "".join(["m", "ax"]), "add"):
+                x[:] = rand(rng, np.float64, pat.size)
+                want = ref_reverse(comm, lay, x, op)
+                h.reverse(x, op) if op != "add" else h.reverse(x)
+                assert same(x, want), op
+            if not shared:
+                x.shape = (pat.size, 1)   # in place: still valid (block 1 takes (size, 1))
+                x[:, 0] = rand(rng, np.float64, pat.size)
+                want = ref_forward(comm, lay, x[:, 0].copy())
+                h.update(x)
+                assert same(x[:, 0], want)
+                x.shape = (pat.size,)
+                h.update(x)
+            x.flags.writeable = False
+            try:
+                h.update(x)
+                raise AssertionError("update of a read-only array did not raise")
+            except ValueError as e:
+                assert "read-only" in str(e), e
+            x.flags.writeable = True
+            h.free()
+            h = Halo(pat)
+            y = np.zeros(pat.size)
+            h.update(y)
+            h.update(y)
+            h.update_begin(y)
+            try:
+                h.update(y)
+                raise AssertionError("update while a begin is pending did not raise")
+            except RuntimeError as e:
+                assert "pending" in str(e), e
+            h.update_end(y)
+            z = y.view(np.int64)   # another array object over the same memory
+            try:
+                h.update(z)
+                raise AssertionError("update of an int64 view did not raise")
+            except TypeError:
+                pass
+            upd, rev = h.update, h.reverse
+            h.update(y)
+            h.free()
+            for call in (upd, rev):
+                try:
+                    call(y)
+                    raise AssertionError("a kept update/reverse worked after free()")
+                except FreedError:
+                    pass
+
+
 def case_methods_identical(comm, rng, **cfg):
     """Every method gives the same bits for reverse add (the order-sensitive op)."""
     with hc_of(comm, cfg) as hc:
@@ -644,7 +713,7 @@ def case_timeout_names_peer(comm, rng, **cfg):
 
 CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_vectors,
          case_cross_memory_attach, case_cross_memory_attach_failure, case_mismatched_vectors,
-         case_neighbor_order, case_one_rank_bad_arguments, case_consecutive_updates,
+         case_neighbor_order, case_one_rank_bad_arguments, case_consecutive_updates, case_hot_path_edges,
          case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
          case_timeout_names_peer]
 

@@ -1,4 +1,4 @@
-"""Give every rank its part of a partitioned mesh, in the local ordering of DESIGN.md."""
+"""Give every rank its part of a partitioned mesh, in the local ordering of docs/design.md."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Method "atomic": shared buffers synchronized by C11 epoch counters (DESIGN.md).
+"""Method "atomic": shared buffers synchronized by C11 epoch counters (docs/design.md).
 
 Per directed intranode channel s -> r: s packs into the buffer of the
 epoch's parity and release-stores READY = e; r acquire-waits READY >= e,

@@ -6,9 +6,12 @@ Across nodes, the node leaders combine with plain MPI on ``leader_comm``
 between the node's gather and release phases.
 """
 
+from __future__ import annotations
+
 import itertools
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +21,7 @@ from .errors import FreedError, PeerError, SyncTimeout
 from .profile import mark as prof_mark
 
 #: numpy dtype -> C core type code
-DTYPES = {
+DTYPES: dict[np.dtype[Any], int] = {
     np.dtype(np.float64): lib.HM_F64,
     np.dtype(np.float32): lib.HM_F32,
     np.dtype(np.int64): lib.HM_I64,
@@ -51,10 +54,10 @@ _SPIN_DEDICATED = 2000
 _SPIN_SHARED = 16
 
 # Every HybridComm not yet freed, in creation order (freed at MPI finalize).
-_LIVE = {}
+_LIVE: dict[int, HybridComm] = {}
 #: communicators of broken HybridComms, never freed (HybridComm._free_comm)
-_KEPT = []
-_FINALIZE_HOOK = []
+_KEPT: list[Any] = []
+_FINALIZE_HOOK: list[int] = []
 _SERIALS = itertools.count()  # HybridComms made by this process, in order
 
 
@@ -209,7 +212,7 @@ def _describe(value):
     return f"released call {value // 2}"
 
 
-def op_code(op, MPI=None):
+def op_code(op: Any, MPI: Any = None) -> int:
     """Return the C core code of a reduction operation.
 
     Args:
@@ -265,8 +268,10 @@ class HybridComm:
             ``radix`` or ``spin``, or ranks that disagree on them.
     """
 
-    def __init__(self, comm=None, *, node_size=None, memory_order="acq_rel", timeout=None,
-                 radix=DEFAULT_RADIX, spin=None, allreduce="recursive_doubling"):
+    def __init__(self, comm: Any = None, *, node_size: int | None = None,
+                 memory_order: str = "acq_rel", timeout: float | None = None,
+                 radix: int = DEFAULT_RADIX, spin: int | None = None,
+                 allreduce: str = "recursive_doubling") -> None:
         MPI = _mpi()
         self._MPI = MPI
         self._st = None
@@ -297,7 +302,7 @@ class HybridComm:
         if len({v[3] for v in views}) != 1:
             raise ValueError("hybridmpi: HybridComm(): ranks passed different allreduce: "
                              f"{[v[3] for v in views]}")
-        differ = sorted(k for k in agreed if len({repr(v[4][k]) for v in views}) != 1)
+        differ = sorted(k for k in (agreed or {}) if len({repr(v[4][k]) for v in views}) != 1)
         if differ:
             raise ValueError("hybridmpi: HybridComm(): ranks have different environment settings "
                              f"({', '.join(differ)}): "
@@ -378,14 +383,14 @@ class HybridComm:
         self._f64 = ffi.new("double[1]")
         self._scalar = {_I64: ffi.new("int64_t[1]"), _C128: ffi.new("double[2]")}
         self._sig_buf = np.zeros(9, dtype=np.int64)
-        self._bufs = {}
+        self._bufs: dict[Any, Any] = {}
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
-        self._children = {}  # Halos and global memory built on this comm, freed with it
+        self._children: dict[int, Any] = {}  # Halos and global memory built on this comm, freed with it
         self._profile = None   # the hybridmpi.profile that records this comm's calls
         self._env_profile = None
         self._serial = next(_SERIALS)
         self._tags = 0
-        self._notices = []  # the failure notice this rank sent (_break)
+        self._notices: list[np.ndarray] = []  # the failure notice this rank sent (_break)
         self._notice_from = None  # the first rank whose failure notice came
         self.arena = Arena(self)  # shared memory of Halos and global memory
         self._gm = None  # the state of sync_images, made with the first GlobalMemory
@@ -414,7 +419,7 @@ class HybridComm:
 
     # ------------------------------------------------------------------ life
 
-    def free(self):
+    def free(self) -> None:
         """Release the window and communicators (collective).  Idempotent."""
         _LIVE.pop(id(self), None)
         if self._st is None:
@@ -487,10 +492,10 @@ class HybridComm:
         self._tags += 1
         return self._tags
 
-    def __enter__(self):
+    def __enter__(self) -> HybridComm:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None and self._st is not None:
             # an exception leaves the block on this rank: peers waiting for this rank in a
             # call raise too (error bits, notice), and then meet it in the collective free
@@ -499,7 +504,7 @@ class HybridComm:
         self.free()
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """True once :meth:`free` was called."""
         return self._st is None
 
@@ -701,7 +706,7 @@ class HybridComm:
 
     # ------------------------------------------------------------ barrier
 
-    def barrier(self, *, method="dissemination"):
+    def barrier(self, *, method: str = "dissemination") -> None:
         """Block until every rank of the communicator has called it.
 
         Memory: every write that any rank made to shared memory before the
@@ -833,7 +838,7 @@ class HybridComm:
             off = start * itemsize
             self._reduce(sbuf + off, rbuf + off, k, dt, opc, n)
 
-    def allreduce(self, x, op="sum"):
+    def allreduce(self, x: Any, op: Any = "sum") -> Any:
         """Combine ``x`` over all ranks and return the result on every rank.
 
         The combination order is fixed (a tree over each node, then MPI
@@ -918,7 +923,7 @@ class HybridComm:
             raise TypeError(f"hybridmpi: {what}: min and max are not defined for complex")
         return dt
 
-    def Allreduce(self, sendbuf, recvbuf, op="sum"):
+    def Allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Any = "sum") -> None:
         """Combine numpy buffers over all ranks into ``recvbuf`` (in place).
 
         Args:
@@ -951,7 +956,7 @@ class HybridComm:
             if not flags.writeable:
                 raise ValueError("hybridmpi: Allreduce: recvbuf is read-only")
             if sendbuf is self._MPI.IN_PLACE:
-                sendbuf = None
+                sendbuf = None  # type: ignore[assignment]
             elif type(sendbuf) is not np.ndarray:
                 raise TypeError("hybridmpi: Allreduce: sendbuf must be a numpy array or "
                                 f"MPI.IN_PLACE, got {type(sendbuf).__name__}")

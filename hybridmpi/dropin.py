@@ -4,15 +4,19 @@ The HybridComm is stored as an MPI attribute of the communicator, so it is
 freed when the communicator is freed; the rest are freed when MPI finalizes.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from ._clib import lib
 from .comm import _OPS, HybridComm, _mpi
 
-_KEYVAL = []
-_WORLD = []
-_FAST = {}  # id(communicator) -> (communicator, HybridComm)
+_KEYVAL: list[int] = []
+_WORLD: list[Any] = []
+_FAST: dict[Any, Any] = {}  # id(communicator) -> (communicator, HybridComm)
 # The communicator of the last call and its HybridComm: one identity test on the hot path
 # (a placeholder communicator until the first call).
-_LAST = [object(), None]
+_LAST: list[Any] = [object(), None]
 _barrier_dissemination = lib.hm_barrier_dissemination
 _allreduce_rd_f64 = lib.hm_allreduce_rd_f64
 
@@ -22,7 +26,7 @@ def _delete_attr(_comm, _keyval, hc):
     return 0
 
 
-def hybrid(comm=None):
+def hybrid(comm: Any = None) -> HybridComm:
     """Return the cached HybridComm of ``comm`` (collective the first time).
 
     Args:
@@ -61,7 +65,7 @@ def _cached(comm):
     return hc
 
 
-def barrier(comm=None):
+def barrier(comm: Any = None) -> None:
     """Drop-in for ``comm.Barrier()`` through the shared-memory barrier.
 
     Args:
@@ -78,7 +82,7 @@ def barrier(comm=None):
     _cached(comm).barrier()
 
 
-def allreduce(x, op="sum", comm=None):
+def allreduce(x: Any, op: Any = "sum", comm: Any = None) -> Any:
     """Drop-in for ``comm.allreduce(x, op)``; see :meth:`HybridComm.allreduce`.
 
     Args:

@@ -1,8 +1,11 @@
 """Exceptions raised by hybridmpi, and ending the job when one rank fails."""
 
+from __future__ import annotations
+
 import contextlib
 import sys
 import traceback
+from collections.abc import Iterator
 
 
 class SyncTimeout(RuntimeError):
@@ -53,7 +56,7 @@ class PatternError(ValueError):
 
 
 @contextlib.contextmanager
-def abort_on_error(code=1):
+def abort_on_error(code: int = 1) -> Iterator[None]:
     """End the whole MPI job when the body raises on this rank, as ``python -m mpi4py`` does:
     print the rank's traceback to stderr, then ``MPI.COMM_WORLD.Abort(code)``, so that
     ``mpiexec`` returns non-zero within seconds instead of the other ranks waiting for this

@@ -8,9 +8,13 @@ window that exposes the same memory (DART-MPI's design).  ``sync_all`` and
 facade.
 """
 
+from __future__ import annotations
+
 import os
 import time
 import weakref
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +33,7 @@ _R = lib.HM_REGION
 _TAG_SYNC = 1
 _EMPTY = bytearray(0)
 #: communicators whose Iprobe drives MPI progress in waits (one per live _Sync across nodes)
-_PROGRESS = []
+_PROGRESS: list[Any] = []
 
 
 @ffi.def_extern()
@@ -279,13 +283,13 @@ class Request:
         self._done = True
         self._keep = None
 
-    def test(self):
+    def test(self) -> bool:
         """True once the transfer is complete (never blocks)."""
         if not self._done and self._req.Test():
             self._finish()
         return self._done
 
-    def wait(self):
+    def wait(self) -> None:
         """Block until the transfer is complete at both ends.
 
         Raises:
@@ -303,7 +307,7 @@ class Request:
         self._finish()
 
 
-def waitall(requests):
+def waitall(requests: Iterable[Request]) -> None:
     """Wait for every request of a list (checked first: none may have been waited).
 
     Raises:
@@ -365,12 +369,13 @@ class GlobalMemory:
         FreedError: the HybridComm was freed.
     """
 
-    def __init__(self, hc, count, dtype=np.float64):
+    def __init__(self, hc: HybridComm, count: int, dtype: Any = np.float64) -> None:
         if not isinstance(hc, HybridComm):
             raise TypeError(f"hybridmpi: GlobalMemory needs a HybridComm, got {type(hc).__name__}")
         if hc.closed:
             raise FreedError(f"hybridmpi: rank {hc.rank}: GlobalMemory on a freed HybridComm")
-        problem, exc = None, ValueError
+        problem: str | None = None
+        exc: type[Exception] = ValueError
         try:
             dt = np.dtype(dtype)
         except TypeError:
@@ -392,7 +397,7 @@ class GlobalMemory:
         self.hc = hc
         self.rank, self.size = hc.rank, hc.size
         self.dtype = dt
-        self._views = None
+        self._views: Any = None
         self._near = {}
         self._sync = _sync_state(hc)
         self.counts = tuple(hc.comm.allgather(count))
@@ -470,13 +475,13 @@ class GlobalMemory:
 
     # ------------------------------------------------------------ access
 
-    def local_view(self, rank):
+    def local_view(self, rank: int) -> np.ndarray | None:
         """A numpy view of ``rank``'s part when it shares this rank's node, else None."""
         self._usable("local_view")
         rank, _ = self._target(rank, 0, 0, "local_view")
         return self._views[rank]
 
-    def Put(self, data, rank, offset=0):
+    def Put(self, data: np.ndarray, rank: int, offset: int = 0) -> None:
         """Write ``data`` into ``rank``'s part from element ``offset``; complete at both ends on return.
 
         Raises:
@@ -518,7 +523,7 @@ class GlobalMemory:
             win.Put((data, nb, BYTE), rank, (self._disp[rank] + offset * self._itemsize, nb, BYTE))
             win.Flush(rank)
 
-    def Get(self, out, rank, offset=0):
+    def Get(self, out: np.ndarray, rank: int, offset: int = 0) -> None:
         """Read ``out.size`` elements of ``rank``'s part from ``offset`` into ``out``; complete on return.
 
         Raises:
@@ -560,7 +565,7 @@ class GlobalMemory:
             win.Get((out, nb, BYTE), rank, (self._disp[rank] + offset * self._itemsize, nb, BYTE))
             win.Flush(rank)
 
-    def Rput(self, data, rank, offset=0):
+    def Rput(self, data: np.ndarray, rank: int, offset: int = 0) -> Request:
         """Start a put; returns a :class:`Request` (``data`` must not change until it completes).
 
         Inside a node the copy is made at once and the request is complete.
@@ -580,7 +585,7 @@ class GlobalMemory:
         self._sync.dirty[id(self._win)] = self._win
         return Request(self, req, rank, data, "Rput")
 
-    def Rget(self, out, rank, offset=0):
+    def Rget(self, out: np.ndarray, rank: int, offset: int = 0) -> Request:
         """Start a get into ``out``; returns a :class:`Request` (read ``out`` after it completes)."""
         self._usable("Rget")
         self._buffer(out, "Rget", True)
@@ -596,7 +601,7 @@ class GlobalMemory:
                              (self._disp[rank] + offset * self._itemsize, nb, MPI.BYTE))
         return Request(self, req, None, out, "Rget")
 
-    def flush(self, rank=None):
+    def flush(self, rank: int | None = None) -> None:
         """Complete every outstanding operation of this rank on this memory (to ``rank``, or to all)."""
         self._usable("flush")
         if rank is not None:
@@ -615,7 +620,7 @@ class GlobalMemory:
                             f"memory, this one holds {self.dtype}")
         return self._target(rank, offset, 1, what)
 
-    def fetch_add(self, rank, offset, value):
+    def fetch_add(self, rank: int, offset: int, value: int) -> int:
         """Atomically add ``value`` to element ``offset`` of ``rank``'s part; return the old value.
 
         Atomic with respect to every other fetch_add and compare_swap on this
@@ -633,7 +638,7 @@ class GlobalMemory:
         self._win.Flush(rank)
         return int(res[0])
 
-    def compare_swap(self, rank, offset, expected, value):
+    def compare_swap(self, rank: int, offset: int, expected: int, value: int) -> int:
         """Atomically set element ``offset`` of ``rank``'s part to ``value`` if it equals
         ``expected``; return the old value (atomic as :meth:`fetch_add`)."""
         rank, offset = self._atomic(rank, offset, "compare_swap")
@@ -650,7 +655,7 @@ class GlobalMemory:
 
     # ------------------------------------------------------------ synchronization
 
-    def sync_all(self):
+    def sync_all(self) -> None:
         """Barrier over the HybridComm after which every put issued before it, by any rank,
         is visible to every rank (XcalableMP ``sync all``).
 
@@ -660,7 +665,7 @@ class GlobalMemory:
         self._usable("sync_all")
         self._sync.sync_all()
 
-    def sync_images(self, ranks):
+    def sync_images(self, ranks: int | Iterable[int]) -> None:
         """Wait until each listed rank has called ``sync_images`` naming this rank as many
         times as this rank has named it (XcalableMP ``sync images``); their puts to this
         rank issued before their call are then visible.  No global barrier.
@@ -679,7 +684,7 @@ class GlobalMemory:
 
     # ------------------------------------------------------------ life
 
-    def free(self):
+    def free(self) -> None:
         """Give the memory back to the arena (collective).  Idempotent."""
         self.hc._children.pop(id(self), None)
         if self._views is None:
@@ -698,7 +703,7 @@ class GlobalMemory:
         self._block.free()
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """True once :meth:`free` was called."""
         return self._views is None
 
@@ -770,7 +775,7 @@ class Coarray:
         ValueError: ranks with different shapes or dtypes, negative extents.
     """
 
-    def __init__(self, hc, shape, dtype=np.float64):
+    def __init__(self, hc: HybridComm, shape: int | tuple[int, ...], dtype: Any = np.float64) -> None:
         if not isinstance(hc, HybridComm):
             raise TypeError(f"hybridmpi: Coarray needs a HybridComm, got {type(hc).__name__}")
         if isinstance(shape, (int, np.integer)):
@@ -798,11 +803,11 @@ class Coarray:
         self.hc = hc
         self.dtype = self.mem.dtype
         self.local = self.mem.local.reshape(shape)
-        self._shaped = [None if v is None else v.reshape(shape) for v in self.mem._views]
+        self._shaped: list[Any] = [None if v is None else v.reshape(shape) for v in self.mem._views]
         self._images = [_Image(self, r) for r in range(hc.size)]
-        self._sections = {}   # index key -> _Section
-        self._targets = {}    # (rank, index key) -> view of a node peer's section
-        self._types = {}      # (shape, strides) -> committed MPI datatype
+        self._sections: dict[Any, Any] = {}   # index key -> _Section
+        self._targets: dict[Any, Any] = {}    # (rank, index key) -> view of a node peer's section
+        self._types: dict[Any, Any] = {}      # (shape, strides) -> committed MPI datatype
 
     def __getitem__(self, rank):
         if type(rank) is int and 0 <= rank < len(self._images):
@@ -892,7 +897,7 @@ class Coarray:
             mem._win.Flush(rank)
         return out
 
-    def Rget(self, rank, index, out):
+    def Rget(self, rank: int, index: Any, out: np.ndarray) -> Request:
         """Start ``out[...] = a[rank][index]``; returns a :class:`Request` (read ``out`` after it).
 
         Args:
@@ -914,24 +919,24 @@ class Coarray:
         req = mem._win.Rget((out, out.nbytes, self.hc._MPI.BYTE), rank, self._where(mem, rank, sec))
         return Request(mem, req, None, out, "Coarray.Rget")
 
-    def Rput(self, rank, index, values):
+    def Rput(self, rank: int, index: Any, values: Any) -> Request:
         """Start ``a[rank][index] = values``; returns a :class:`Request` (``values`` are copied)."""
         self.mem._usable("Rput")
         rank, _ = self.mem._target(rank, 0, 0, "Rput")
         return self._put(rank, index, values, False)
 
-    def sync_all(self):
+    def sync_all(self) -> None:
         """As :meth:`GlobalMemory.sync_all`."""
         self.mem.sync_all()
 
-    def sync_images(self, ranks):
+    def sync_images(self, ranks: int | Iterable[int]) -> None:
         """As :meth:`GlobalMemory.sync_images`."""
         sync = self.mem._sync
         if self.mem._views is None:
             self.mem._usable("sync_images")
         sync.sync_images(ranks, "Coarray.sync_images")
 
-    def free(self):
+    def free(self) -> None:
         """Free the coarray (collective).  Idempotent."""
         self.hc._children.pop(id(self), None)
         if self.mem.closed:
@@ -946,7 +951,7 @@ class Coarray:
         self._types = {}
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self.mem.closed
 
     def __enter__(self):

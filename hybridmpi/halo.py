@@ -1,8 +1,11 @@
 """Halo: the ghost update of a GhostPattern, with a choice of transport."""
 
+from __future__ import annotations
+
 import functools
 import os
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -74,13 +77,14 @@ class Halo:
         FreedError: the pattern's HybridComm was freed.
     """
 
-    def __init__(self, pattern, *, dtype=np.float64, block=1, method=None):
+    def __init__(self, pattern: GhostPattern, *, dtype: Any = np.float64, block: int = 1,
+                 method: str | None = None) -> None:
         if not isinstance(pattern, GhostPattern):
             raise TypeError(f"hybridmpi: Halo needs a GhostPattern, got {type(pattern).__name__}")
         hc = pattern.hc
         if hc.closed:
             raise FreedError(f"hybridmpi: rank {hc.rank}: Halo on a freed HybridComm")
-        self._t = None
+        self._t: Any = None
         problem = None
         try:
             dt = np.dtype(dtype)
@@ -124,11 +128,11 @@ class Halo:
         self._shapes = (((pattern.size, block), (pattern.size * block,)) if block > 1
                         else ((pattern.size,), (pattern.size, 1)))
         self._epoch = [0, 0]
-        self._pending = None
+        self._pending: Any = None
         self._current = FWD
         self._view = (None, None)
         self._broken = None
-        self._vectors = []   # (array, arena block, ZeroCopy or None) of vector()
+        self._vectors: list[Any] = []   # (array, arena block, ZeroCopy or None) of vector()
         self.zero_copy = False  # whether vector()s are updated without staging buffers
         self._theirs = None  # per direction: each node peer's ids of its channel to this rank
         if method == "auto":
@@ -155,7 +159,7 @@ class Halo:
         # The hot path: a blocking update or reverse of the array of the last such call,
         # method atomic, every peer on this node: one identity test and three cheap checks,
         # then one C call (_fast: the packed exchanges of each direction, or None).
-        self._fast = [None, None]
+        self._fast: list[Any] = [None, None]
         if self.method == "atomic":
             for d in (FWD, REV):
                 s = self._t.dirs[d]
@@ -179,7 +183,7 @@ class Halo:
                                      if ids is not None})
         return self._theirs
 
-    def vector(self):
+    def vector(self) -> np.ndarray:
         """A zeroed vector of this Halo's shape and dtype in shared memory (collective: every
         rank calls it in the same order; freed with the Halo).
 
@@ -434,7 +438,7 @@ class Halo:
 
     # ------------------------------------------------------------ operations
 
-    def update(self, x):
+    def update(self, x: np.ndarray) -> None:
         """Copy every owned value to the ghosts of it on the other ranks (forward scatter).
 
         Memory: when it returns, this rank's ghost entries hold the owners'
@@ -479,7 +483,7 @@ class Halo:
             raise
         self._heat(x, buf, zc)
 
-    def update_begin(self, x):
+    def update_begin(self, x: np.ndarray) -> None:
         """Start :meth:`update`: the owned values are sent (copied) now."""
         buf, _ = self._arg(x, "update_begin", FWD)
         if self._pending:
@@ -493,11 +497,11 @@ class Halo:
             self._failed(exc)
             raise
 
-    def update_end(self, x):
+    def update_end(self, x: np.ndarray) -> None:
         """Finish :meth:`update_begin`; the ghosts of ``x`` then hold the owners' values."""
         self._finish(FWD, x, "update_end")
 
-    def reverse(self, x, op="add"):
+    def reverse(self, x: np.ndarray, op: str = "add") -> None:
         """Combine every ghost value into its owner (the assembly step).
 
         ``x[owned] = x[owned] op ghost values``, taken in the order of the
@@ -610,7 +614,7 @@ class Halo:
             self._failed(exc)
             raise
 
-    def reverse_begin(self, x, op="add"):
+    def reverse_begin(self, x: np.ndarray, op: str = "add") -> None:
         """Start :meth:`reverse`: the ghost values are sent (copied) now."""
         buf, code = self._arg(x, "reverse_begin", REV, op)
         if self._pending:
@@ -624,7 +628,7 @@ class Halo:
             self._failed(exc)
             raise
 
-    def reverse_end(self, x):
+    def reverse_end(self, x: np.ndarray) -> None:
         """Finish :meth:`reverse_begin`, combining into the owned entries of ``x``."""
         self._finish(REV, x, "reverse_end")
 
@@ -653,7 +657,7 @@ class Halo:
 
     # ------------------------------------------------------------ life
 
-    def free(self):
+    def free(self) -> None:
         """Release the shared window and MPI objects (collective).  Idempotent."""
         self.hc._children.pop(id(self), None)
         if _Hot is not None:
@@ -669,7 +673,7 @@ class Halo:
             block.free()
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """True once :meth:`free` was called."""
         return self._t is None
 

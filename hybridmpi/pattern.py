@@ -6,9 +6,17 @@ register their ids there and ranks ask it for the owners of their ghosts,
 so no rank ever holds an array of the global size.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .errors import FreedError, PatternError
+
+if TYPE_CHECKING:
+    from .comm import HybridComm
 
 _HASH = np.uint64(0x9E3779B97F4A7C15)
 
@@ -86,11 +94,12 @@ class GhostPattern:
             counts that disagree between two peers.
     """
 
-    def __init__(self, hc, *, send, recv, size):
+    def __init__(self, hc: HybridComm, *, send: Mapping[int, Any], recv: Mapping[int, Any],
+                 size: int) -> None:
         comm = self._comm_of(hc)
         rank, nranks = hc.rank, hc.size
         problem = None
-        lists = {"send": {}, "recv": {}}
+        lists: dict[str, dict[int, Any]] = {"send": {}, "recv": {}}
         if type(size) is not int or size < 0:
             problem = f"rank {rank}: size must be an int >= 0, got {size!r}"
         for name, table in (("send", send), ("recv", recv)):
@@ -227,7 +236,7 @@ class GhostPattern:
         _agree(comm, problem)
 
     @classmethod
-    def from_global(cls, hc, owned, ghosts):
+    def from_global(cls, hc: HybridComm, owned: Any, ghosts: Any) -> GhostPattern:
         """Build the pattern from global ids (collective).
 
         Args:
@@ -321,7 +330,7 @@ class GhostPattern:
         return pattern
 
     @classmethod
-    def from_index_map(cls, hc, index_map):
+    def from_index_map(cls, hc: HybridComm, index_map: Any) -> GhostPattern:
         """The pattern of a DOLFINx ``IndexMap`` (collective; DOLFINx 0.5 and newer).
 
         Local ids are DOLFINx's: owned ``0 .. size_local-1``, then the ghosts in the map's
@@ -338,7 +347,7 @@ class GhostPattern:
         return from_index_map(hc, index_map)
 
     @classmethod
-    def from_sf(cls, hc, sf, size=None):
+    def from_sf(cls, hc: HybridComm, sf: Any, size: int | None = None) -> GhostPattern:
         """The pattern of a petsc4py star forest whose roots and leaves index one local array
         (collective): a DMPlex point SF (``dm.getPointSF()``), a Firedrake halo.
 
@@ -357,7 +366,7 @@ class GhostPattern:
 
         return from_sf(hc, sf, size)
 
-    def to_sf(self):
+    def to_sf(self) -> Any:
         """This pattern as a petsc4py ``PETSc.SF`` (collective): roots and leaves index the
         local vector; each ghost is a leaf of its owner's point.  ``bcast`` with
         ``MPI.REPLACE`` does what :meth:`Halo.update` does, ``reduce`` what

@@ -20,15 +20,22 @@ Off, the profile costs one load and one branch per C call.  On, each profiled ca
 pays four clock reads and one record in Python (see ``bench profile``).
 """
 
+from __future__ import annotations
+
 import collections
 import json
 import sys
 import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
 from ._clib import ffi, lib
 from .errors import FreedError
+
+if TYPE_CHECKING:
+    from .comm import HybridComm
 
 _CLK = lib.hm_prof
 _now = time.monotonic_ns   # CLOCK_MONOTONIC, the C core's clock
@@ -37,7 +44,7 @@ SPLIT_CALLS = 1_000_000
 KEYS = ("object", "op", "calls", "bytes", "time_s", "python_s", "wait_s", "imbalance_s",
         "transfer_s", "late_peer")
 
-_ACTIVE = []   # profiles that are on (the C clock runs while there is one)
+_ACTIVE: list[profile] = []   # profiles that are on (the C clock runs while there is one)
 
 try:  # the call wrapper in C: two clock reads and one record per call
     from ._timed import Timed as _Timed
@@ -47,13 +54,13 @@ _ADDRS = [int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
           for name in ("hm_prof_begin", "hm_prof_end", "hm_prof_abort")]
 
 
-def mark():
+def mark() -> None:
     """A Python wait on MPI requests begins: the call's entry time when none was stored."""
     if _CLK[2] and not _CLK[0]:
         _CLK[0] = _now()
 
 
-def mark_end():
+def mark_end() -> None:
     """A Python wait on MPI requests ended."""
     if _CLK[2]:
         _CLK[1] = _now()
@@ -140,19 +147,21 @@ class profile:
             profile ended or after it ended with an exception.
     """
 
-    def __init__(self, hc):
+    def __init__(self, hc: HybridComm) -> None:
         from .comm import HybridComm
 
         if not isinstance(hc, HybridComm):
             raise TypeError(f"hybridmpi: profile needs a HybridComm, got {type(hc).__name__}")
         self.hc = hc
-        self._ops = []
-        self._wrapped = []   # (object, [op names], its own instance attributes they replaced)
-        self._epochs = []    # (Halo, its epochs when recording began)
-        self._recorders = {}   # (id(object), op) -> (its wrapper, its _Op)
-        self._counts = collections.Counter()   # labels given per kind of object
-        self._rows = None
-        self._all = None
+        self._ops: list[_Op] = []
+        # (object, [op names], its own instance attributes they replaced)
+        self._wrapped: list[tuple[Any, list[str], dict[str, Any]]] = []
+        self._epochs: list[tuple[Any, list[int]]] = []    # (Halo, its epochs when recording began)
+        # (id(object), op) -> (its wrapper, its _Op)
+        self._recorders: dict[tuple[int, str], tuple[Any, _Op]] = {}
+        self._counts: collections.Counter[str] = collections.Counter()   # labels given per kind of object
+        self._rows: list[dict[str, Any]] = []
+        self._all: list[Any] | None = None
         self._state = "new"
         self.elapsed_s = None
 
@@ -396,7 +405,7 @@ class profile:
 
     # ------------------------------------------------------------ results
 
-    def rows(self):
+    def rows(self) -> list[dict[str, Any]]:
         """This rank's rows: dicts with keys ``object``, ``op``, ``calls``, ``bytes`` (this rank
         sent and received; Put and Get: moved), ``time_s`` (in the calls), ``python_s``,
         ``wait_s`` (in the C core and MPI waits), ``imbalance_s``, ``transfer_s`` and
@@ -407,13 +416,13 @@ class profile:
             raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: profile.rows(): the profile {why}")
         return [dict(r) for r in self._rows]
 
-    def summary(self):
+    def summary(self) -> list[dict[str, Any]] | None:
         """On rank 0: per object and op, min/mean/max over the ranks that made the call (dicts);
         elsewhere None."""
         self.rows()
         if self._all is None:
             return None
-        groups = {}
+        groups: dict[tuple[str, str], list[Any]] = {}
         for r, rows in enumerate(self._all):
             for row in rows:
                 groups.setdefault((row["object"], row["op"]), []).append((r, row))
@@ -430,7 +439,7 @@ class profile:
             out.append(s)
         return out
 
-    def print(self, file=None):
+    def print(self, file: TextIO | None = None) -> None:
         """Rank 0 prints the summary table (as PETSc's ``-log_view``: totals over the profile,
         min/mean/max over ranks, per call in microseconds); other ranks print nothing."""
         summary = self.summary()
@@ -459,7 +468,7 @@ class profile:
                   file=file)
         file.flush()
 
-    def to_json(self, path):
+    def to_json(self, path: str) -> None:
         """Rank 0 writes ``{"ranks": [rows of each rank], "summary": [...]}`` to ``path``;
         other ranks write nothing."""
         summary = self.summary()
@@ -491,10 +500,10 @@ def _wrapper(f, rec, obj):
         if _Timed is not None:
             return _Timed(f, *_ADDRS, int(ffi.cast("uintptr_t", log)), log)
 
-        def call(x, *args, **kw):
+        def call(*args, **kw):
             begin()
             try:
-                f(x, *args, **kw)
+                f(*args, **kw)
             except BaseException:
                 abort()
                 raise
@@ -502,10 +511,11 @@ def _wrapper(f, rec, obj):
     elif kind == "images":
         named = rec.named
 
-        def call(ranks):
+        def call(*args, **kw):
+            ranks = args[0] if args else kw.get("ranks")
             begin()
             try:
-                f(ranks)
+                f(*args, **kw)
             except BaseException:
                 abort()
                 raise
@@ -528,7 +538,8 @@ def _wrapper(f, rec, obj):
     return call
 
 
-def split_waits(hc, entries, exits, peers):
+def split_waits(hc: HybridComm, entries: Any, exits: Any,
+                peers: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
     """The imbalance of a sequence of synchronizing regions of an application, measured the
     way the profile measures a call (collective over ``hc``): call ``i`` on every rank is
     region ``i``; ``entries`` and ``exits`` are this rank's monotonic times (ns) of entering
@@ -603,7 +614,7 @@ def _clock_offset(hc):
         node.Free()
 
 
-_AT_EXIT = []
+_AT_EXIT: list[Any] = []
 
 
 def start_env(hc):

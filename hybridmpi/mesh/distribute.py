@@ -1,5 +1,12 @@
 """Give every rank its part of a partitioned mesh, in the local ordering of docs/design.md."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..comm import HybridComm
+
 import numpy as np
 
 from ..pattern import GhostPattern
@@ -75,7 +82,7 @@ def _split(m, part, nranks):
     return parts
 
 
-def distribute_cube(hc, h):
+def distribute_cube(hc: HybridComm, h: float) -> tuple[Any, LocalMesh]:
     """Rank 0 meshes the cube and partitions it for the job's ranks; every rank gets its part.
 
     The partition has two levels (node parts first) when ``hc`` spans
@@ -95,7 +102,7 @@ def distribute_cube(hc, h):
     return m, distribute(hc, m, part)
 
 
-def distribute_file(hc, path):
+def distribute_file(hc: HybridComm, path: str) -> tuple[Any, LocalMesh]:
     """Rank 0 reads a mesh file (any format meshio reads, tetrahedra) and partitions it for
     the job's ranks, as :func:`distribute_cube` does with the cube.  Collective.
 
@@ -130,7 +137,7 @@ def distribute_file(hc, path):
     return m, distribute(hc, m, part)
 
 
-def distribute(hc, m, part, *, root=0):
+def distribute(hc: HybridComm, m: Any, part: Any, *, root: int = 0) -> LocalMesh:
     """Give every rank its part of a partitioned mesh (collective).
 
     Only ``root`` needs the mesh and the partition (other ranks may pass

@@ -1,10 +1,13 @@
 """Tetrahedral meshes of the unit cube (gmsh), cached on disk, and reading any mesh file (meshio)."""
 
+from __future__ import annotations
+
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +42,7 @@ def tetrahedra(m):
     return meshio.Mesh(points, [("tetra", inverse.reshape(-1, 4).astype(np.int64))])
 
 
-def load(path):
+def load(path: str | os.PathLike[str]) -> Any:
     """Read any mesh file that meshio reads and keep its tetrahedra.
 
     Args:
@@ -87,7 +90,7 @@ def _generate(h):
     return tetrahedra(meshio.Mesh(points, [("tetra", lookup[np.concatenate(tets)])]))
 
 
-def cube(h, *, cache_dir=None):
+def cube(h: float, *, cache_dir: str | None = None) -> Any:
     """The unit cube meshed with tetrahedra of characteristic length ``h``.
 
     Made by gmsh (MeshSizeMin = MeshSizeMax = h, HXT 3D algorithm), only

@@ -1,5 +1,9 @@
 """Partition the points of a tetrahedral mesh with METIS, and the statistics of a partition."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 
 # The six edges of a tetrahedron, as pairs of its vertex slots.
@@ -13,7 +17,7 @@ def _tets(m):
     raise ValueError("hybridmpi.mesh: the mesh has no tetrahedra")
 
 
-def point_edges(m):
+def point_edges(m: Any) -> tuple[np.ndarray, np.ndarray]:
     """Unique edges ``(i, j)``, ``i < j``, of the tetrahedra of ``m``: two int64 arrays."""
     tets = _tets(m)
     a = tets[:, _EDGES[:, 0]].ravel()
@@ -23,7 +27,7 @@ def point_edges(m):
     return key // len(m.points), key % len(m.points)
 
 
-def boundary_points(m):
+def boundary_points(m: Any) -> np.ndarray:
     """Boolean mask of the points on the surface of ``m``: the vertices of the triangles that
     belong to one tetrahedron only."""
     tets = _tets(m)
@@ -98,7 +102,7 @@ def _part_graph(xadj, adjncy, nparts, seed):
     return np.asarray(res.vertex_part, dtype=np.int64)
 
 
-def partition(m, nparts, *, node_size=None, seed=0):
+def partition(m: Any, nparts: int, *, node_size: int | None = None, seed: int = 0) -> np.ndarray:
     """The owning rank of every point, from METIS on the point-adjacency graph.
 
     With ``node_size``, two levels as in the paper's Section 6.4: first into
@@ -152,7 +156,7 @@ def ghost_pairs(m, part):
     return key // len(m.points), key % len(m.points)
 
 
-def partition_stats(m, part, *, node_size=None, block=3):
+def partition_stats(m: Any, part: Any, *, node_size: int | None = None, block: int = 3) -> dict[str, Any]:
     """Means per process of a partition, as the paper counts them in its Tables 2 and 3.
 
     A one-layer point halo: the ghosts of a rank are the points owned

@@ -3,6 +3,7 @@
 import os
 import time
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 
@@ -138,7 +139,7 @@ def wait_until(halo, poll, value, peer, counter, what, e):
 
 #: requests that were still active when their transport was freed (a call failed in its
 #: middle), with the buffers MPI may still write: never released
-_PENDING = []
+_PENDING: list[Any] = []
 
 
 def release(reqs, *buffers):

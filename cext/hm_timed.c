@@ -17,6 +17,34 @@
 #include <stdint.h>
 #include <string.h>
 
+/* A new reference to o (Py_NewRef is 3.10+). */
+static PyObject *ref(PyObject *o)
+{
+    Py_INCREF(o);
+    return o;
+}
+
+/* The first n items of a sequence of ints as addresses (or counts): 0, or -1 with an error. */
+static int read_words(PyObject *seq, Py_ssize_t n, unsigned long long *out)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(seq, i);
+        if (item == NULL)
+            return -1;
+        out[i] = PyLong_AsUnsignedLongLong(item);
+        Py_DECREF(item);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+/* The fields every callable type of this module shares (a vectorcall object). */
+#define CALLABLE(T, NAME, DOC)                                                                  \
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._timed." NAME,                         \
+    .tp_basicsize = sizeof(T), .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,     \
+    .tp_vectorcall_offset = offsetof(T, vectorcall), .tp_call = PyVectorcall_Call, .tp_doc = DOC
+
 typedef void (*begin_fn)(void);
 typedef int (*end_fn)(void *);
 
@@ -53,10 +81,8 @@ static PyObject *timed_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     Timed *t = (Timed *)type->tp_alloc(type, 0);
     if (t == NULL)
         return NULL;
-    Py_INCREF(fn);
-    Py_INCREF(keep);
-    t->fn = fn;
-    t->keep = keep;
+    t->fn = ref(fn);
+    t->keep = ref(keep);
     t->begin = (begin_fn)(uintptr_t)b;
     t->end = (end_fn)(uintptr_t)e;
     t->abort = (begin_fn)(uintptr_t)a;
@@ -84,16 +110,11 @@ static PyGetSetDef timed_getset[] = {
 };
 
 static PyTypeObject TimedType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridmpi._timed.Timed",
-    .tp_basicsize = sizeof(Timed),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(Timed, vectorcall),
-    .tp_call = PyVectorcall_Call,
+    CALLABLE(Timed, "Timed",
+             "Timed(fn, begin, end, abort, log): fn timed into a profile log"),
     .tp_new = timed_new,
     .tp_dealloc = (destructor)timed_dealloc,
     .tp_getset = timed_getset,
-    .tp_doc = "Timed(fn, begin, end, abort, log): fn timed into a profile log",
 };
 
 typedef struct {
@@ -188,29 +209,24 @@ static PyObject *near_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         Py_DECREF(t);
         return PyErr_NoMemory();
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *b = PySequence_GetItem(bases, i), *c = PySequence_GetItem(counts, i);
-        if (b == NULL || c == NULL) {
-            Py_XDECREF(b);
-            Py_XDECREF(c);
-            Py_DECREF(t);
-            return NULL;
-        }
-        t->base[i] = (char *)(uintptr_t)PyLong_AsUnsignedLongLong(b);
-        t->count[i] = PyLong_AsLongLong(c);
-        Py_DECREF(b);
-        Py_DECREF(c);
-        if (PyErr_Occurred()) {
-            Py_DECREF(t);
-            return NULL;
-        }
+    unsigned long long *words = PyMem_Calloc((size_t)n + 1, 2 * sizeof(unsigned long long));
+    if (words == NULL) {
+        Py_DECREF(t);
+        return PyErr_NoMemory();
     }
-    Py_INCREF(nd);
-    Py_INCREF(dt);
-    Py_INCREF(fb);
-    t->ndarray = nd;
-    t->dtype = dt;
-    t->fallback = fb;
+    if (read_words(bases, n, words) < 0 || read_words(counts, n, words + n) < 0) {
+        PyMem_Free(words);
+        Py_DECREF(t);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        t->base[i] = (char *)(uintptr_t)words[i];
+        t->count[i] = (int64_t)words[n + i];
+    }
+    PyMem_Free(words);
+    t->ndarray = ref(nd);
+    t->dtype = ref(dt);
+    t->fallback = ref(fb);
     t->nranks = n;
     t->itemsize = itemsize;
     t->get = get;
@@ -250,17 +266,12 @@ static PyGetSetDef near_getset[] = {
 };
 
 static PyTypeObject NearType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridmpi._timed.Near",
-    .tp_basicsize = sizeof(Near),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(Near, vectorcall),
-    .tp_call = PyVectorcall_Call,
+    CALLABLE(Near, "Near",
+             "Near(ndarray, dtype, fallback, bases, counts, itemsize, get): Put or Get on this node"),
     .tp_new = near_new,
     .tp_dealloc = (destructor)near_dealloc,
     .tp_methods = near_methods,
     .tp_getset = near_getset,
-    .tp_doc = "Near(ndarray, dtype, fallback, bases, counts, itemsize, get): Put or Get on this node",
 };
 
 /* ------------------------------------------------------------------ Halo hot paths */
@@ -447,31 +458,19 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         return NULL;
     }
     Py_ssize_t n = PySequence_Size(addrs);
-    for (Py_ssize_t i = 0; i < n && i < 4; i++) {
-        PyObject *a = PySequence_GetItem(addrs, i);
-        if (a == NULL) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        t->a[i] = (void *)(uintptr_t)PyLong_AsUnsignedLongLong(a);
-        Py_DECREF(a);
-    }
-    if (PyErr_Occurred()) {
+    unsigned long long a[4] = {0, 0, 0, 0};
+    if (n < 0 || read_words(addrs, n < 4 ? n : 4, a) < 0) {
         Py_DECREF(t);
         return NULL;
     }
-    Py_INCREF(halo);
-    Py_INCREF(x);
-    Py_INCREF(fb);
-    Py_INCREF(err);
-    Py_INCREF(op);
-    Py_INCREF(keep);
-    t->keep = keep;
-    t->halo = halo;
-    t->x = x;
-    t->fallback = fb;
-    t->error = err;
-    t->op = op;
+    for (int i = 0; i < 4; i++)
+        t->a[i] = (void *)(uintptr_t)a[i];
+    t->keep = ref(keep);
+    t->halo = ref(halo);
+    t->x = ref(x);
+    t->fallback = ref(fb);
+    t->error = ref(err);
+    t->op = ref(op);
     t->default_op = PyUnicode_Check(op) && PyUnicode_CompareWithASCIIString(op, "add") == 0;
     t->kind = kind;
     t->d = d;
@@ -549,21 +548,16 @@ static PyGetSetDef hot_getset[] = {
 };
 
 static PyTypeObject HotType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "hybridmpi._timed.Hot",
-    .tp_basicsize = sizeof(Hot),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
-    .tp_vectorcall_offset = offsetof(Hot, vectorcall),
-    .tp_call = PyVectorcall_Call,
+    CALLABLE(Hot, "Hot",
+             "Hot(halo, x, fallback, error, op, kind, d, opcode, fn, addrs, buf, tag[, prof]): "
+              "Halo.update or reverse of one array, as one C call; prof = (begin, end, abort, "
+              "log) records each hot call for a profile, whose wrapper is then the fallback"),
     .tp_new = hot_new,
     .tp_dealloc = (destructor)hot_dealloc,
     .tp_traverse = (traverseproc)hot_traverse,
     .tp_clear = (inquiry)hot_clear,
     .tp_methods = hot_methods,
     .tp_getset = hot_getset,
-    .tp_doc = "Hot(halo, x, fallback, error, op, kind, d, opcode, fn, addrs, buf, tag[, prof]): "
-              "Halo.update or reverse of one array, as one C call; prof = (begin, end, abort, "
-              "log) records each hot call for a profile, whose wrapper is then the fallback",
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._timed",
@@ -571,6 +565,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._timed",
 
 PyMODINIT_FUNC PyInit__timed(void)
 {
+    HotType.tp_flags |= Py_TPFLAGS_HAVE_GC;
     if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&NearType) < 0 || PyType_Ready(&HotType) < 0)
         return NULL;
     dtype_name = PyUnicode_InternFromString("dtype");
@@ -586,23 +581,14 @@ PyMODINIT_FUNC PyInit__timed(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&TimedType);
-    if (PyModule_AddObject(m, "Timed", (PyObject *)&TimedType) < 0) {
-        Py_DECREF(&TimedType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&NearType);
-    if (PyModule_AddObject(m, "Near", (PyObject *)&NearType) < 0) {
-        Py_DECREF(&NearType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&HotType);
-    if (PyModule_AddObject(m, "Hot", (PyObject *)&HotType) < 0) {
-        Py_DECREF(&HotType);
-        Py_DECREF(m);
-        return NULL;
+    PyTypeObject *types[] = {&TimedType, &NearType, &HotType};
+    const char *names[] = {"Timed", "Near", "Hot"};
+    for (int i = 0; i < 3; i++) {
+        if (PyModule_AddObject(m, names[i], ref((PyObject *)types[i])) < 0) {
+            Py_DECREF(types[i]);
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

@@ -489,7 +489,6 @@ def _image_ranks(ranks, me, size):
 def _wrapper(f, rec, obj):
     """``f`` (a bound method) timed into ``rec``: one C call before, one after."""
     log = rec.log
-    begin, end, abort = lib.hm_prof_begin, lib.hm_prof_end, lib.hm_prof_abort
     kind, op = rec.kind, rec.op
     if kind in ("whole", "begin", "end"):
         d = rec.key
@@ -499,40 +498,33 @@ def _wrapper(f, rec, obj):
         log.nbytes = {"whole": sent + got, "begin": sent, "end": got}[kind]
         if _Timed is not None:
             return _Timed(f, *_ADDRS, int(ffi.cast("uintptr_t", log)), log)
+        end = lib.hm_prof_end
+        return _timed_in_python(f, lambda args, kw, out: end(log))
+    if kind == "images":
+        named, end = rec.named, lib.hm_prof_end
 
-        def call(*args, **kw):
-            begin()
-            try:
-                f(*args, **kw)
-            except BaseException:
-                abort()
-                raise
+        def finish(args, kw, out):
+            named.append(args[0] if args else kw.get("ranks"))
             end(log)
-    elif kind == "images":
-        named = rec.named
+        return _timed_in_python(f, finish)
+    end_bytes = lib.hm_prof_end_bytes
+    return _timed_in_python(f, lambda args, kw, out: end_bytes(log, _nbytes(op, args, out, obj)))
 
-        def call(*args, **kw):
-            ranks = args[0] if args else kw.get("ranks")
-            begin()
-            try:
-                f(*args, **kw)
-            except BaseException:
-                abort()
-                raise
-            named.append(ranks)
-            end(log)
-    else:
-        end_bytes = lib.hm_prof_end_bytes
 
-        def call(*args, **kw):
-            begin()
-            try:
-                out = f(*args, **kw)
-            except BaseException:
-                abort()
-                raise
-            end_bytes(log, _nbytes(op, args, out, obj))
-            return out
+def _timed_in_python(f, finish):
+    """``f`` between hm_prof_begin and ``finish(args, kw, result)`` (which ends the record),
+    or hm_prof_abort when it raises."""
+    begin, abort = lib.hm_prof_begin, lib.hm_prof_abort
+
+    def call(*args, **kw):
+        begin()
+        try:
+            out = f(*args, **kw)
+        except BaseException:
+            abort()
+            raise
+        finish(args, kw, out)
+        return out
     call.__doc__ = f.__doc__
     call.__wrapped__ = f
     return call

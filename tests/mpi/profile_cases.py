@@ -106,9 +106,10 @@ def case_rows_for_every_object_and_op(comm, rng, node_size=None):
 
 
 def case_imbalance_charged_to_the_late_rank(comm, rng, node_size=None):
-    """The last rank sleeps 2 ms before each update and barrier: the rank that receives from it
-    shows about 2 ms of imbalance per update with late_peer the sleeper, and little transfer;
-    in the barrier every other rank names it."""
+    """The last rank sleeps 5 ms before each update and barrier: the rank that receives from it
+    shows about 5 ms of imbalance per update with late_peer the sleeper, and less transfer than
+    that; in the barrier every other rank names it.  (Bounds wide enough for oversubscribed
+    ranks on a loaded machine: the benchmark `bench profile` measures the precision.)"""
     with HybridComm(comm, node_size=node_size) as hc:
         if hc.size < 2:
             return
@@ -119,46 +120,48 @@ def case_imbalance_charged_to_the_late_rank(comm, rng, node_size=None):
         waiter = late - 1   # receives from `late` (each rank ghosts the next one's points)
         h.update(x)
         hc.barrier()
+        nap = 0.005
         with hybridmpi.profile(hc) as prof:
-            for _ in range(40):
+            for _ in range(20):
                 if hc.rank == late:
-                    time.sleep(0.002)
+                    time.sleep(nap)
                 h.update(x)
             for _ in range(10):
                 if hc.rank == late:
-                    time.sleep(0.002)
+                    time.sleep(nap)
                 hc.barrier()
         rows = prof.rows()
         up, bar = _row(rows, "Halo", "update"), _row(rows, "HybridComm", "barrier")
         if hc.rank == waiter:
             per = up["imbalance_s"] / up["calls"]
-            assert 0.0012 < per < 0.004, up
-            assert up["late_peer"] == late and up["transfer_s"] < up["imbalance_s"] / 4, up
-        if hc.rank == late:
-            assert up["imbalance_s"] < up["wait_s"] / 2 + 1e-4 and bar["imbalance_s"] < 0.005, (up, bar)
-        else:
-            assert bar["late_peer"] == late and bar["imbalance_s"] / bar["calls"] > 0.001, bar
+            assert 0.5 * nap < per < 4 * nap, up
+            assert up["late_peer"] == late and up["transfer_s"] < up["imbalance_s"], up
+        if hc.rank != late:
+            assert bar["late_peer"] == late and bar["imbalance_s"] / bar["calls"] > 0.5 * nap, bar
+        imbs = comm.allgather(bar["imbalance_s"])   # the sleeper waits least
+        assert imbs[late] < 0.5 * min(v for r, v in enumerate(imbs) if r != late), imbs
 
 
 def case_sync_images_pairs(comm, rng, node_size=None):
     """sync_images matches each rank's j-th call naming a peer with the peer's j-th call
-    naming it: rank 0 sleeps before each of its calls, its neighbours name it as late."""
+    naming it: rank 0 sleeps 5 ms before each of its calls, its neighbours name it as late."""
     with HybridComm(comm, node_size=node_size) as hc:
         if hc.size < 2:
             return
         mem = GlobalMemory(hc, 4)
         nbrs = sorted({(hc.rank + 1) % hc.size, (hc.rank - 1) % hc.size} - {hc.rank})
+        nap = 0.005
         with hybridmpi.profile(hc) as prof:
             for _ in range(8):
                 if hc.rank == 0:
-                    time.sleep(0.002)
+                    time.sleep(nap)
                 mem.sync_images(nbrs)
         r = _row(prof.rows(), "GlobalMemory", "sync_images")
         _consistent(r)
         if 0 in nbrs:
-            assert r["late_peer"] == 0 and r["imbalance_s"] / r["calls"] > 0.001, r
-        if hc.rank == 0:
-            assert r["imbalance_s"] / r["calls"] < 0.001, r
+            assert r["late_peer"] == 0 and r["imbalance_s"] / r["calls"] > 0.5 * nap, r
+        imbs = comm.allgather(r["imbalance_s"])   # the sleeper waits least
+        assert imbs[0] < 0.5 * min(v for q, v in enumerate(imbs) if q != 0), imbs
         mem.free()
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ._clib import ERRBIT, copy_policy, ffi, lib
+from ._resource import Freed
 from .comm import HybridComm
 from .errors import FreedError, PeerError, SyncTimeout
 from .profile import mark as prof_mark
@@ -340,7 +341,7 @@ def waitall(requests: Iterable[Request]) -> None:
         win.Flush(target)
 
 
-class GlobalMemory:
+class GlobalMemory(Freed):
     """An array with a part on every rank, reachable by one-sided put and get.
 
     Collective over the HybridComm.  The parts live in the HybridComm's
@@ -707,12 +708,6 @@ class GlobalMemory:
         """True once :meth:`free` was called."""
         return self._views is None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
-
     def __repr__(self):
         state = "freed" if self._views is None else f"{self.counts[self.rank]} local elements"
         return f"<GlobalMemory rank {self.rank}/{self.size} dtype={self.dtype}, {state}>"
@@ -754,7 +749,7 @@ class _Section:
         self.contiguous = view.flags.c_contiguous  # moves as plain bytes across nodes
 
 
-class Coarray:
+class Coarray(Freed):
     """XcalableMP coarrays: an array of the same shape on every rank, ``a[r][index]`` put and get.
 
     ``a.local`` is this rank's array (shared memory).  ``a[r][index] = values``
@@ -953,12 +948,6 @@ class Coarray:
     @property
     def closed(self) -> bool:
         return self.mem.closed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
 
     def __repr__(self):
         return f"<Coarray rank {self.mem.rank} shape={self.shape} dtype={self.dtype}>"

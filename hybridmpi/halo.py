@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ._clib import MISBIT, ffi, lib
+from ._resource import Freed
 from .comm import DTYPES
 from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
@@ -46,7 +47,7 @@ def _setting(hc, key, default):
     return default if value is None else value
 
 
-class Halo:
+class Halo(Freed):
     """Ghost updates of one pattern for vectors of one dtype and block size.
 
     Collective over the pattern's HybridComm, and so is every update: all
@@ -486,16 +487,7 @@ class Halo:
     def update_begin(self, x: np.ndarray) -> None:
         """Start :meth:`update`: the owned values are sent (copied) now."""
         buf, _ = self._arg(x, "update_begin", FWD)
-        if self._pending:
-            raise self._state_error("update_begin")
-        e = self._epoch[FWD] = self._epoch[FWD] + 1
-        try:
-            zc = self._vectors and self._zero_copy(x, FWD)
-            self._pending = (FWD, x, lib.HM_INSERT, zc)
-            (zc or self._t).begin(FWD, buf, e)
-        except BaseException as exc:
-            self._failed(exc)
-            raise
+        self._begin(FWD, x, buf, lib.HM_INSERT, "update_begin")
 
     def update_end(self, x: np.ndarray) -> None:
         """Finish :meth:`update_begin`; the ghosts of ``x`` then hold the owners' values."""
@@ -617,20 +609,25 @@ class Halo:
     def reverse_begin(self, x: np.ndarray, op: str = "add") -> None:
         """Start :meth:`reverse`: the ghost values are sent (copied) now."""
         buf, code = self._arg(x, "reverse_begin", REV, op)
-        if self._pending:
-            raise self._state_error("reverse_begin")
-        e = self._epoch[REV] = self._epoch[REV] + 1
-        try:
-            zc = self._vectors and self._zero_copy(x, REV)
-            self._pending = (REV, x, code, zc)
-            (zc or self._t).begin(REV, buf, e)
-        except BaseException as exc:
-            self._failed(exc)
-            raise
+        self._begin(REV, x, buf, code, "reverse_begin")
 
     def reverse_end(self, x: np.ndarray) -> None:
         """Finish :meth:`reverse_begin`, combining into the owned entries of ``x``."""
         self._finish(REV, x, "reverse_end")
+
+    def _begin(self, d, x, buf, code, what):
+        """Start direction ``d`` on ``x`` (checked: ``buf``, ``code``): the values sent are copied
+        (or, for a shared vector, published) now; ``_finish`` completes it."""
+        if self._pending:
+            raise self._state_error(what)
+        e = self._epoch[d] = self._epoch[d] + 1
+        try:
+            zc = self._vectors and self._zero_copy(x, d)
+            self._pending = (d, x, code, zc)
+            (zc or self._t).begin(d, buf, e)
+        except BaseException as exc:
+            self._failed(exc)
+            raise
 
     def _finish(self, d, x, what):
         buf, _ = self._arg(x, what)
@@ -676,12 +673,6 @@ class Halo:
     def closed(self) -> bool:
         """True once :meth:`free` was called."""
         return self._t is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
 
     def __repr__(self):
         state = "freed" if self._t is None else f"{len(self.pattern.neighbors)} neighbors"

@@ -10,6 +10,7 @@ decomposition, so every exchange and rank count gives the same bits.
 
 import numpy as np
 
+from .._resource import Freed
 from ._stepper import Stepper, check_names, interior, start_arrays
 from .grid import Grid, make_exchange
 
@@ -17,7 +18,7 @@ from .grid import Grid, make_exchange
 EXCHANGES = ("sendrecv", "rma", "get", "get-nb", "put", "halo")
 
 
-class Heat3D:
+class Heat3D(Freed):
     """One run of the heat-conduction code (collective).
 
     Args:
@@ -122,8 +123,3 @@ class Heat3D:
     def free(self):
         self.ex.free()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()

@@ -12,6 +12,7 @@ summed over the ranks.  ``b0..b2 = 0`` make the diagonal terms vanish, so only f
 
 import numpy as np
 
+from .._resource import Freed
 from ._stepper import Stepper, check_names, start_arrays
 from .grid import Grid, make_exchange
 
@@ -28,7 +29,7 @@ C0 = C1 = C2 = _F(1.0)
 OMEGA = _F(0.8)
 
 
-class Himeno:
+class Himeno(Freed):
     """One run of the Himeno benchmark (collective).
 
     Args:
@@ -135,8 +136,3 @@ class Himeno:
     def free(self):
         self.ex.free()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()

@@ -871,9 +871,7 @@ class HybridComm:
         if st is None:
             raise self._unusable()
         try:
-            opc = _OPS.get(op) if type(op) is str else None
-            if opc is None:
-                opc = op_code(op, self._MPI)
+            opc = self._op(op)
             tx = type(x)
             if tx is float:
                 buf = self._f64
@@ -913,6 +911,11 @@ class HybridComm:
         self._reduce(buf, buf, 1, dt, opc)
         return convert(buf)
 
+    def _op(self, op):
+        """The C core code of a reduction op (a name or an MPI op)."""
+        opc = _OPS.get(op) if type(op) is str else None
+        return op_code(op, self._MPI) if opc is None else opc
+
     @staticmethod
     def _dtype_code(dtype, opc, what):
         dt = DTYPES.get(dtype)
@@ -943,9 +946,7 @@ class HybridComm:
         if st is None:
             raise self._unusable()
         try:
-            opc = _OPS.get(op) if type(op) is str else None
-            if opc is None:
-                opc = op_code(op, self._MPI)
+            opc = self._op(op)
             if type(recvbuf) is not np.ndarray:
                 raise TypeError(f"hybridmpi: Allreduce: recvbuf must be a numpy array, "
                                 f"got {type(recvbuf).__name__}")

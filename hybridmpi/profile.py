@@ -176,6 +176,9 @@ class profile:
             problem = "this profile object was already used; make a new one"
         elif hc._profile is not None:
             problem = "a profile of this HybridComm is already on"
+        # agreed first by a collective of the comm's own, which raises PeerError (instead of
+        # waiting) when a rank's HybridComm broke; then every rank is here for the details
+        hc.allreduce(int(problem is not None), op="max")
         views = hc.comm.allgather(problem)
         bad = [(r, p) for r, p in enumerate(views) if p]
         if bad:
@@ -194,9 +197,24 @@ class profile:
 
     def __exit__(self, exc_type, exc, tb):
         self._stop()
-        if exc_type is not None:
-            self._state = "failed"
-            return False
+        hc, mine = self.hc, exc_type is not None
+        self._state = "failed"
+        if hc._broken is not None or hc.closed:
+            return False   # this rank's comm broke: its peers raise in their own exit
+        # Whether every rank left the block normally, by a collective that raises PeerError
+        # when a rank's comm broke: a rank that raised inside the block never leaves the
+        # others waiting in the exchange of arrival times.
+        try:
+            worst = hc.allreduce(hc.rank + 1 if mine else 0, op="max")
+        except Exception:
+            if mine:
+                return False   # the block's own exception goes on
+            raise
+        if worst:
+            if mine:
+                return False
+            raise RuntimeError(f"hybridmpi: rank {hc.rank}: profile: rank {worst - 1} raised in the "
+                               "profile's block; there are no rows")
         self._finish()
         return False
 
@@ -628,6 +646,11 @@ def _at_exit():
     """The end of a run that profiled with HYBRIDMPI_PROFILE: the comms not freed end their
     profile here (collective), unless the program ended with an uncaught exception."""
     if hasattr(sys, "last_value"):
+        # an uncaught exception ends this rank: break its comms, so that peers ending their
+        # profiles raise PeerError instead of waiting for it
+        for hc in list(_AT_EXIT[0]):
+            if hc._env_profile is not None and hc._broken is None and not hc._MPI.Is_finalized():
+                hc._break("an uncaught exception")
         return
     for hc in sorted(_AT_EXIT[0], key=lambda h: h._serial):
         if hc._env_profile is not None and not hc._MPI.Is_finalized():

@@ -239,6 +239,40 @@ def case_misuse_raises_on_every_rank(comm, rng, node_size=None):
         assert "HybridComm" in str(e), e
 
 
+def case_one_rank_raises_in_the_block(comm, rng, node_size=None):
+    """One rank raises inside the profile's block (its own error) while the others leave it
+    normally: every rank raises at the end of the block, none waits; then, inside a with
+    HybridComm block that the error leaves, the peers raise PeerError or RuntimeError."""
+    bad = comm.size - 1
+    for inside_comm_block in (False, True):
+        hc = HybridComm(comm, node_size=node_size)
+        got = None
+        try:
+            if inside_comm_block:
+                with hc:
+                    with hybridmpi.profile(hc):
+                        hc.barrier()
+                        if comm.rank == bad:
+                            raise KeyError("the block's own error")
+            else:
+                with hybridmpi.profile(hc):
+                    hc.barrier()
+                    if comm.rank == bad:
+                        raise KeyError("the block's own error")
+        except KeyError:
+            got = "own"
+        except (RuntimeError, hybridmpi.PeerError) as e:
+            got = type(e).__name__
+            assert comm.size > 1 and comm.rank != bad, e
+        if comm.size == 1 or comm.rank == bad:
+            assert got == "own", got
+        else:
+            assert got in ("RuntimeError", "PeerError"), got
+        assert lib.hm_prof[2] == 0 and "barrier" not in vars(hc)
+        if not inside_comm_block:
+            hc.free()
+
+
 def case_print_and_json(comm, rng, node_size=None, json_path=""):
     """print() on rank 0 names every row; to_json() writes every rank's rows."""
     import io
@@ -268,4 +302,4 @@ def case_print_and_json(comm, rng, node_size=None, json_path=""):
 if __name__ == "__main__":
     main([case_rows_for_every_object_and_op, case_imbalance_charged_to_the_late_rank,
           case_sync_images_pairs, case_nothing_recorded_when_off, case_misuse_raises_on_every_rank,
-          case_print_and_json])
+          case_one_rank_raises_in_the_block, case_print_and_json])

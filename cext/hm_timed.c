@@ -282,10 +282,23 @@ typedef int (*zc_update_fn)(void *, void *, void *, void *, int64_t, void *, uin
 
 enum { HOT_UPDATE = 0, HOT_ZC = 1, HOT_REVERSE = 2 };
 
+/* The arrays a hot path serves (a program that alternates a few vectors keeps all of them
+ * hot), each with what its buffer looked like when it was added. */
+#define HOT_ARRAYS 4
+
+typedef struct {
+    PyObject *x;
+    char *buf;
+    Py_ssize_t len, itemsize, shape[2];
+    int ndim;
+    char format[8];
+} hot_array;
+
 typedef struct {
     PyObject_HEAD
     PyObject *halo;
-    PyObject *x;          /* the hot array */
+    hot_array arr[HOT_ARRAYS];
+    int narr, next;       /* arrays held; the slot the next one replaces */
     PyObject *fallback;   /* Halo.update or Halo.reverse (the function) */
     PyObject *error;      /* error(rc): raises the exception of a failed call */
     PyObject *op;         /* reverse: the op string of the hot call */
@@ -319,31 +332,61 @@ static int attr_is_none(PyObject *o, PyObject *name)
     return none;
 }
 
-/* The checks of Halo.update's hot path: the same array object, no begin pending, not broken,
- * still writeable, C-contiguous, of the same memory, dtype (format) and shape. */
+/* Fill slot i with array x (a new reference; the slot's old array released): 0, or -1 with
+ * an error when x is not a writeable C-contiguous buffer of 1 or 2 dimensions. */
+static int hot_set(Hot *t, int i, PyObject *x)
+{
+    Py_buffer v;
+    if (PyObject_GetBuffer(x, &v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    hot_array *h = &t->arr[i];
+    int bad = v.ndim < 1 || v.ndim > 2 || v.format == NULL || strlen(v.format) >= sizeof h->format;
+    if (!bad) {
+        h->buf = v.buf;
+        h->len = v.len;
+        h->itemsize = v.itemsize;
+        h->ndim = v.ndim;
+        for (int k = 0; k < v.ndim; k++)
+            h->shape[k] = v.shape[k];
+        strcpy(h->format, v.format);
+        Py_XSETREF(h->x, ref(x));
+    }
+    PyBuffer_Release(&v);
+    if (bad)
+        PyErr_SetString(PyExc_ValueError, "Hot: an array of 1 or 2 dimensions and a short format");
+    return bad ? -1 : 0;
+}
+
+/* The checks of Halo.update's hot path: one of the hot array objects, no begin pending, not
+ * broken, still writeable, C-contiguous, of the same memory, dtype (format) and shape.
+ * Returns that array's slot, or -1. */
 static int hot_ok(Hot *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (t->closed || kwnames != NULL || args[0] != t->x)
-        return 0;
+    int i = 0;
+    while (i < t->narr && args[0] != t->arr[i].x)
+        i++;
+    if (t->closed || kwnames != NULL || i == t->narr)
+        return -1;
     if (t->kind == HOT_REVERSE) {
         if (nargs == 2 ? args[1] != t->op : !t->default_op)
-            return 0;
+            return -1;
     } else if (nargs != 1) {
-        return 0;
+        return -1;
     }
     if (!attr_is_none(t->halo, s_pending) || !attr_is_none(t->halo, s_broken))
-        return 0;
+        return -1;
     Py_buffer v;
     if (PyObject_GetBuffer(args[0], &v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
-        return 0;
+        return -1;
     }
-    int ok = v.buf == t->buf && v.len == t->len && v.itemsize == t->itemsize && v.ndim == t->ndim &&
-             v.format != NULL && strncmp(v.format, t->format, sizeof t->format) == 0;
-    for (int i = 0; ok && i < v.ndim; i++)
-        ok = v.shape[i] == t->shape[i];
+    const hot_array *h = &t->arr[i];
+    int ok = v.buf == h->buf && v.len == h->len && v.itemsize == h->itemsize && v.ndim == h->ndim &&
+             v.format != NULL && strncmp(v.format, h->format, sizeof h->format) == 0;
+    for (int k = 0; ok && k < v.ndim; k++)
+        ok = v.shape[k] == h->shape[k];
     PyBuffer_Release(&v);
-    return ok;
+    return ok ? i : -1;
 }
 
 static PyObject *hot_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -351,8 +394,10 @@ static PyObject *hot_vectorcall(PyObject *self, PyObject *const *args, size_t na
 {
     Hot *t = (Hot *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs < 1 || nargs > 2 || !hot_ok(t, args, nargs, kwnames))
+    int slot = nargs < 1 || nargs > 2 ? -1 : hot_ok(t, args, nargs, kwnames);
+    if (slot < 0)
         goto slow;
+    char *buf = t->arr[slot].buf;
     /* e = halo._epoch[d] + 1 (stored back), halo._current = d */
     PyObject *ep = PyObject_GetAttr(t->halo, s_epoch);
     if (ep == NULL || !PyList_CheckExact(ep) || PyList_GET_SIZE(ep) != 2) {
@@ -379,11 +424,11 @@ static PyObject *hot_vectorcall(PyObject *self, PyObject *const *args, size_t na
     }
     int rc;
     if (t->kind == HOT_UPDATE)
-        rc = ((xchg_update_fn)t->fn)(t->a[0], t->a[1], t->buf, e);
+        rc = ((xchg_update_fn)t->fn)(t->a[0], t->a[1], buf, e);
     else if (t->kind == HOT_ZC)
-        rc = ((zc_update_fn)t->fn)(t->a[0], t->a[1], t->a[2], t->a[3], t->tagval, t->buf, e);
+        rc = ((zc_update_fn)t->fn)(t->a[0], t->a[1], t->a[2], t->a[3], t->tagval, buf, e);
     else
-        rc = ((xchg_both_fn)t->fn)(t->a[0], t->a[1], t->buf, e, t->opcode, t->d);
+        rc = ((xchg_both_fn)t->fn)(t->a[0], t->a[1], buf, e, t->opcode, t->d);
     if (t->plog) {
         if (rc == 0)
             t->pend(t->plog);
@@ -430,29 +475,15 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, "Hot: bad kind or direction");
         return NULL;
     }
-    Py_buffer v;
-    if (PyObject_GetBuffer(x, &v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
     Hot *t = (Hot *)type->tp_alloc(type, 0);
-    if (t == NULL) {
-        PyBuffer_Release(&v);
+    if (t == NULL)
         return NULL;
-    }
-    t->buf = v.buf;
-    t->len = v.len;
-    t->itemsize = v.itemsize;
-    t->ndim = v.ndim;
-    if (v.ndim > 2 || v.format == NULL || strlen(v.format) >= sizeof t->format) {
-        PyBuffer_Release(&v);
+    if (hot_set(t, 0, x) < 0) {
         Py_DECREF(t);
-        PyErr_SetString(PyExc_ValueError, "Hot: an array of 1 or 2 dimensions and a short format");
         return NULL;
     }
-    for (int i = 0; i < v.ndim; i++)
-        t->shape[i] = v.shape[i];
-    strcpy(t->format, v.format);
-    PyBuffer_Release(&v);
-    if ((void *)(uintptr_t)buf != t->buf) {
+    t->narr = t->next = 1;
+    if ((void *)(uintptr_t)buf != t->arr[0].buf) {
         Py_DECREF(t);
         PyErr_SetString(PyExc_ValueError, "Hot: the buffer is not the array's");
         return NULL;
@@ -467,7 +498,6 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         t->a[i] = (void *)(uintptr_t)a[i];
     t->keep = ref(keep);
     t->halo = ref(halo);
-    t->x = ref(x);
     t->fallback = ref(fb);
     t->error = ref(err);
     t->op = ref(op);
@@ -490,7 +520,8 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static int hot_traverse(Hot *t, visitproc visit, void *arg)
 {
     Py_VISIT(t->halo);
-    Py_VISIT(t->x);
+    for (int i = 0; i < t->narr; i++)
+        Py_VISIT(t->arr[i].x);
     Py_VISIT(t->fallback);
     Py_VISIT(t->error);
     Py_VISIT(t->op);
@@ -502,7 +533,9 @@ static int hot_clear(Hot *t)
 {
     t->closed = 1;
     Py_CLEAR(t->halo);
-    Py_CLEAR(t->x);
+    for (int i = 0; i < HOT_ARRAYS; i++)
+        Py_CLEAR(t->arr[i].x);
+    t->narr = 0;
     Py_CLEAR(t->fallback);
     Py_CLEAR(t->error);
     Py_CLEAR(t->op);
@@ -515,6 +548,22 @@ static void hot_dealloc(Hot *t)
     PyObject_GC_UnTrack(t);
     hot_clear(t);
     Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+/* Serve array x too (it replaces the oldest when HOT_ARRAYS are held). */
+static PyObject *hot_add(Hot *t, PyObject *x)
+{
+    for (int i = 0; i < t->narr; i++)
+        if (t->arr[i].x == x && hot_set(t, i, x) == 0)  /* again: its buffer may have changed */
+            Py_RETURN_NONE;
+    if (PyErr_Occurred())
+        return NULL;
+    if (hot_set(t, t->next, x) < 0)
+        return NULL;
+    if (t->narr < HOT_ARRAYS)
+        t->narr++;
+    t->next = (t->next + 1) % HOT_ARRAYS;
+    Py_RETURN_NONE;
 }
 
 static PyObject *hot_close(Hot *t, PyObject *unused)
@@ -532,6 +581,7 @@ static PyObject *hot_wrapped(Hot *t, void *closure)
 }
 
 static PyMethodDef hot_methods[] = {
+    {"add", (PyCFunction)hot_add, METH_O, "serve this array too"},
     {"close", (PyCFunction)hot_close, METH_NOARGS, "send every later call to the fallback"},
     {NULL}
 };

@@ -161,6 +161,7 @@ class Halo(Freed):
         # method atomic, every peer on this node: one identity test and three cheap checks,
         # then one C call (_fast: the packed exchanges of each direction, or None).
         self._fast: list[Any] = [None, None]
+        self._hot_sig: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
         if self.method == "atomic":
             for d in (FWD, REV):
                 s = self._t.dirs[d]
@@ -574,12 +575,19 @@ class Halo(Freed):
             if got is None:
                 return
             fallback, prof = got
-        self._cool(name)
+        addrs = [int(ffi.cast("uintptr_t", p)) for p in structs]
+        sig = (kind, fn, tuple(addrs), tag, op, opcode, id(fallback))
+        hot = self.__dict__.get(name)
         try:
-            self.__dict__[name] = _Hot(self, x, fallback, error, op, kind, d, opcode,
-                                       _FN[fn], [int(ffi.cast("uintptr_t", p)) for p in structs],
+            if type(hot) is _Hot and self._hot_sig.get(name) == sig:
+                hot.add(x)   # the same call for another array: both stay hot (alternating vectors)
+                return
+            self._cool(name)
+            self.__dict__[name] = _Hot(self, x, fallback, error, op, kind, d, opcode, _FN[fn], addrs,
                                        int(ffi.cast("uintptr_t", buf)), tag, prof)
+            self._hot_sig[name] = sig
         except (ValueError, BufferError):
+            self._cool(name)
             if prof is not None:
                 self.__dict__[name] = fallback  # the profile's wrapper stays in place
 

@@ -458,6 +458,13 @@ def case_hot_path_edges(comm, rng, **cfg):
             if hc.num_nodes == 1 and hc.size > 1 and (not shared or h.zero_copy):
                 from hybridmpi.halo import _Hot
                 assert _Hot is None or type(vars(h).get("update")) is _Hot, vars(h).get("update")
+            others = [np.zeros(pat.size) for _ in range(5)]   # alternating arrays (more than
+            for i in range(12):                                  # the C object holds at once)
+                y = others[i % 3] if i < 9 else others[3 + i % 2]
+                y[:] = rand(rng, np.float64, pat.size)
+                want = ref_forward(comm, lay, y)
+                h.update(y)
+                assert same(y, want), i
             for op in ("max", "max", "add", "".join(["m", "ax"]), "add"):
                 x[:] = rand(rng, np.float64, pat.size)
                 want = ref_reverse(comm, lay, x, op)

@@ -15,6 +15,7 @@ are freed.  Each rank's part of a block may have its own size (0 included).
 
 import os
 
+from ._agree import agree
 from ._clib import lib
 
 _R = lib.HM_REGION
@@ -65,9 +66,7 @@ def check_room(hc, nbytes, what, hint=""):
     if room is not None and need > room:
         problem = (f"rank {hc.rank}: {what} needs {need / 2**20:.1f} MiB of shared memory on "
                    f"its node, {where} {room / 2**20:.1f} MiB free")
-    problems = [q for q in hc.comm.allgather(problem) if q]  # every node agrees
-    if problems:
-        raise MemoryError(f"hybridmpi: {what}: {problems[0]}{hint}")
+    agree(hc.comm, problem and (MemoryError, problem + hint), what)  # every node agrees
     return node
 
 
@@ -124,11 +123,12 @@ class _Chunk:
             error = f"rank {hc.rank}: MPI_Win_allocate_shared of {nbytes} bytes failed: {e}"
         finally:
             info.Free()
-        errors = [x for x in hc.comm.allgather(error) if x]
-        if errors:
+        try:
+            agree(hc.comm, error and (MemoryError, error), "shared memory")
+        except MemoryError:
             if win is not None:
                 win.Free()
-            raise MemoryError(f"hybridmpi: shared memory: {errors[0]}")
+            raise
         self.win = win
         self.base = []
         for r in range(hc.node_size):
@@ -144,13 +144,14 @@ class _Chunk:
                 rma = MPI.Win.Create(mem, 1, comm=hc.comm)
             except MPI.Exception as e:
                 error = f"rank {hc.rank}: MPI_Win_create failed: {e}"
-            errors = [x for x in hc.comm.allgather(error) if x]
-            if errors:
+            try:
+                agree(hc.comm, error and (RuntimeError, error), "shared memory")
+            except RuntimeError:
                 if rma is not None:
                     rma.Free()
                 win.Unlock_all()
                 win.Free()
-                raise RuntimeError(f"hybridmpi: shared memory: {errors[0]}")
+                raise
             rma.Lock_all(MPI.MODE_NOCHECK)
         self.rma = rma
 

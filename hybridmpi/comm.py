@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from typing import Any
 
 import numpy as np
 
+from ._agree import agree
 from ._clib import ERRBIT, MISBIT, ffi, lib
+from ._waits import wait_requests
 from .arena import Arena
 from .errors import FreedError, PeerError, SyncTimeout
-from .profile import mark as prof_mark
 
 #: numpy dtype -> C core type code
 DTYPES: dict[np.dtype[Any], int] = {
@@ -292,24 +292,22 @@ class HybridComm:
         # rank 0's random number names this HybridComm in failure notices: a notice left over
         # from a freed one (MPI may reuse its context) is told apart and dropped
         nonce = int.from_bytes(os.urandom(7), "little")
-        views = comm.allgather((problem, node_size, radix, allreduce, agreed, nonce))
-        problems = [v[0] for v in views if v[0]]
-        if problems:
-            raise ValueError(f"hybridmpi: HybridComm(): {problems[0]}")
-        if len({v[1:3] for v in views}) != 1:
+        views = agree(comm, problem, "HybridComm()",
+                      data=(node_size, radix, allreduce, agreed, nonce))
+        if len({v[0:2] for v in views}) != 1:
             raise ValueError("hybridmpi: HybridComm(): ranks passed different node_size or "
-                             f"radix: {[v[1:3] for v in views]}")
-        if len({v[3] for v in views}) != 1:
+                             f"radix: {[v[0:2] for v in views]}")
+        if len({v[2] for v in views}) != 1:
             raise ValueError("hybridmpi: HybridComm(): ranks passed different allreduce: "
-                             f"{[v[3] for v in views]}")
-        differ = sorted(k for k in (agreed or {}) if len({repr(v[4][k]) for v in views}) != 1)
+                             f"{[v[2] for v in views]}")
+        differ = sorted(k for k in (agreed or {}) if len({repr(v[3][k]) for v in views}) != 1)
         if differ:
             raise ValueError("hybridmpi: HybridComm(): ranks have different environment settings "
                              f"({', '.join(differ)}): "
-                             f"{[{k: v[4][k] for k in differ} for v in views]}; set them alike on "
+                             f"{[{k: v[3][k] for k in differ} for v in views]}; set them alike on "
                              "every rank")
         self.env = env
-        self._nonce = views[0][5]
+        self._nonce = views[0][4]
         _chaos(comm.Get_rank())
         if timeout is None:
             timeout = env["timeout"]
@@ -671,23 +669,16 @@ class HybridComm:
         """Complete an internode request, under the deadline if there is one.  A failure
         notice from a rank of another node (a Halo call failed there, so that rank will not
         join) ends the wait with PeerError."""
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        polls = 0
-        while not req.Test():
-            polls += 1
-            if polls % 64 == 0 and self._failure_notice() is not None:
-                raise self._peer_error(what, self._notice_from, ERRBIT)
-            if polls == 1:
-                prof_mark()
-            if deadline is not None and time.monotonic() > deadline:
-                others = [r for r in range(self.leader_comm.Get_size())
-                          if r != self.leader_comm.Get_rank()]
-                raise self._timeout(
-                    f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
-                    f"the leaders of other nodes (node ids {others}) did not all join",
-                    None, "internode", int(self._st.epoch), [])
-            if polls > self._st.policy.spin:
-                os.sched_yield()
+        stop = wait_requests(self, [req], self.timeout)
+        if stop is None:
+            return
+        if stop.notice is not None:
+            raise self._peer_error(what, stop.notice, ERRBIT)
+        others = [r for r in range(self.leader_comm.Get_size()) if r != self.leader_comm.Get_rank()]
+        raise self._timeout(
+            f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
+            f"the leaders of other nodes (node ids {others}) did not all join",
+            None, "internode", int(self._st.epoch), [])
 
     def _failure_notice(self):
         """The rank whose failure notice (``_break``) this rank received, else None."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ._agree import agree
 from ._clib import MISBIT, ffi, lib
 from ._resource import Freed
 from .comm import DTYPES
@@ -86,7 +87,7 @@ class Halo(Freed):
         if hc.closed:
             raise FreedError(f"hybridmpi: rank {hc.rank}: Halo on a freed HybridComm")
         self._t: Any = None
-        problem = None
+        problem: Any = None
         try:
             dt = np.dtype(dtype)
         except TypeError:
@@ -104,16 +105,15 @@ class Halo(Freed):
             problem = f"unknown method {method!r}{source}; use one of {list(METHODS) + ['auto']}"
         near = 0 if problem else max([ids.size * dt.itemsize * block for p, ids in pattern.send.items()
                                       if p in pattern.intranode] + [0])
-        views = hc.comm.allgather((problem, str(dt), block, method, near))
-        biggest = max(v[4] for v in views)
-        views = [v[:4] for v in views]
-        bad = [(r, p) for r, (p, *_) in enumerate(views) if p]
-        if bad:
-            exc = TypeError if bad[0][1].startswith("unsupported dtype") else ValueError
-            raise exc(f"hybridmpi: Halo(): rank {bad[0][0]}: {bad[0][1]}")
-        if len({v[1:] for v in views}) != 1:
+        if problem is not None:
+            exc = TypeError if problem.startswith("unsupported dtype") else ValueError
+            problem = exc, f"rank {hc.rank}: {problem}"
+        views = agree(hc.comm, problem, "Halo()", data=(str(dt), block, method, near))
+        biggest = max(v[3] for v in views)
+        views = [v[:3] for v in views]
+        if len(set(views)) != 1:
             raise ValueError("hybridmpi: Halo(): ranks passed different (dtype, block, method): "
-                             f"{[v[1:] for v in views]}")
+                             f"{views}")
         self.pattern = pattern
         self.hc = hc
         self.dtype = dt

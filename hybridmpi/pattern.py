@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._agree import agree
 from .errors import FreedError, PatternError
 
 if TYPE_CHECKING:
@@ -41,10 +42,7 @@ def _first_duplicate(ids):
 
 def _agree(comm, problem):
     """Raise PatternError on every rank if any rank found a problem."""
-    problems = [p for p in comm.allgather(problem) if p]
-    if problems:
-        more = f" (and {len(problems) - 1} more rank(s) found problems)" if len(problems) > 1 else ""
-        raise PatternError(f"hybridmpi: GhostPattern: {problems[0]}{more}")
+    agree(comm, problem and (PatternError, problem), "GhostPattern", more=True)
 
 
 def _alltoallv(comm, MPI, data, dest, nranks):
@@ -199,13 +197,14 @@ class GhostPattern:
                 graph = self.hc.comm.Create_dist_graph_adjacent(nbrs, nbrs, reorder=False)
             except MPI.Exception as e:
                 error = f"rank {self.hc.rank}: MPI_Dist_graph_create_adjacent failed: {e}"
-            errors = [x for x in self.hc.comm.allgather(error) if x]
-            if errors:
+            hint = (" (MPI ran out of communicators: free Halos or HybridComms no longer "
+                    "used)")
+            try:
+                agree(self.hc.comm, error and (RuntimeError, error + hint), "Halo(method='neighbor')")
+            except RuntimeError:
                 if graph is not None:
                     graph.Free()
-                raise RuntimeError(f"hybridmpi: Halo(method='neighbor'): {errors[0]} "
-                                   "(MPI ran out of communicators: free Halos or HybridComms "
-                                   "no longer used)")
+                raise
             self._graph = graph
         self._graph_users += 1
         return self._graph

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
+from ._agree import agree
 from ._clib import ffi, lib
 from .errors import FreedError
 
@@ -86,7 +87,7 @@ def _nbytes(op, args, out, obj):
     if op == "get":
         return int(getattr(out, "nbytes", 0))
     if op == "put":   # Coarray a[r][index] = values: the section's bytes
-        from .globalmem import _key
+        from .globalmem.coarray import _key
 
         return int(obj._section(_key(args[1], obj.mem.rank), args[1]).nbytes)
     for a in args:
@@ -179,10 +180,7 @@ class profile:
         # agreed first by a collective of the comm's own, which raises PeerError (instead of
         # waiting) when a rank's HybridComm broke; then every rank is here for the details
         hc.allreduce(int(problem is not None), op="max")
-        views = hc.comm.allgather(problem)
-        bad = [(r, p) for r, p in enumerate(views) if p]
-        if bad:
-            raise RuntimeError(f"hybridmpi: profile: rank {bad[0][0]}: {bad[0][1]}")
+        agree(hc.comm, problem and (RuntimeError, f"rank {hc.rank}: {problem}"), "profile")
         self._offset = _clock_offset(hc)
         self._state = "on"
         hc._profile = self

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .._clib import copy_policy, ffi, lib
+from .._waits import wait_requests
 from ..profile import mark as prof_mark
 from ..profile import mark_end as prof_mark_end
 
@@ -101,25 +102,14 @@ def complete(halo, reqs, peers, what, e, statuses=None):
     """Complete MPI requests, under the Halo's deadline if it has one; a failure notice from
     a peer ends the wait with PeerError.  ``statuses`` (a list as long as ``reqs``) receive
     the requests' statuses."""
-    MPI = halo.hc._MPI
-    if MPI.Request.Testall(reqs, statuses):
+    stop = wait_requests(halo.hc, reqs, halo.timeout, statuses=statuses)
+    if stop is None:
         return
-    prof_mark()
-    deadline = None if halo.timeout is None else time.monotonic() + halo.timeout
-    polls, spin = 0, halo.hc._st.policy.spin
-    while not MPI.Request.Testall(reqs, statuses):
-        polls += 1
-        if polls % 64 == 0:
-            peer = halo.hc._failure_notice()
-            if peer is not None:
-                raise halo.peer_failed(peer)
-        if deadline is not None and time.monotonic() > deadline:
-            late = [peers[i] for i, r in enumerate(reqs) if not r.Test()]
-            raise halo.timeout_error(f"{what}: the messages with ranks {late} of call {e} did not "
-                                     "complete", late[0] if len(late) == 1 else None, "message", e)
-        if polls > spin:  # as the C core's waits: spin first, then let other ranks run
-            os.sched_yield()
-    prof_mark_end()
+    if stop.notice is not None:
+        raise halo.peer_failed(stop.notice)
+    late = [peers[i] for i in stop.late]
+    raise halo.timeout_error(f"{what}: the messages with ranks {late} of call {e} did not "
+                             "complete", late[0] if len(late) == 1 else None, "message", e)
 
 
 def wait_until(halo, poll, value, peer, counter, what, e):

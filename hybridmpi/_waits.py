@@ -1,0 +1,58 @@
+"""Waiting on MPI requests the library's way: spin, then yield the CPU; under the
+HybridComm's deadline; ended early by a peer's failure notice.
+
+Every Python wait on requests a peer must match goes through :func:`wait_requests`
+(the internode collectives, the Halo's messages, sync_images and one-sided requests).
+It returns why it stopped instead of raising, and each caller words its own error.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, NamedTuple
+
+from .profile import mark as prof_mark
+from .profile import mark_end as prof_mark_end
+
+
+class Stopped(NamedTuple):
+    """Why :func:`wait_requests` returned before its requests completed."""
+
+    #: the rank whose failure notice ended the wait, else None
+    notice: int | None
+    #: on a timeout, the indices of the requests still incomplete
+    late: list[int]
+
+
+def wait_requests(hc: Any, reqs: list[Any], timeout: float | None, *, notices: bool = True,
+                  statuses: list[Any] | None = None) -> Stopped | None:
+    """Complete ``reqs`` (their statuses into ``statuses``, when given).
+
+    Args:
+        hc: the HybridComm (its spin count, its failure notices).
+        reqs: MPI requests.
+        timeout: seconds, or None for no deadline.
+        notices: poll for failure notices (requests that a peer must match).
+
+    Returns:
+        None once every request completed, else a :class:`Stopped`.
+    """
+    MPI = hc._MPI
+    if MPI.Request.Testall(reqs, statuses):
+        return None
+    prof_mark()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    polls, spin = 0, hc._st.policy.spin
+    while not MPI.Request.Testall(reqs, statuses):
+        polls += 1
+        if notices and polls % 64 == 0:
+            peer = hc._failure_notice()
+            if peer is not None:
+                return Stopped(peer, [])
+        if deadline is not None and time.monotonic() > deadline:
+            return Stopped(None, [i for i, r in enumerate(reqs) if not r.Test()])
+        if polls > spin:  # as the C core's waits: spin first, then let other ranks run
+            os.sched_yield()
+    prof_mark_end()
+    return None

@@ -1,0 +1,264 @@
+"""Coarray: XcalableMP coarrays over a GlobalMemory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .._agree import agree
+from .._resource import Freed
+from ..comm import HybridComm
+from .memory import GlobalMemory
+from .requests import Request, get_flush, put_flush
+from .sync import int_arg
+
+
+def _key(index, rank):
+    """A hashable form of a basic index (slices are not hashable before Python 3.12)."""
+    t = type(index)
+    if t is int or index is Ellipsis:
+        return index
+    if t is slice:
+        return (slice, index.start, index.stop, index.step)
+    if t is tuple:
+        return tuple(_key(i, rank) for i in index)
+    if isinstance(index, np.integer):
+        return int(index)
+    raise TypeError(f"hybridmpi: rank {rank}: Coarray: only basic indexing (ints, slices, ...) "
+                    f"is supported, got {type(index).__name__}")
+
+
+class _Section:
+    """Where a basic index lands in the array: byte offset, shape and byte strides,
+    and the index as numpy takes it (a 0-d view, not a copy, when every index is an int)."""
+
+    __slots__ = ("start", "shape", "strides", "idx", "nbytes", "contiguous")
+
+    def __init__(self, local, index, rank):
+        idx = index if type(index) is tuple else (index,)
+        if not any(i is Ellipsis for i in idx):
+            idx = idx + (Ellipsis,)
+        try:
+            view = local[idx]
+        except IndexError as e:
+            raise IndexError(f"hybridmpi: rank {rank}: Coarray: index {index!r} is outside the shape "
+                             f"{local.shape}: {e}") from None
+        self.start = view.__array_interface__["data"][0] - local.__array_interface__["data"][0]
+        self.shape, self.strides, self.idx = view.shape, view.strides, idx
+        self.nbytes = view.nbytes
+        self.contiguous = view.flags.c_contiguous  # moves as plain bytes across nodes
+
+
+class Coarray(Freed):
+    """XcalableMP coarrays: an array of the same shape on every rank, ``a[r][index]`` put and get.
+
+    ``a.local`` is this rank's array (shared memory).  ``a[r][index] = values``
+    writes a section of rank ``r``'s array (blocking: complete at both ends
+    on return; ``values`` broadcast to the section), ``a[r][index]`` reads one
+    into a new array; ``index`` is numpy basic indexing (ints, slices with
+    steps, ``...``) in any dimension.  Strided sections move in one call:
+    one numpy (C) strided copy inside a node, one MPI derived datatype
+    (nested hvectors) across nodes, never row by row.
+
+    Args:
+        hc: the HybridComm (collective).
+        shape: the array's shape, the same on every rank.
+        dtype: a numeric numpy dtype.
+
+    Raises:
+        TypeError: bad shape or dtype.
+        ValueError: ranks with different shapes or dtypes, negative extents.
+    """
+
+    def __init__(self, hc: HybridComm, shape: int | tuple[int, ...], dtype: Any = np.float64) -> None:
+        if not isinstance(hc, HybridComm):
+            raise TypeError(f"hybridmpi: Coarray needs a HybridComm, got {type(hc).__name__}")
+        if isinstance(shape, (int, np.integer)):
+            shape = (shape,)
+        problem: tuple[type[Exception], str] | None = None
+        try:
+            shape = tuple(int_arg(n, "a Coarray extent", hc.rank) for n in shape)
+            if any(n < 0 for n in shape):
+                problem = ValueError, f"rank {hc.rank}: extents must be >= 0, got {shape}"
+        except TypeError:
+            problem = TypeError, f"rank {hc.rank}: shape must be an int or a tuple of ints, got {shape!r}"
+        shapes = agree(hc.comm, problem, "Coarray()", data=shape)
+        if len(set(shapes)) != 1:
+            raise ValueError(f"hybridmpi: Coarray(): ranks passed different shapes: {shapes}")
+        self.shape = shape
+        self.mem = GlobalMemory(hc, int(np.prod(shape, dtype=np.int64)), dtype)
+        hc._children.pop(id(self.mem), None)
+        if hc._profile is not None:
+            hc._profile._forget(self.mem)  # recorded as the Coarray's
+        hc._adopt(self)
+        self.hc = hc
+        self.dtype = self.mem.dtype
+        self.local = self.mem.local.reshape(shape)
+        self._shaped: list[Any] = [None if v is None else v.reshape(shape) for v in self.mem._views]
+        self._images = [_Image(self, r) for r in range(hc.size)]
+        self._sections: dict[Any, Any] = {}   # index key -> _Section
+        self._targets: dict[Any, Any] = {}    # (rank, index key) -> view of a node peer's section
+        self._types: dict[Any, Any] = {}      # (shape, strides) -> committed MPI datatype
+
+    def __getitem__(self, rank):
+        if type(rank) is int and 0 <= rank < len(self._images):
+            return self._images[rank]
+        self.mem._usable("[rank]")
+        rank, _ = self.mem._target(rank, 0, 0, "[rank]")
+        return self._images[rank]
+
+    def _section(self, key, index):
+        sec = self._sections.get(key)
+        if sec is None:
+            sec = self._sections[key] = _Section(self.local, index, self.mem.rank)
+        return sec
+
+    def _target(self, rank, index):
+        """(view of the section on a node peer or None, index key)."""
+        self.mem._usable("[rank][index]")
+        key = _key(index, self.mem.rank)
+        view = self._targets.get((rank, key))
+        if view is None and self._shaped[rank] is not None:
+            view = self._targets[(rank, key)] = self._shaped[rank][self._section(key, index).idx]
+        return view, key
+
+    def _datatype(self, sec):
+        """An MPI datatype for a strided section (cached), built from nested hvectors."""
+        key = (sec.shape, sec.strides)
+        t = self._types.get(key)
+        if t is None:
+            MPI = self.hc._MPI
+            t = MPI.BYTE.Create_contiguous(self.dtype.itemsize)
+            for n, stride in zip(reversed(sec.shape), reversed(sec.strides)):
+                outer = t.Create_hvector(n, 1, stride)
+                t.Free()
+                t = outer
+            t.Commit()
+            self._types[key] = t
+        return t
+
+    def _where(self, mem, rank, sec):
+        """The RMA target of a section: plain bytes when contiguous, else a derived datatype."""
+        if sec.contiguous:
+            return (mem._disp[rank] + sec.start, sec.nbytes, self.hc._MPI.BYTE)
+        return (mem._disp[rank] + sec.start, 1, self._datatype(sec))
+
+    def _put(self, rank, index, values, blocking):
+        view, key = self._target(rank, index)
+        mem = self.mem
+        if view is not None:
+            try:
+                view[...] = values
+            except ValueError:
+                raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
+                                 f"{np.shape(values)} do not fit the section of shape {view.shape}") from None
+            return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
+        sec = self._section(key, index)
+        try:
+            if (type(values) is np.ndarray and values.dtype is self.dtype and values.shape == sec.shape
+                    and values.flags.c_contiguous):
+                src = values
+            else:
+                src = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=self.dtype),
+                                                           sec.shape))
+        except ValueError:
+            raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
+                             f"{np.shape(values)} do not fit the section of shape {sec.shape}") from None
+        if src.size == 0:
+            return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
+        MPI = self.hc._MPI
+        rma = put_flush if blocking else MPI.Win.Rput
+        req = rma(mem._win, (src, src.nbytes, MPI.BYTE), rank, self._where(mem, rank, sec))
+        if blocking:
+            return None
+        mem._sync.dirty[id(mem._win)] = mem._win
+        return Request(mem, req, rank, src, "Coarray.Rput")
+
+    def _get(self, rank, index):
+        view, key = self._target(rank, index)
+        if view is not None:
+            return np.array(view)
+        sec = self._section(key, index)
+        out = np.empty(sec.shape, dtype=self.dtype)
+        if out.size:
+            mem, MPI = self.mem, self.hc._MPI
+            get_flush(mem._win, (out, out.nbytes, MPI.BYTE), rank, self._where(mem, rank, sec))
+        return out
+
+    def Rget(self, rank: int, index: Any, out: np.ndarray) -> Request:
+        """Start ``out[...] = a[rank][index]``; returns a :class:`Request` (read ``out`` after it).
+
+        Args:
+            out: a writeable C-contiguous array of this dtype and the section's shape.
+        """
+        mem = self.mem
+        mem._usable("Rget")
+        rank, _ = mem._target(rank, 0, 0, "Rget")
+        view, key = self._target(rank, index)
+        sec = self._section(key, index)
+        if (type(out) is not np.ndarray or out.dtype != self.dtype or out.shape != sec.shape
+                or not out.flags.c_contiguous or not out.flags.writeable):
+            raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray.Rget: out must be a writeable "
+                             f"C-contiguous {self.dtype} array of shape {sec.shape}")
+        if view is not None or out.size == 0:
+            if out.size:
+                out[...] = view
+            return Request(mem, None, None, None, "Coarray.Rget")
+        req = mem._win.Rget((out, out.nbytes, self.hc._MPI.BYTE), rank, self._where(mem, rank, sec))
+        return Request(mem, req, None, out, "Coarray.Rget")
+
+    def Rput(self, rank: int, index: Any, values: Any) -> Request:
+        """Start ``a[rank][index] = values``; returns a :class:`Request` (``values`` are copied)."""
+        self.mem._usable("Rput")
+        rank, _ = self.mem._target(rank, 0, 0, "Rput")
+        return self._put(rank, index, values, False)
+
+    def sync_all(self) -> None:
+        """As :meth:`GlobalMemory.sync_all`."""
+        self.mem.sync_all()
+
+    def sync_images(self, ranks: int | Iterable[int]) -> None:
+        """As :meth:`GlobalMemory.sync_images`."""
+        sync = self.mem._sync
+        if self.mem._views is None:
+            self.mem._usable("sync_images")
+        sync.sync_images(ranks, "Coarray.sync_images")
+
+    def free(self) -> None:
+        """Free the coarray (collective).  Idempotent."""
+        self.hc._children.pop(id(self), None)
+        if self.mem.closed:
+            return
+        self.mem.free()
+        self.local = None
+        self._shaped = [None] * len(self._shaped)
+        self._targets = {}
+        if not self.hc._MPI.Is_finalized():
+            for t in self._types.values():
+                t.Free()
+        self._types = {}
+
+    @property
+    def closed(self) -> bool:
+        return self.mem.closed
+
+    def __repr__(self):
+        return f"<Coarray rank {self.mem.rank} shape={self.shape} dtype={self.dtype}>"
+
+
+class _Image:
+    """``a[r]``: the coarray on rank ``r``, indexed to put or get a section."""
+
+    __slots__ = ("_a", "_rank")
+
+    def __init__(self, a, rank):
+        self._a = a
+        self._rank = rank
+
+    def __getitem__(self, index):
+        return self._a._get(self._rank, index)
+
+    def __setitem__(self, index, values):
+        self._a._put(self._rank, index, values, True)

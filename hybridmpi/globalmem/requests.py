@@ -1,0 +1,110 @@
+"""Non-blocking one-sided operations: :class:`Request` and :func:`waitall`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .._waits import wait_requests
+from ..errors import SyncTimeout
+
+
+def put_flush(win: Any, origin: Any, rank: int, target: Any) -> None:
+    """A blocking put across nodes: ``MPI_Put`` then ``MPI_Win_flush``."""
+    win.Put(origin, rank, target)
+    win.Flush(rank)
+
+
+def get_flush(win: Any, origin: Any, rank: int, target: Any) -> None:
+    """A blocking get across nodes: ``MPI_Get`` then ``MPI_Win_flush``."""
+    win.Get(origin, rank, target)
+    win.Flush(rank)
+
+
+def _rma_timeout(hc, what):
+    return SyncTimeout(f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s waiting for "
+                       f"{what}", rank=hc.rank, counter="rma")
+
+
+class Request:
+    """A non-blocking put or get (:meth:`GlobalMemory.Rput`, :meth:`GlobalMemory.Rget`).
+
+    ``wait()`` returns once the transfer is complete at both ends (a put's
+    data is in the target's memory; a get's data is in ``out``); ``test()``
+    says whether it is, without blocking.  A request is waited once.
+    """
+
+    __slots__ = ("_mem", "_req", "_target", "_keep", "_done", "_waited", "_what")
+
+    def __init__(self, mem, req, target, keep, what):
+        self._mem = mem
+        self._req = req          # MPI request, None when already complete
+        self._target = target    # rank to flush for a put across nodes, else None
+        self._keep = keep        # buffers that must live until completion
+        self._done = req is None
+        self._waited = False
+        self._what = what
+
+    def _finish(self):
+        if self._target is not None:
+            self._mem._win.Flush(self._target)
+        self._done = True
+        self._keep = None
+
+    def test(self) -> bool:
+        """True once the transfer is complete (never blocks)."""
+        if not self._done and self._req.Test():
+            self._finish()
+        return self._done
+
+    def wait(self) -> None:
+        """Block until the transfer is complete at both ends.
+
+        Raises:
+            RuntimeError: the request was already waited.
+            SyncTimeout: not complete within the HybridComm's timeout.
+        """
+        hc = self._mem.hc
+        if self._waited:
+            raise RuntimeError(f"hybridmpi: rank {hc.rank}: {self._what} request waited twice")
+        self._waited = True
+        if self._done:
+            return
+        if wait_requests(hc, [self._req], hc.timeout, notices=False) is not None:
+            raise _rma_timeout(hc, self._what)
+        self._finish()
+
+
+def waitall(requests: Iterable[Request]) -> None:
+    """Wait for every request of a list (checked first: none may have been waited).
+
+    Raises:
+        TypeError: an element is not a Request.
+        RuntimeError: a request was already waited (nothing is waited then).
+    """
+    requests = list(requests)
+    for r in requests:
+        if not isinstance(r, Request):
+            raise TypeError(f"hybridmpi: waitall: expected Requests, got {type(r).__name__}")
+        if r._waited:
+            raise RuntimeError(f"hybridmpi: rank {r._mem.hc.rank}: waitall: a {r._what} request was "
+                               "already waited")
+    pending = [r for r in requests if not r._done]
+    for r in requests:
+        r._waited = True
+    if not pending:
+        return
+    hc = pending[0]._mem.hc
+    if wait_requests(hc, [r._req for r in pending], hc.timeout, notices=False) is not None:
+        raise _rma_timeout(hc, f"waitall ({len(pending)} requests)")
+    # one flush per window and target completes every put at its target
+    flushes = {}
+    for r in pending:
+        if r._target is not None:
+            flushes[(id(r._mem._win), r._target)] = r._mem._win
+        r._done = True
+        r._keep = None
+    for (_, target), win in flushes.items():
+        win.Flush(target)
+
+

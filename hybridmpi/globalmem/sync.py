@@ -1,0 +1,210 @@
+"""The synchronization of global memory: sync_all, and sync_images' counters and messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._clib import ERRBIT, copy_policy, ffi, lib
+from .._waits import wait_requests
+from ..errors import SyncTimeout
+
+_R = lib.HM_REGION
+_TAG_SYNC = 1
+_EMPTY = bytearray(0)
+#: communicators whose Iprobe drives MPI progress in waits (one per live Sync across nodes)
+_PROGRESS: list[Any] = []
+
+
+@ffi.def_extern()
+def hm_py_progress():
+    """Drive MPI progress from a wait that stopped spinning: RMA aimed at this rank
+    needs the target to enter MPI with some implementations."""
+    if _PROGRESS:
+        _PROGRESS[0].Iprobe()
+
+
+def int_arg(value, what, rank):
+    """``value`` as an int; TypeError for bools and non-integers."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"hybridmpi: rank {rank}: {what} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+class Sync:
+    """What sync_images needs on one HybridComm (made with its first global memory).
+
+    Per ordered pair of ranks on a node, a 128-byte region holds how many
+    times the first has called sync_images naming the second; only the
+    first writes it.  Across nodes, each such call sends one zero-byte
+    message on a communicator of its own.
+    """
+
+    def __init__(self, hc):
+        self.hc = hc
+        self.block = hc.arena.alloc(hc.node_size * _R, "sync_images counters")
+        ffi.memmove(ffi.cast("char *", self.block.local), bytes(hc.node_size * _R), hc.node_size * _R)
+        self.comm = hc.comm.Dup() if hc.num_nodes > 1 else None
+        self.calls = ffi.new("uint64_t[]", hc.size)  # sync_images calls naming each rank (node peers)
+        self.node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
+        self.plans = {}
+        self.dirty = {}  # RMA windows with non-blocking operations not yet flushed, by id
+        self.broken = None
+        if self.comm is not None:
+            _PROGRESS.append(self.comm)
+            lib.hm_set_progress(lib.hm_py_progress)
+        hc.node_comm.Barrier()
+
+    def _ranks(self, ranks, what):
+        """The checked, sorted ranks of a sync_images call, this rank left out."""
+        hc = self.hc
+        if isinstance(ranks, (int, np.integer)) and not isinstance(ranks, (bool, np.bool_)):
+            ranks = (int(ranks),)
+        try:
+            ranks = tuple(int_arg(r, "a rank of sync_images", hc.rank) for r in ranks)
+        except TypeError as e:
+            if "must be an int" in str(e):
+                raise
+            raise TypeError(f"hybridmpi: rank {hc.rank}: {what}: ranks must be an int or a sequence "
+                            f"of ints, got {type(ranks).__name__}") from None
+        for r in ranks:
+            if not 0 <= r < hc.size:
+                raise ValueError(f"hybridmpi: rank {hc.rank}: {what}: rank {r} is out of range "
+                                 f"(the communicator has {hc.size} ranks)")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"hybridmpi: rank {hc.rank}: {what}: ranks {list(ranks)} name a rank twice")
+        return tuple(sorted(r for r in ranks if r != hc.rank))
+
+    def _plan(self, ranks, what):
+        """Counters and peers of a sync_images argument, checked and built once per argument."""
+        try:
+            key = ranks if type(ranks) is int else tuple(ranks)
+            plan = self.plans.get(key)
+        except TypeError:
+            key = plan = None
+        if plan is not None:
+            return plan
+        ranks = self._ranks(ranks, what)
+        hc = self.hc
+        near = [r for r in ranks if r in self.node_rank]
+        far = [r for r in ranks if r not in self.node_rank]
+        p = ffi.new("hm_pairs *")
+        n = max(len(near), 1)
+        keep = [ffi.new("void *[]", n), ffi.new("void *[]", n), ffi.new("int64_t[]", near or [0])]
+        p.n = len(near)
+        p.signal, p.wait, p.peer = keep
+        p.calls = self.calls
+        me = self.node_rank[hc.rank]
+        for i, r in enumerate(near):
+            nr = self.node_rank[r]
+            p.signal[i] = ffi.cast("void *", self.block.addr(nr, r) + me * _R)
+            p.wait[i] = ffi.cast("void *", self.block.local + nr * _R)
+        copy_policy(p.policy, hc._st.policy)
+        plan = (near, far, p, keep)
+        if key is not None:
+            self.plans[key] = plan
+        return plan
+
+    def check(self):
+        if self.broken:
+            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: global memory synchronization is "
+                               f"unusable after an earlier {self.broken}")
+
+    def flush_dirty(self):
+        for win in self.dirty.values():
+            win.Flush_all()
+        self.dirty.clear()
+
+    def sync_all(self):
+        self.check()
+        self.flush_dirty()
+        self.hc.barrier()
+        if self.comm is not None:
+            for win in self.hc.arena.rma_windows():
+                win.Sync()
+
+    def sync_images(self, ranks, what):
+        near, far, p, _ = self._plan(ranks, what)
+        if self.broken:
+            self.check()
+        if self.dirty:
+            self.flush_dirty()
+        hc = self.hc
+        reqs = None
+        if far:
+            comm = self.comm
+            reqs = [comm.Irecv(_EMPTY, r, _TAG_SYNC) for r in far]
+            reqs += [comm.Isend(_EMPTY, r, _TAG_SYNC) for r in far]
+        if near and lib.hm_signal_wait(p):
+            peer = near[p.err.peer]
+            if p.err.code == lib.HM_EPEER:
+                self.broken = "PeerError"
+                raise hc._peer_error(what, peer, int(p.err.seen))
+            self.broken = "SyncTimeout"
+            raise SyncTimeout(
+                f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: rank "
+                f"{peer} has called sync_images naming rank {hc.rank} {int(p.err.seen)} times, "
+                f"this rank {int(p.err.epoch)}", rank=hc.rank, peer=peer, counter="sync_images",
+                epoch=int(p.err.epoch))
+        if reqs:
+            self._complete(reqs, far, what)
+            for win in hc.arena.rma_windows():
+                win.Sync()
+
+    def _complete(self, reqs, far, what):
+        hc = self.hc
+        stop = wait_requests(hc, reqs, hc.timeout)
+        if stop is None:
+            return
+        if stop.notice is not None:
+            self.broken = "PeerError"
+            raise hc._peer_error("sync_images", stop.notice, ERRBIT)
+        # the receives come first in reqs, one per rank of far
+        late = [far[i] for i in stop.late if i < len(far)] or list(far)
+        self.broken = "SyncTimeout"
+        who = f"rank {late[0]} on another node" if len(late) == 1 else f"ranks {late} on other nodes"
+        raise SyncTimeout(
+            f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: "
+            f"{who} did not call sync_images naming rank {hc.rank}",
+            rank=hc.rank, peer=late[0] if len(late) == 1 else None,
+            counter="sync_images", epoch=None)
+
+    def _describe_word(self, addr):
+        """What a wait on ``addr`` waits for, if it is a sync_images counter (hang diagnosis)."""
+        if self.block.chunk is None:
+            return None
+        for nr, r in enumerate(self.hc.node_ranks):
+            if addr == self.block.local + nr * _R:
+                return (f"sync_images, waiting for rank {r} to name rank {self.hc.rank} once more "
+                        f"(call {int(self.calls[r])} naming it)")
+        return None
+
+    def poison(self, bits):
+        """Error bits in the sync_images counters this rank writes (its HybridComm broke)."""
+        if self.block.chunk is None:
+            return
+        hc, me = self.hc, self.node_rank[self.hc.rank]
+        words = [ffi.cast("void *", self.block.addr(nr, r) + me * _R)
+                 for nr, r in enumerate(hc.node_ranks) if r != hc.rank]
+        if words:
+            lib.hm_poison(len(words), words, bits)
+
+    def free(self):
+        self.block.free()
+        if self.comm is not None:
+            _PROGRESS.remove(self.comm)
+            if not _PROGRESS:
+                lib.hm_set_progress(ffi.NULL)
+            if not self.hc._MPI.Is_finalized():
+                self.hc._free_comm(self.comm)
+        self.comm = None
+
+
+def sync_state(hc):
+    """The HybridComm's Sync, made with its first global memory."""
+    if hc._gm is None:
+        hc._gm = Sync(hc)
+    return hc._gm
+
+

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from ._clib import lib
-from .comm import _OPS, HybridComm, _mpi
+from ._types import OPS as _OPS
+from ._types import mpi as _mpi
+from .comm import HybridComm
 
 _KEYVAL: list[int] = []
 _WORLD: list[Any] = []

@@ -12,7 +12,7 @@ import numpy as np
 from ._agree import agree
 from ._clib import MISBIT, ffi, lib
 from ._resource import Freed
-from .comm import DTYPES
+from ._types import DTYPES
 from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS

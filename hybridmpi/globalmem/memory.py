@@ -87,7 +87,8 @@ class GlobalMemory(Freed):
         self._BYTE = hc._MPI.BYTE
         self._disp = self._block.offsets
         node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
-        views, addrs = [None] * hc.size, [0] * hc.size
+        views: list[Any] = [None] * hc.size
+        addrs = [0] * hc.size
         for r, nr in node_rank.items():
             addrs[r] = self._block.addr(nr, r)
             views[r] = self._array(addrs[r], self.counts[r])

@@ -1,0 +1,53 @@
+"""The type tables shared by the collectives and the Halo: numpy dtypes and reduction
+operations as the C core codes them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._clib import lib
+
+#: numpy dtype -> C core type code
+DTYPES: dict[np.dtype[Any], int] = {
+    np.dtype(np.float64): lib.HM_F64,
+    np.dtype(np.float32): lib.HM_F32,
+    np.dtype(np.int64): lib.HM_I64,
+    np.dtype(np.int32): lib.HM_I32,
+    np.dtype(np.complex128): lib.HM_C128,
+}
+DTYPE_NAMES = {code: dt.name for dt, code in DTYPES.items()}
+OPS = {"sum": lib.HM_SUM, "prod": lib.HM_PROD, "min": lib.HM_MIN, "max": lib.HM_MAX}
+OP_NAMES = {code: name for name, code in OPS.items()}
+
+
+def mpi() -> Any:
+    """mpi4py's MPI module, imported on first use (importing hybridmpi does not start MPI)."""
+    from mpi4py import MPI
+
+    return MPI
+
+
+def op_code(op: Any, MPI: Any = None) -> int:
+    """Return the C core code of a reduction operation.
+
+    Args:
+        op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or ``MPI.SUM``,
+            ``MPI.PROD``, ``MPI.MIN``, ``MPI.MAX``.
+
+    Raises:
+        ValueError: unknown operation name.
+        TypeError: neither a string nor one of those MPI operations.
+    """
+    if type(op) is str:
+        code = OPS.get(op)
+        if code is None:
+            raise ValueError(f"hybridmpi: unknown op {op!r}; use one of {sorted(OPS)}")
+        return code
+    MPI = MPI or mpi()
+    for name, mop in (("sum", MPI.SUM), ("prod", MPI.PROD), ("min", MPI.MIN), ("max", MPI.MAX)):
+        if op == mop:
+            return OPS[name]
+    raise TypeError(f"hybridmpi: unsupported op {op!r}; use 'sum', 'prod', 'min', 'max' "
+                    "or MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX")

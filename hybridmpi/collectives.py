@@ -1,0 +1,404 @@
+"""The collectives of a HybridComm: barrier, allreduce and Allreduce.
+
+Inside a node they run in the C core on the HybridComm's shared segments; across
+nodes each node's leader joins an MPI collective of the leaders between the node's
+gather and release phases.  :class:`Collectives` is the part of
+:class:`~hybridmpi.HybridComm` that holds them; the set-up, the errors and the
+failure notices are in ``comm.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._clib import ERRBIT, ffi, lib
+from ._types import DTYPE_NAMES, DTYPES, OP_NAMES, OPS, op_code
+from ._waits import wait_requests
+
+_F64, _I64, _C128 = lib.HM_F64, lib.HM_I64, lib.HM_C128
+_barrier = lib.hm_barrier
+_barrier_tree = lib.hm_barrier_tree
+_barrier_diss = lib.hm_barrier_dissemination
+_barrier_linear = lib.hm_barrier_linear
+_allreduce_f64 = lib.hm_allreduce_f64
+_allreduce_rd_f64 = lib.hm_allreduce_rd_f64
+_BARRIERS = {"dissemination": lib.HM_DISSEMINATION, "tree": lib.HM_TREE, "linear": lib.HM_LINEAR}
+#: payloads up to this many bytes go by recursive doubling (one node, allreduce="recursive_doubling")
+RD_BYTES = lib.HM_RD_BYTES
+#: bytes of each rank's reduction slot; longer arrays go in chunks
+SLOT_BYTES = 256 * 1024
+# cffi views of arrays up to this size are cached between calls
+_CACHE_BYTES = 64 * 1024
+_CACHE_ENTRIES = 16
+# the "failed" entry of the leaders' signatures when a node's call failed (1: a mismatch)
+_FAILED = 2
+_KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: "barrier(linear)",
+               lib.HM_K_BARRIER_DISS: "barrier(dissemination)",
+               lib.HM_K_ALLREDUCE_TREE: "allreduce (tree)",
+               lib.HM_K_ALLREDUCE_RD: "allreduce (recursive doubling)",
+               lib.HM_K_BAD: "a collective with invalid arguments"}
+
+
+class Collectives:
+    """barrier, allreduce and Allreduce (a base of HybridComm, which sets up what they use)."""
+
+    # set up by HybridComm.__init__
+    rank: int
+    _MPI: Any
+    _live: Any          # the C collective state; None once freed or broken
+    _one_node_st: Any   # the same while one node does dissemination barriers alone
+    _rd_st: Any         # the same while small allreduces go by recursive doubling
+    _one_node: bool
+    _leader_multi: bool
+    _rd: bool
+    _scalar: dict[int, Any]
+    _f64: Any
+
+    # the errors, methods of HybridComm (comm.py)
+    _fail: Callable[[int, str], None]
+    _break: Callable[..., None]
+    _unusable: Callable[[], Exception]
+
+    @staticmethod
+    def _call(kind, count, dtype, op):
+        name = _KIND_NAMES.get(int(kind), f"collective {kind}")
+        if kind in (lib.HM_K_ALLREDUCE_TREE, lib.HM_K_ALLREDUCE_RD):
+            name += " " + Collectives._sig(count, dtype, op)
+        return name
+
+    def _bad_call(self, exc):
+        """Raise ``exc``, a local argument error, after telling the peers: the call is made
+        as a barrier with an 'invalid arguments' signature, which completes when every rank
+        of the communicator found its arguments invalid (then the comm stays usable) and
+        makes every other rank raise ValueError otherwise."""
+        st = self._live
+        if st is None or self.size == 1:
+            raise exc
+        rc = lib.hm_coll_bad(st)
+        if rc == lib.HM_OK and self.num_nodes > 1:
+            if self.is_leader:
+                sig = self._leader_sig(lib.HM_K_BAD, 0, 0, 0, 0)
+                if self._sig_differs(sig):
+                    self._break("ValueError")
+        if rc != lib.HM_OK:
+            self._break(type(exc).__name__)
+        raise exc
+
+    def _leader_sig(self, kind, count, dt, opc, failed):
+        """Allreduce (max) of the node signatures over the leaders: what each node called."""
+        sig = self._sig_buf
+        sig[:] = (failed, kind, -kind, count, -count, dt, -dt, opc, -opc)
+        self._leader_call(self.leader_comm.Iallreduce,
+                          (self._MPI.IN_PLACE, sig, self._MPI.MAX))
+        return sig
+
+    def _other_node_failed(self, sig, what):
+        """At a leader: raise PeerError (breaking the comm poisons the node) if a node's call
+        failed."""
+        if sig[0] == _FAILED:
+            raise self._peer_error(f"{what} (on another node)", None, ERRBIT)
+
+    @staticmethod
+    def _sig_differs(sig):
+        return bool(sig[0] or sig[1] != -sig[2] or sig[3] != -sig[4] or sig[5] != -sig[6]
+                    or sig[7] != -sig[8])
+
+    @staticmethod
+    def _sig(count, dtype, op):
+        return (f"(count={count}, dtype={DTYPE_NAMES.get(dtype, dtype)}, "
+                f"op={OP_NAMES.get(op, op)})")
+
+    def _leader_wait(self, req, what):
+        """Complete an internode request, under the deadline if there is one.  A failure
+        notice from a rank of another node (a Halo call failed there, so that rank will not
+        join) ends the wait with PeerError."""
+        stop = wait_requests(self, [req], self.timeout)
+        if stop is None:
+            return
+        if stop.notice is not None:
+            raise self._peer_error(what, stop.notice, ERRBIT)
+        others = [r for r in range(self.leader_comm.Get_size()) if r != self.leader_comm.Get_rank()]
+        raise self._timeout(
+            f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
+            f"the leaders of other nodes (node ids {others}) did not all join",
+            None, "internode", int(self._st.epoch), [])
+
+    def barrier(self, *, method: str = "dissemination") -> None:
+        """Block until every rank of the communicator has called it.
+
+        Memory: every write that any rank made to shared memory before the
+        call is visible to every rank after it (a "barrier", not a mere sync).
+
+        Args:
+            method: ``"dissemination"`` (the default: ceil(log2 n) rounds of
+                pairwise signals, one hop at two ranks), ``"tree"`` (k-ary
+                tree, paper Algorithm 2) or ``"linear"`` (all arrive at the
+                node root, Algorithm 1).  Across nodes, dissemination and
+                tree both gather the node up its tree, let the leaders meet
+                in ``MPI_Barrier`` and release the node down the tree.
+
+        Raises:
+            ValueError: unknown method.
+            SyncTimeout: a peer did not arrive within the timeout.
+        """
+        st = self._one_node_st
+        if st is not None and method == "dissemination":
+            rc = _barrier_diss(st)
+            if rc:
+                self._fail(rc, "barrier(dissemination)")
+            return
+        st = self._live
+        if st is None:
+            raise self._unusable()
+        m = _BARRIERS.get(method) if type(method) is str else None
+        if m is None:
+            self._bad_call(ValueError(f"hybridmpi: barrier method must be one of {list(_BARRIERS)}, "
+                                      f"got {method!r}"))
+        if not self._leader_multi:
+            if m == lib.HM_DISSEMINATION:
+                # one phase only: on several nodes the node's ranks all take the tree
+                rc = _barrier_diss(st) if self._one_node else _barrier_tree(st)
+            elif m == lib.HM_TREE:
+                rc = _barrier_tree(st)
+            else:
+                rc = _barrier_linear(st)
+            if rc:
+                self._fail(rc, f"barrier({method})")
+            return
+        if m == lib.HM_DISSEMINATION:
+            m = lib.HM_TREE
+        rc = lib.hm_barrier(st, m, lib.HM_GATHER)
+        # The leaders meet in an allreduce of what their nodes called (a barrier too), so a
+        # node that failed or called something else makes every node raise.
+        kind = lib.HM_K_BARRIER_TREE if m == lib.HM_TREE else lib.HM_K_BARRIER_LINEAR
+        sig = self._leader_sig(kind, 0, 0, 0, _FAILED if rc else 0)
+        if rc:
+            self._fail(rc, f"barrier({method})")
+        self._other_node_failed(sig, f"barrier({method})")
+        if self._sig_differs(sig):
+            self._break("ValueError")
+            raise ValueError(f"hybridmpi: rank {self.rank}: barrier({method}): the ranks of another node "
+                             "failed or are in a different collective call")
+        lib.hm_barrier(st, m, lib.HM_RELEASE)
+
+    def _reduce(self, sptr, rptr, count, dt, opc, total=None):
+        """Reduce ``count`` elements (fitting in one slot) at raw addresses: one chunk of
+        ``total`` elements (default ``count``), which the ranks' signatures hold."""
+        st = self._st
+        total = count if total is None else total
+        if not self._leader_multi:
+            if self._rd and total * lib.hm_dtype_size(dt) <= RD_BYTES:
+                rc = lib.hm_allreduce_rd(st, sptr, rptr, count, dt, opc)
+            else:
+                rc = lib.hm_allreduce_chunk(st, sptr, rptr, count, total, dt, opc, 3)
+            if rc:
+                self._fail(rc, "allreduce")
+            return
+        rc = lib.hm_allreduce_chunk(st, sptr, rptr, count, total, dt, opc, lib.HM_GATHER)
+        # The leaders first agree that every node passed the same arguments:
+        # combining buffers of different sizes would be erroneous MPI, and a
+        # node whose ranks disagreed or failed must not leave the others waiting.
+        bad = _FAILED if rc else int(lib.hm_allreduce_verdict(st, 0) != -1)
+        sig = self._leader_sig(lib.HM_K_ALLREDUCE_TREE, total, dt, opc, bad)
+        if rc:
+            self._fail(rc, "allreduce")
+        self._other_node_failed(sig, "allreduce")
+        if self._sig_differs(sig):
+            lib.hm_allreduce_verdict(st, 1)
+        elif count:
+            dtype = _NP_OF_CODE[dt]
+            slot = np.frombuffer(ffi.buffer(lib.hm_coll_slot(st, 0), count * dtype.itemsize),
+                                 dtype=dtype)
+            self._leader_call(self.leader_comm.Iallreduce,
+                              (self._MPI.IN_PLACE, slot, self._mpi_ops[opc]))
+        rc = lib.hm_allreduce_chunk(st, ffi.NULL, rptr, count, total, dt, opc, lib.HM_RELEASE)
+        if rc:
+            self._fail(rc, "allreduce")
+
+    def _leader_call(self, nonblocking, args, what="allreduce"):
+        """Run an internode collective (under the deadline if there is one); if it fails,
+        the node's ranks waiting for this leader get its error bits."""
+        try:
+            self._leader_wait(nonblocking(*args), what)
+        except BaseException:
+            self._break("PeerError")
+            raise
+
+    def _buf(self, arr):
+        """A cffi view of a contiguous array, cached for small arrays.
+
+        Making the view costs more than a small reduction, so views of up to
+        ``_CACHE_BYTES`` are kept (with their array, which then cannot be
+        resized in place) for the next call with the same array.
+        """
+        hit = self._bufs.get(id(arr))
+        if hit is not None and hit[0] is arr:
+            return hit[1]
+        buf = ffi.from_buffer("char[]", arr)
+        if arr.nbytes <= _CACHE_BYTES:
+            if len(self._bufs) >= _CACHE_ENTRIES:
+                self._bufs.pop(next(iter(self._bufs)))
+            self._bufs[id(arr)] = (arr, buf)
+        return buf
+
+    def _reduce_array(self, send, recv, dt, opc):
+        """Reduce contiguous arrays of equal size, in slot-sized chunks."""
+        n = recv.size
+        itemsize = recv.itemsize
+        rbuf = self._buf(recv)
+        sbuf = rbuf if send is None else self._buf(send)
+        per = SLOT_BYTES // itemsize
+        for start in range(0, max(n, 1), per):
+            k = min(per, n - start)
+            off = start * itemsize
+            self._reduce(sbuf + off, rbuf + off, k, dt, opc, n)
+
+    def allreduce(self, x: Any, op: Any = "sum") -> Any:
+        """Combine ``x`` over all ranks and return the result on every rank.
+
+        The combination order is fixed (a tree over each node, then MPI
+        across node leaders), so repeated runs give the same bits.
+
+        Args:
+            x: Python int, float or complex; numpy scalar; or numpy array of
+                float64, float32, int64, int32 or complex128 (a copy is made
+                if it is not contiguous).
+            op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or the MPI ops.
+
+        Returns:
+            The result, of the same kind as ``x`` (a new array for arrays).
+
+        Raises:
+            TypeError: unsupported type or dtype, or min/max of complex.
+            ValueError: unknown op; ranks of a node passed different sizes,
+                dtypes or ops.
+            SyncTimeout: a peer did not arrive within the timeout.
+        """
+        st = self._rd_st
+        if st is not None and type(x) is float and type(op) is str:
+            opc = OPS.get(op)
+            if opc is not None:
+                r = _allreduce_rd_f64(st, x, opc)
+                if r != r and st.err.code:
+                    self._fail(st.err.code, "allreduce")
+                return r
+        st = self._live
+        if st is None:
+            raise self._unusable()
+        try:
+            opc = self._op(op)
+            tx = type(x)
+            if tx is float:
+                buf = self._f64
+                buf[0] = x
+                dt, convert = _F64, _first
+            elif tx is int:
+                buf = self._scalar[_I64]
+                try:
+                    buf[0] = x
+                except OverflowError:
+                    raise ValueError(f"hybridmpi: allreduce: int {x} does not fit in int64") from None
+                dt, convert = _I64, _first_int
+            elif tx is complex:
+                if opc >= lib.HM_MIN:
+                    raise TypeError("hybridmpi: allreduce: min and max are not defined for complex")
+                buf = self._scalar[_C128]
+                buf[0] = x.real
+                buf[1] = x.imag
+                dt, convert = _C128, _complex
+            elif isinstance(x, (np.ndarray, np.generic)):
+                arr = np.asarray(x)
+                dt = self._dtype_code(arr.dtype, opc, "allreduce")
+                out = np.array(arr, order="C", copy=True)
+            else:
+                raise TypeError(f"hybridmpi: allreduce: unsupported type {tx.__name__}; pass an int, "
+                                "float, complex, numpy scalar or numpy array")
+        except (TypeError, ValueError) as exc:
+            self._bad_call(exc)
+        if tx is float and not self._leader_multi:
+            r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
+            if r != r and st.err.code:
+                self._fail(st.err.code, "allreduce")
+            return r
+        if isinstance(x, (np.ndarray, np.generic)):
+            self._reduce_array(None, out, dt, opc)
+            return out if isinstance(x, np.ndarray) else out[()]
+        self._reduce(buf, buf, 1, dt, opc)
+        return convert(buf)
+
+    def _op(self, op):
+        """The C core code of a reduction op (a name or an MPI op)."""
+        opc = OPS.get(op) if type(op) is str else None
+        return op_code(op, self._MPI) if opc is None else opc
+
+    @staticmethod
+    def _dtype_code(dtype, opc, what):
+        dt = DTYPES.get(dtype)
+        if dt is None:
+            raise TypeError(f"hybridmpi: {what}: unsupported dtype {dtype}; use one of "
+                            f"{sorted(d.name for d in DTYPES)}")
+        if dt == _C128 and opc >= lib.HM_MIN:
+            raise TypeError(f"hybridmpi: {what}: min and max are not defined for complex")
+        return dt
+
+    def Allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Any = "sum") -> None:
+        """Combine numpy buffers over all ranks into ``recvbuf`` (in place).
+
+        Args:
+            sendbuf: C-contiguous numpy array, or ``MPI.IN_PLACE`` to use
+                ``recvbuf`` as input.
+            recvbuf: writeable C-contiguous numpy array with the same dtype
+                and size as ``sendbuf``.
+            op: as for :meth:`allreduce`.
+
+        Raises:
+            TypeError: not numpy arrays, unsupported dtype, min/max of complex.
+            ValueError: non-contiguous or read-only buffers, size or dtype
+                mismatch, unknown op, ranks that disagree.
+            SyncTimeout: a peer did not arrive within the timeout.
+        """
+        st = self._live
+        if st is None:
+            raise self._unusable()
+        try:
+            opc = self._op(op)
+            if type(recvbuf) is not np.ndarray:
+                raise TypeError(f"hybridmpi: Allreduce: recvbuf must be a numpy array, "
+                                f"got {type(recvbuf).__name__}")
+            dt = self._dtype_code(recvbuf.dtype, opc, "Allreduce")
+            flags = recvbuf.flags
+            if not flags.c_contiguous:
+                raise ValueError("hybridmpi: Allreduce: recvbuf must be C-contiguous")
+            if not flags.writeable:
+                raise ValueError("hybridmpi: Allreduce: recvbuf is read-only")
+            if sendbuf is self._MPI.IN_PLACE:
+                sendbuf = None  # type: ignore[assignment]
+            elif type(sendbuf) is not np.ndarray:
+                raise TypeError("hybridmpi: Allreduce: sendbuf must be a numpy array or "
+                                f"MPI.IN_PLACE, got {type(sendbuf).__name__}")
+            elif sendbuf.dtype != recvbuf.dtype or sendbuf.size != recvbuf.size:
+                raise ValueError(f"hybridmpi: Allreduce: sendbuf ({sendbuf.dtype}, {sendbuf.size}) "
+                                 f"and recvbuf ({recvbuf.dtype}, {recvbuf.size}) differ")
+            elif not sendbuf.flags.c_contiguous:
+                raise ValueError("hybridmpi: Allreduce: sendbuf must be C-contiguous")
+        except (TypeError, ValueError) as exc:
+            self._bad_call(exc)
+        self._reduce_array(sendbuf, recvbuf, dt, opc)
+
+
+_NP_OF_CODE = {code: dt for dt, code in DTYPES.items()}
+
+
+def _first(buf):
+    return buf[0]
+
+
+def _first_int(buf):
+    return int(buf[0])
+
+
+def _complex(buf):
+    return complex(buf[0], buf[1])

@@ -1,19 +1,25 @@
 """cffi builder for hybridmpi's private C core (API mode, out of line).
 
-The declarations come from ``cext/hm_core.h`` with its preprocessor lines
-removed; the compiled module is ``hybridmpi._core``.
+The declarations come from ``cext/hm_core.h``, the one header of the C core:
+its integer ``#define`` constants stay (cffi exposes them, as ``lib.HM_MAX_RADIX``),
+its other preprocessor lines are removed.  The compiled module is ``hybridmpi._core``.
 """
 
 import os
+import re
 
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+_CONSTANT = re.compile(r"#define HM_[A-Z0-9_]+ -?[0-9]+\s*$")
+
+
 def _cdef():
     with open(os.path.join(HERE, "hm_core.h")) as f:
-        return "".join(line for line in f if not line.lstrip().startswith("#"))
+        return "".join(line for line in f
+                       if not line.lstrip().startswith("#") or _CONSTANT.match(line))
 
 
 ffibuilder = FFI()
@@ -22,7 +28,8 @@ ffibuilder.cdef(_cdef() + 'extern "Python" void hm_py_progress(void);'
 ffibuilder.set_source(
     "hybridmpi._core",
     '#include "hm_core.h"',
-    sources=[os.path.relpath(os.path.join(HERE, f)) for f in ("hm_core.c", "hm_halo.c", "hm_gm.c")],
+    sources=[os.path.relpath(os.path.join(HERE, f))
+             for f in ("hm_wait.c", "hm_core.c", "hm_halo.c", "hm_gm.c")],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-std=gnu11", "-O3"],
     # The limited API makes every call from Python about twice as slow.

@@ -90,6 +90,10 @@ typedef struct hm_error {
     int64_t root_count, root_dtype, root_op;
     /* which collective (HM_K_*) each of the two passed, when they differ */
     int64_t bad_kind, root_kind;
+    /* ghost exchange, HM_EMISMATCH: the tag found where this rank's was expected */
+    int64_t tag;
+    /* HM_ECMA: errno of process_vm_readv */
+    int errnum;
 } hm_error;
 
 /* What a rank entered at a collective call (its signature, in the ENTERED
@@ -107,7 +111,7 @@ typedef struct hm_coll {
     int radix;
     int parent;               /* -1 at the root */
     int nchildren;
-    int children[16];
+    int children[HM_MAX_RADIX];
     char **seg;               /* seg[r]: address of rank r's segment */
     uint64_t capacity;        /* bytes of each rank's data slot */
     uint64_t extra;           /* offset of the dissemination and recursive-doubling regions */
@@ -359,8 +363,8 @@ typedef struct hm_pulls {
     int cma;                  /* 1: read the peers' private arrays with process_vm_readv
                                  (forward only; src unused) */
     hm_wait_policy policy;
-    hm_error err;             /* peer: the channel's peer; bad_count: the tag found;
-                                 HM_ECMA: bad_dtype holds errno */
+    hm_error err;             /* peer: the channel's peer; tag: the tag found;
+                                 HM_ECMA: errnum */
 } hm_pulls;
 
 /* Publish vector `tagval` at epoch e to each of the readers->n readers:

@@ -173,7 +173,7 @@ static inline int take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op)
             /* the peer published a shared vector: nothing was packed */
             s->err.code = HM_EMISMATCH;
             s->err.peer = c->peer;
-            s->err.bad_count = t;
+            s->err.tag = t;
             return HM_EMISMATCH;
         }
     }
@@ -415,7 +415,7 @@ static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, i
     if (t != tag) {
         p->err.code = HM_EMISMATCH;
         p->err.peer = c->peer;
-        p->err.bad_count = t;
+        p->err.tag = t;
         return -HM_EMISMATCH;
     }
     if (p->cma) {
@@ -425,7 +425,7 @@ static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, i
         if (bad) {
             p->err.code = HM_ECMA;
             p->err.peer = c->peer;
-            p->err.bad_dtype = bad;
+            p->err.errnum = bad;
             return -HM_ECMA;
         }
     } else {

@@ -351,8 +351,8 @@ class HybridComm(Collectives):
         problem = check_seconds(timeout, "timeout")
         if problem:
             return problem
-        if type(radix) is not int or not 2 <= radix <= 16:
-            return f"radix must be an int from 2 to 16, got {radix!r}"
+        if type(radix) is not int or not 2 <= radix <= lib.HM_MAX_RADIX:
+            return f"radix must be an int from 2 to {lib.HM_MAX_RADIX}, got {radix!r}"
         if spin is not None and (type(spin) is not int or spin < 0):
             return f"spin must be an int >= 0 or None, got {spin!r}"
         return None

@@ -281,12 +281,12 @@ class Halo(Freed):
             return
         err = xchg.x.err
         if rc == lib.HM_EMISMATCH:
-            raise self.mismatch_error(int(err.peer), int(err.bad_count))
+            raise self.mismatch_error(int(err.peer), int(err.tag))
         if rc == lib.HM_EPEER:
             raise self._peer_error(int(err.peer), int(err.seen))
         if rc == lib.HM_ECMA:
             self._broken = "RuntimeError"
-            why = f" ({os.strerror(int(err.bad_dtype))})" if err.bad_dtype else ""
+            why = f" ({os.strerror(int(err.errnum))})" if err.errnum else ""
             raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.update: a cross-memory read "
                                f"between this rank and rank {int(err.peer)} failed{why}; set "
                                "HYBRIDMPI_CMA=0 to update private arrays through shared buffers")

@@ -447,7 +447,7 @@ class Halo(Freed):
         values as they were when the owners called it.  With method ``"atomic"``, a
         Halo whose channels inside the node are large runs (``CMA_BYTES``) lets the node
         peers read the owned entries of ``x`` in place, by cross-memory attach, before
-        this call returns (README: "Private arrays: cross-memory attach").
+        this call returns (docs/guide/ghost-updates.md: "Private arrays: cross-memory attach").
 
         Raises:
             TypeError, ValueError: bad ``x`` (nothing was sent; with method ``"atomic"``

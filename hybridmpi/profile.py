@@ -139,9 +139,10 @@ class profile:
     and ``hc``'s own collectives are recorded.  Rows nest as the calls do:
     ``sync_all`` includes its barrier.  Env ``HYBRIDMPI_PROFILE=1`` profiles each
     HybridComm from its creation to its free (or the end of the run) and prints
-    there; ``HYBRIDMPI_PROFILE=path.json`` also writes the JSON.
+    there; ``HYBRIDMPI_PROFILE=path.json`` also writes the JSON.  Every rank raises
+    the same errors.
 
-    Raises (every rank):
+    Raises:
         TypeError: ``hc`` is not a HybridComm.
         FreedError: ``hc`` was freed.
         RuntimeError: a profile of ``hc`` is already on; ``rows()`` before the

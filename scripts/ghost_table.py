@@ -4,7 +4,7 @@ PETSc and DOLFINx, as medians of several runs of ``hybridmpi bench ghost --peers
     python scripts/ghost_table.py [--np 2] [--runs 3] [--sizes 4,20,78,312]
         [--mpiexec "mpiexec --oversubscribe"] [--out hybridmpi-results/ghost-table.json]
 
-Run it where petsc4py and dolfinx import (README: "The strongest peers"); without them
+Run it where petsc4py and dolfinx import (docs/benchmarks.md: "Against PETSc and DOLFINx"); without them
 the peer columns are empty.  Prints a Markdown table (µs, median over runs of the
 per-run mean; ratios of the medians) and writes every run's documents to ``--out``.
 """

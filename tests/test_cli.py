@@ -27,7 +27,7 @@ TINY = {
 
 
 def test_every_kind_has_a_runner():
-    """bench/ holds one thin runner per kind (README: layout)."""
+    """bench/ holds one thin runner per kind (docs/development.md: layout)."""
     folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
     texts = {f: open(os.path.join(folder, f)).read() for f in os.listdir(folder) if f.endswith(".py")}
     for kind in KINDS:
@@ -158,7 +158,7 @@ def test_bench_ghost_layouts_and_peers_note(layout, block, tmp_path):
 
 
 @pytest.mark.skipif(not _importable("petsc4py", "dolfinx"),
-                    reason="petsc4py and dolfinx are not importable (README: the strongest peers)")
+                    reason="petsc4py and dolfinx are not importable (see the system stack in docs)")
 def test_bench_ghost_peers_run(tmp_path):
     path = tmp_path / "peers.json"
     mpirun(2, "bench", "ghost", "--sizes", "4,78", "--layout", "scattered", "--peers", "--methods",

@@ -89,7 +89,7 @@ def run(hc, comm, a):
         import dolfinx  # noqa: F401
     except ImportError as e:
         raise SystemExit(f"hybridmpi bench dolfinx: dolfinx does not import ({e}); it runs on the "
-                         "system stack (README: DOLFINx and PETSc)") from None
+                         "system stack (docs/getting-started.md: the system stack)") from None
     if a.n < 2 or a.bs not in (1, 2, 3) or a.steps < 1 or a.reps < 1:
         raise SystemExit("hybridmpi bench dolfinx: --n >= 2, --bs 1-3, --steps and --reps >= 1")
     V, u, action, lumped, b = _problem(comm, a.n, a.bs)

@@ -6,8 +6,8 @@
 Both are built on the pattern's global numbering: owned points first
 (global id = this rank's offset + local id), ghosts after them in local
 order.  They are available when petsc4py / dolfinx import and run on the
-same MPI as mpi4py (Debian's packages and the system Open MPI; the README
-says how).
+same MPI as mpi4py (Debian's packages and the system Open MPI;
+docs/getting-started.md says how).
 """
 
 import numpy as np

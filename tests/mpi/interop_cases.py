@@ -202,7 +202,7 @@ def case_sf_bad_input(comm, rng, **cfg):
 
 
 def case_petsc_ghost_vec_recipe(comm, rng, **cfg):
-    """The README's recipe for PETSc ghosted Vecs: from_global on the ownership range and the
+    """The recipe of docs/guide/interop.md for PETSc ghosted Vecs: from_global on the ownership range and the
     ghosts, a Halo on vec.localForm()'s array: the same bits as ghostUpdate both ways."""
     if PETSc is None:
         return _skip(comm, "petsc4py")

@@ -16,8 +16,7 @@ from ._types import DTYPES
 from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
-from .transport._base import FWD, REV
-from .transport.atomic import ZeroCopy, long_runs
+from .transport._base import FWD, REV, Exchange, Fault
 
 _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _WHAT = {FWD: "update", REV: "reverse"}
@@ -136,15 +135,24 @@ class Halo(Freed):
         self._vectors: list[Any] = []   # (array, arena block, ZeroCopy or None) of vector()
         self.zero_copy = False  # whether vector()s are updated without staging buffers
         self._theirs = None  # per direction: each node peer's ids of its channel to this rank
+        plans = []
+        for d in (FWD, REV):
+            sends, recvs = (pattern.send, pattern.recv) if d == FWD else (pattern.recv, pattern.send)
+            plans.append((list(sends.items()), list(recvs.items())))
+        #: what the transport is given (frozen): plans, sizes, tag, wait policy, communicators
+        self.exchange = Exchange(hc=hc, MPI=hc._MPI, plans=tuple(plans), esz=self.esz,
+                                 dtype=self.dtype_code, tag=self.tag, timeout=self.timeout,
+                                 policy=hc._st.policy, neighbors=tuple(pattern.neighbors),
+                                 graph=pattern._graph_comm, graph_release=pattern._graph_release)
         if method == "auto":
             try:
-                self._t = METHODS["atomic"](self)
+                self._t = METHODS["atomic"](self.exchange)
                 self.method = "atomic"
             except MemoryError as e:
                 warnings.warn(f"{e}; using method 'flat'", RuntimeWarning, stacklevel=2)
                 self.method = "flat"
         if self._t is None:
-            self._t = METHODS[self.method](self)
+            self._t = METHODS[self.method](self.exchange)
         self._biggest = biggest  # the largest channel inside a node, over all ranks (bytes)
         # Blocking forward updates of private arrays by cross-memory attach: large channels
         # of long runs, on a node where process_vm_readv works (the same choice everywhere;
@@ -154,19 +162,16 @@ class Halo(Freed):
         if self.method == "atomic" and biggest >= threshold:
             pids = hc._cma_pids()
             on = hc.env["cma"]
-            if pids and hc.comm.allreduce(int(on and long_runs(self._t, self._node_ids(), CMA_MIN_RUN)),
+            if pids and hc.comm.allreduce(int(on and self._t.long_runs(self._node_ids(), CMA_MIN_RUN)),
                                           op=hc._MPI.MIN):
-                self._cma = ZeroCopy(self._t, lib.HM_TAG_CMA, None, self._theirs, pids)
+                self._cma = self._t.cross_memory(self._theirs, pids)
         # The hot path: a blocking update or reverse of the array of the last such call,
         # method atomic, every peer on this node: one identity test and three cheap checks,
         # then one C call (_fast: the packed exchanges of each direction, or None).
         self._fast: list[Any] = [None, None]
         self._hot_sig: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
         if self.method == "atomic":
-            for d in (FWD, REV):
-                s = self._t.dirs[d]
-                if s.msgs.empty:
-                    self._fast[d] = (s.send.x, s.recv.x)
+            self._fast = [self._t.packed(FWD), self._t.packed(REV)]
         self._hot_f = self._hot_r = _COLD
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
@@ -179,7 +184,7 @@ class Halo(Freed):
             hc = self.hc
             self._theirs = []
             for d in (FWD, REV):
-                sends = dict(self.plan(d)[0])
+                sends = dict(self.exchange.plans[d][0])
                 got = hc.node_comm.alltoall([sends.get(r) for r in hc.node_ranks])
                 self._theirs.append({hc.node_ranks[i]: ids for i, ids in enumerate(got)
                                      if ids is not None})
@@ -225,7 +230,7 @@ class Halo(Freed):
         threshold = _setting(hc, "zero_copy_bytes", ZERO_COPY_BYTES)
         if self.method == "atomic" and self._biggest >= threshold:
             bases = [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)]
-            zc = ZeroCopy(self._t, len(self._vectors), bases, self._node_ids())
+            zc = self._t.zero_copy(len(self._vectors), bases, self._node_ids())
             self.zero_copy = True
         hc.node_comm.Barrier()  # every vector zeroed before a peer reads it
         self._vectors.append((arr, block, zc))
@@ -241,7 +246,7 @@ class Halo(Freed):
                 return zc
         return None
 
-    def mismatch_error(self, peer, tag=None):
+    def _mismatch_error(self, peer, tag=None):
         """The error of ranks that passed non-corresponding vectors (the Halo becomes unusable)."""
         self._broken = "ValueError"
         if tag == lib.HM_TAG_BAD:
@@ -251,7 +256,7 @@ class Halo(Freed):
                           "than this rank (each rank must pass its own Halo.vector() of the same "
                           "call, or every rank a private array)")
 
-    def order_error(self, peer, tag=None, call=None, d=None, detail=""):
+    def _order_error(self, peer, tag=None, call=None, d=None, detail=""):
         """The error of a rank whose neighbor-collective message from ``peer`` belongs to
         another call (``tag``, ``call``, direction ``d``) than the one it completes, or (tag
         None) did not fit: MPI's ``detail``."""
@@ -267,29 +272,33 @@ class Halo(Freed):
             "communicator, whose nonblocking collectives match in the order they are started: "
             "begin them in the same order on every rank (or use method 'atomic' or 'flat')")
 
-    def plan(self, d):
-        """(sends, recvs) of direction ``d`` as lists of (peer, local ids), peers in rank order."""
-        p = self.pattern
-        sends, recvs = (p.send, p.recv) if d == FWD else (p.recv, p.send)
-        return list(sends.items()), list(recvs.items())
-
     # ------------------------------------------------------------ errors
 
-    def check(self, rc, xchg):
-        """Turn a C core return code of ``xchg`` into an exception."""
-        if rc == lib.HM_OK:
-            return
-        err = xchg.x.err
+    def _exception(self, fault):
+        """The exception users see for a transport's Fault (the Halo becomes unusable)."""
+        k = fault.kind
+        if k == "core":
+            return self._core_error(fault.rc, fault.err)
+        if k == "timeout":
+            return self._timeout_error(fault.detail, fault.peer, fault.counter, fault.epoch)
+        if k == "notice":
+            return self._peer_failed(fault.peer)
+        if k == "mismatch":
+            return self._mismatch_error(fault.peer, fault.tag)
+        return self._order_error(fault.peer, fault.tag, fault.call, fault.direction, fault.detail)
+
+    def _core_error(self, rc, err):
+        """The exception of a C core exchange call that returned ``rc`` (its ``hm_error``)."""
         if rc == lib.HM_EMISMATCH:
-            raise self.mismatch_error(int(err.peer), int(err.tag))
+            return self._mismatch_error(int(err.peer), int(err.tag))
         if rc == lib.HM_EPEER:
-            raise self._peer_error(int(err.peer), int(err.seen))
+            return self._peer_error(int(err.peer), int(err.seen))
         if rc == lib.HM_ECMA:
             self._broken = "RuntimeError"
             why = f" ({os.strerror(int(err.errnum))})" if err.errnum else ""
-            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.update: a cross-memory read "
-                               f"between this rank and rank {int(err.peer)} failed{why}; set "
-                               "HYBRIDMPI_CMA=0 to update private arrays through shared buffers")
+            return RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.update: a cross-memory read "
+                                f"between this rank and rank {int(err.peer)} failed{why}; set "
+                                "HYBRIDMPI_CMA=0 to update private arrays through shared buffers")
         if rc == lib.HM_ETIMEOUT:
             e = int(err.epoch)
             if err.counter == lib.HM_CNT_READY:
@@ -297,8 +306,8 @@ class Halo(Freed):
             else:
                 counter, why = "DONE", (f"had not finished reading call {e} "
                                         f"(its DONE counter says {err.seen})")
-            raise self.timeout_error(f"rank {err.peer} {why}", int(err.peer), counter, e)
-        raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo: C core returned {rc}")
+            return self._timeout_error(f"rank {err.peer} {why}", int(err.peer), counter, e)
+        return RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo: C core returned {rc}")
 
     def _peer_error(self, peer, seen):
         """The error of a rank that found a node peer's error bits in a word it waited on."""
@@ -311,7 +320,7 @@ class Halo(Freed):
         return PeerError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} failed in this Halo's "
                          "call (see its error); this rank stops too", rank=self.hc.rank, peer=peer)
 
-    def peer_failed(self, peer):
+    def _peer_failed(self, peer):
         """The error of a rank that got a failure notice from a message peer."""
         self._broken = "PeerError"
         return PeerError(f"hybridmpi: rank {self.hc.rank}: Halo.{_WHAT[self._current]}: rank {peer} "
@@ -322,7 +331,10 @@ class Halo(Freed):
         """After ``exc`` ended a call in its middle: break the HybridComm, which leaves error
         bits in every word this rank's node peers wait on (this Halo's included) and sends a
         failure notice to the ranks that wait on MPI messages, so that they raise instead of
-        waiting (the Halo becomes unusable)."""
+        waiting (the Halo becomes unusable).  Returns the exception to raise (a transport's
+        Fault becomes the Halo's exception)."""
+        if isinstance(exc, Fault):
+            exc = self._exception(exc)
         if self._broken is None:
             self._broken = type(exc).__name__
         hc = self.hc
@@ -330,28 +342,24 @@ class Halo(Freed):
             why = ("ValueError" if isinstance(exc, ValueError)
                    else f"a failed Halo call ({type(exc).__name__})")
             hc._break(why, notify=not isinstance(exc, PeerError))
+        return exc
 
     def _describe_word(self, addr):
         """What a wait on the word at ``addr`` waits for, if it is one of this Halo's
         (hang diagnosis, HYBRIDMPI_WARN_AFTER), else None."""
-        for s in getattr(self._t, "dirs", ()):
-            found = ([("READY", c.peer) for c in s.recv_chans if c.ready == addr]
-                     + [("DONE", c.peer) for c in s.send_chans if c.done == addr])
-            if found:
-                counter, peer = found[0]
-                d = self._pending[0] if self._pending else self._current
-                e = self._epoch[d]
-                shm = getattr(self._t, "shm", None)
-                missing = shm.missing(d, e) if shm is not None else []
-                return (f"Halo #{self.tag} (method {self.method!r}) {_WHAT[d]} call {e}, waiting "
-                        f"for the {counter} word of rank {peer}; ranks of this node that have not "
-                        f"entered the call: {missing}")
-        return None
+        found = self._t.describe_word(addr) if self._t is not None else None
+        if found is None:
+            return None
+        counter, peer = found
+        d = self._pending[0] if self._pending else self._current
+        e = self._epoch[d]
+        return (f"Halo #{self.tag} (method {self.method!r}) {_WHAT[d]} call {e}, waiting "
+                f"for the {counter} word of rank {peer}; ranks of this node that have not "
+                f"entered the call: {self._t.missing(d, e)}")
 
     def _poison(self, bits):
         """Error bits in the words this rank writes that its node peers wait on."""
-        words = getattr(self._t, "words", None)
-        words = words() if words else []
+        words = self._t.words() if self._t is not None else []
         if words:
             lib.hm_poison(len(words), [ffi.cast("void *", w) for w in words], bits)
 
@@ -372,18 +380,16 @@ class Halo(Freed):
         try:
             rc = bad(d, e)
         except BaseException as err:
-            self._failed(err)
-            raise
+            raise self._failed(err) from None
         if rc != lib.HM_OK:
             self._failed(exc)
         raise exc
 
-    def timeout_error(self, detail, peer, counter, epoch):
+    def _timeout_error(self, detail, peer, counter, epoch):
         """A SyncTimeout for this Halo, which becomes unusable."""
         self._broken = "SyncTimeout"
         d = self._pending[0] if self._pending else self._current
-        shm = getattr(self._t, "shm", None)
-        missing = shm.missing(d, epoch) if shm is not None else []
+        missing = self._t.missing(d, epoch) if self._t is not None else []
         msg = (f"hybridmpi: rank {self.hc.rank} timed out after {self.timeout:g} s in "
                f"Halo.{_WHAT[d]} (method {self.method!r}): {detail}")
         if missing:
@@ -481,8 +487,7 @@ class Halo(Freed):
             else:
                 self._t.run(FWD, buf, e, lib.HM_INSERT)
         except BaseException as exc:
-            self._failed(exc)
-            raise
+            raise self._failed(exc) from None
         self._heat(x, buf, zc)
 
     def update_begin(self, x: np.ndarray) -> None:
@@ -541,8 +546,7 @@ class Halo(Freed):
             else:
                 self._t.run(REV, buf, e, code)
         except BaseException as exc:
-            self._failed(exc)
-            raise
+            raise self._failed(exc) from None
         if not zc and self._fast[REV] is not None:
             self._hot_r = (x, buf, x.shape) + self._fast[REV]
             self._install("reverse", 2, REV, x, buf, "hm_xchg_both", self._fast[REV],
@@ -604,15 +608,13 @@ class Halo(Freed):
 
     def _fast_error(self, d, rc):
         """The hot path's packed exchange returned ``rc``: raise as the transport would."""
-        s = self._t.dirs[d]
-        self._hot_error(lambda rc: self.check(rc, s.send if s.send.x.err.code else s.recv), rc)
+        self._hot_error(functools.partial(self._t.fault, d), rc)
 
     def _hot_error(self, check, rc):
         try:
             check(rc)
         except BaseException as exc:
-            self._failed(exc)
-            raise
+            raise self._failed(exc) from None
 
     def reverse_begin(self, x: np.ndarray, op: str = "add") -> None:
         """Start :meth:`reverse`: the ghost values are sent (copied) now."""
@@ -634,8 +636,7 @@ class Halo(Freed):
             self._pending = (d, x, code, zc)
             (zc or self._t).begin(d, buf, e)
         except BaseException as exc:
-            self._failed(exc)
-            raise
+            raise self._failed(exc) from None
 
     def _finish(self, d, x, what):
         buf, _ = self._arg(x, what)
@@ -649,8 +650,7 @@ class Halo(Freed):
         try:
             (pending[3] or self._t).end(d, buf, self._epoch[d], pending[2])
         except BaseException as exc:
-            self._failed(exc)
-            raise
+            raise self._failed(exc) from None
         finally:
             self._pending = None
 

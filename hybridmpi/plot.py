@@ -123,26 +123,20 @@ def plot(source, outdir):
         ax.set_ylabel(f"time per step ({doc['unit']}), mean over ranks")
         paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
                            os.path.join(outdir, f"{doc['benchmark']}-split.png")))
-    flops = [r for r in doc["results"] if isinstance(r.get("mflops"), (int, float))]
-    if flops:
-        # MFLOPS against ranks, as XcalableMP's Fig. 9
+    # rates against ranks (MFLOPS, as XcalableMP's Fig. 9) or against size (flop rate per core)
+    for key, ylabel, logx, path in (
+            ("mflops", "MFLOPS", False, f"{doc['benchmark']}-mflops.png"),
+            ("gflops", "flop rate per core (Gflop/s)", True, f"{name}-gflops.png")):
+        rated = [r for r in doc["results"] if isinstance(r.get(key), (int, float))]
+        if not rated:
+            continue
         fig, ax = plt.subplots(figsize=(8, 5))
-        for s_name, rows in _series({"results": flops}).items():
+        for s_name, rows in _series({"results": rated}).items():
             rows = sorted(rows, key=lambda r: r["x"])
-            ax.plot([r["x"] for r in rows], [r["mflops"] for r in rows], marker="o", label=s_name)
+            ax.plot([r["x"] for r in rows], [r[key] for r in rows], marker="o", label=s_name)
+        if logx:
+            ax.set_xscale("log")
         ax.set_xlabel(doc["x_label"])
-        ax.set_ylabel("MFLOPS")
-        paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
-                           os.path.join(outdir, f"{doc['benchmark']}-mflops.png")))
-    rated = [r for r in doc["results"] if isinstance(r.get("gflops"), (int, float))]
-    if rated:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for s, rows in _series({"results": rated}).items():
-            rows = sorted(rows, key=lambda r: r["x"])
-            ax.plot([r["x"] for r in rows], [r["gflops"] for r in rows], marker="o", label=s)
-        ax.set_xscale("log")
-        ax.set_xlabel(doc["x_label"])
-        ax.set_ylabel("flop rate per core (Gflop/s)")
-        paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
-                           os.path.join(outdir, f"{name}-gflops.png")))
+        ax.set_ylabel(ylabel)
+        paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}", os.path.join(outdir, path)))
     return paths

@@ -93,10 +93,11 @@ class Floor:
     """Pack the send points and unpack the ghosts with the C kernels, nothing else."""
 
     def __init__(self, halo):
-        sends, recvs = halo.plan(FWD)
-        self._bufs = [private_chans(sends, halo.esz), private_chans(recvs, halo.esz)]
-        self.pack = Xchg(halo, self._bufs[0][1])
-        self.unpack = Xchg(halo, self._bufs[1][1])
+        ex = halo.exchange
+        sends, recvs = ex.plans[FWD]
+        self._bufs = [private_chans(sends, ex.esz), private_chans(recvs, ex.esz)]
+        self.pack = Xchg(ex, self._bufs[0][1])
+        self.unpack = Xchg(ex, self._bufs[1][1])
 
     def update(self, xbuf):
         lib.hm_xchg_send(self.pack.x, xbuf, 1)

@@ -1,11 +1,16 @@
 """Transports of the Halo: one module per method, all with the same interface.
 
-A transport is built from a Halo and offers ``begin(d, x, e)``,
-``end(d, x, e, op)``, ``run(d, x, e, op)`` and ``free()``, where ``d`` is
-FWD (owners to ghosts) or REV (ghosts into owners), ``x`` a cffi view of the
-vector and ``e`` the call's epoch (1, 2, ... per direction).
+A transport is built from the Halo's frozen :class:`~._base.Exchange` and offers
+``begin(d, x, e)``, ``end(d, x, e, op)``, ``run(d, x, e, op)`` and ``free()``
+(:class:`~._base.Transport`), where ``d`` is FWD (owners to ghosts) or REV (ghosts
+into owners), ``x`` a cffi view of the vector and ``e`` the call's epoch (1, 2, ...
+per direction).  A failure raises :class:`~._base.Fault`, which the Halo turns into
+its exception.
 """
 
+from collections.abc import Callable
+
+from ._base import Exchange, Transport
 from .atomic import Atomic
 from .fence import Fence
 from .flat import Flat
@@ -13,7 +18,7 @@ from .lock import Lock
 from .neighbor import Neighbor
 from .pscw import PSCW
 
-METHODS = {
+METHODS: dict[str, Callable[[Exchange], Transport]] = {
     "atomic": Atomic,
     "flat": Flat,
     "neighbor": Neighbor,

@@ -1,8 +1,12 @@
-"""Pieces shared by the transports: channels for the C core, MPI messages, deadlines."""
+"""Pieces shared by the transports: what a transport is given (:class:`Exchange`), how it
+fails (:class:`Fault`), channels for the C core, MPI messages, deadlines."""
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections import namedtuple
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,6 +17,65 @@ from ..profile import mark as prof_mark
 from ..profile import mark_end as prof_mark_end
 
 FWD, REV = 0, 1
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Everything a transport needs of its Halo, fixed when the Halo is made.
+
+    A transport reads this and nothing else of the Halo; it reports failures by
+    raising :class:`Fault`, which the Halo turns into the exception users see.
+    """
+
+    #: the HybridComm: its communicators, node ranks and shared arena
+    hc: Any
+    #: mpi4py's MPI module
+    MPI: Any
+    #: per direction (FWD, REV): (sends, recvs), each a list of (peer, local ids), peers in
+    #: rank order
+    plans: tuple
+    #: bytes per point (the dtype's itemsize times the block)
+    esz: int
+    #: the C core's type code of the dtype
+    dtype: int
+    #: the Halo's MPI tag; direction d's messages use tag + d
+    tag: int
+    #: seconds a wait may last (None: no limit)
+    timeout: float | None
+    #: the wait policy (a cffi ``hm_wait_policy``) that the C core's waits copy
+    policy: Any
+    #: the pattern's neighbors, in rank order
+    neighbors: tuple
+    #: the pattern's graph communicator, made by its first user (method neighbor)
+    graph: Callable[[], Any]
+    #: give back one use of it
+    graph_release: Callable[[], None]
+
+
+class Fault(Exception):
+    """A transport's failure, which the Halo turns into its exception (``Halo._exception``).
+
+    ``kind`` and the attributes that come with it:
+
+    - ``"core"``: ``rc`` and ``err``, what a C exchange call returned and its ``hm_error``;
+    - ``"timeout"``: ``detail``, ``peer``, ``counter``, ``epoch``;
+    - ``"notice"``: ``peer``, whose failure notice ended a wait;
+    - ``"mismatch"``: ``peer`` and ``tag``, a peer that passed another vector or bad arguments;
+    - ``"order"``: ``peer``, ``tag``, ``call``, ``direction``, ``detail``, a neighbor
+      collective's message from another call.
+    """
+
+    def __init__(self, kind: str, **info: Any) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.__dict__.update(info)
+
+
+def check(rc, x):
+    """Raise the Fault of a C exchange call on ``x`` (an ``Xchg``, or a structure with an
+    ``err`` field) that returned ``rc``."""
+    if rc != lib.HM_OK:
+        raise Fault("core", rc=rc, err=(x.x if isinstance(x, Xchg) else x).err)
 
 #: One direction of traffic with one peer: local ids, the two buffers (by
 #: epoch parity; the same address twice for a private buffer), and the
@@ -46,7 +109,7 @@ def runs(ids):
 class Xchg:
     """A C ``hm_xchg`` over channels, keeping alive what it points to."""
 
-    def __init__(self, halo, chans, entered=None):
+    def __init__(self, ex, chans, entered=None):
         self.peers = [c.peer for c in chans]
         self._keep = []
         self._arr = ffi.new("hm_chan[]", max(len(chans), 1))
@@ -71,10 +134,10 @@ class Xchg:
         x = self.x = ffi.new("hm_xchg *")
         x.n = len(chans)
         x.chan = self._arr
-        x.esz = halo.esz
-        x.dtype = halo.dtype_code
+        x.esz = ex.esz
+        x.dtype = ex.dtype
         x.entered = ffi.cast("void *", entered or 0)
-        copy_policy(x.policy, halo.hc._st.policy)
+        copy_policy(x.policy, ex.policy)
 
 
 def private_chans(specs, esz):
@@ -98,23 +161,23 @@ def private_chans(specs, esz):
 #: the HybridComm's nonce), so that ranks waiting on MPI requests raise instead of waiting
 ERROR_TAG = 32700
 
-def complete(halo, reqs, peers, what, e, statuses=None):
+def complete(ex, reqs, peers, what, e, statuses=None):
     """Complete MPI requests, under the Halo's deadline if it has one; a failure notice from
-    a peer ends the wait with PeerError.  ``statuses`` (a list as long as ``reqs``) receive
-    the requests' statuses."""
-    stop = wait_requests(halo.hc, reqs, halo.timeout, statuses=statuses)
+    a peer ends the wait (Fault "notice").  ``statuses`` (a list as long as ``reqs``)
+    receive the requests' statuses."""
+    stop = wait_requests(ex.hc, reqs, ex.timeout, statuses=statuses)
     if stop is None:
         return
     if stop.notice is not None:
-        raise halo.peer_failed(stop.notice)
+        raise Fault("notice", peer=stop.notice)
     late = [peers[i] for i in stop.late]
-    raise halo.timeout_error(f"{what}: the messages with ranks {late} of call {e} did not "
-                             "complete", late[0] if len(late) == 1 else None, "message", e)
+    raise Fault("timeout", detail=f"{what}: the messages with ranks {late} of call {e} did not "
+                "complete", peer=late[0] if len(late) == 1 else None, counter="message", epoch=e)
 
 
-def wait_until(halo, poll, value, peer, counter, what, e):
+def wait_until(ex, poll, value, peer, counter, what, e):
     """Call ``poll()`` until it returns at least ``value``, yielding the CPU, under the deadline."""
-    deadline = None if halo.timeout is None else time.monotonic() + halo.timeout
+    deadline = None if ex.timeout is None else time.monotonic() + ex.timeout
     prof_mark()
     while True:
         seen = poll()
@@ -122,8 +185,8 @@ def wait_until(halo, poll, value, peer, counter, what, e):
             prof_mark_end()
             return
         if deadline is not None and time.monotonic() > deadline:
-            raise halo.timeout_error(f"{what}: rank {peer} did not set {counter} to {value} "
-                                     f"(it reads {seen})", peer, counter, e)
+            raise Fault("timeout", detail=f"{what}: rank {peer} did not set {counter} to {value} "
+                        f"(it reads {seen})", peer=peer, counter=counter, epoch=e)
         os.sched_yield()
 
 
@@ -146,12 +209,43 @@ def release(reqs, *buffers):
 _EMPTY = bytearray(0)
 
 
-class Transport:
-    """What every method shares: a whole call is its begin then its end."""
+class Transport(ABC):
+    """A Halo method, made from an :class:`Exchange`.
+
+    ``d`` is FWD (owners to ghosts) or REV (ghosts into owners), ``xbuf`` a cffi view of
+    the vector, ``e`` the call's epoch (1, 2, ... per direction), ``op`` the C core's code
+    of the combining operation.  Failures raise :class:`Fault`.
+    """
+
+    @abstractmethod
+    def begin(self, d, xbuf, e):
+        """Start call ``e`` of direction ``d``: what is sent is copied (or published) now."""
+
+    @abstractmethod
+    def end(self, d, xbuf, e, op):
+        """Finish call ``e``: what was received is in ``xbuf``."""
+
+    @abstractmethod
+    def free(self):
+        """Release what the method holds (collective with the Halo's free)."""
 
     def run(self, d, xbuf, e, op):
+        """A whole call: its begin, then its end."""
         self.begin(d, xbuf, e)
         self.end(d, xbuf, e, op)
+
+    def words(self):
+        """The words this rank writes that its node peers wait on (where its error bits go)."""
+        return []
+
+    def missing(self, d, epoch):
+        """Ranks of this node that have not entered call ``epoch`` of direction ``d``, where
+        the method can tell (after a timeout)."""
+        return []
+
+    def describe_word(self, addr):
+        """(counter name, peer) when a wait on the word at ``addr`` is one of this method's."""
+        return None
 
 
 class Messages:
@@ -161,13 +255,13 @@ class Messages:
     fresh ``Irecv``/``Isend`` per call, as flat MPI codes do.
     """
 
-    def __init__(self, halo, sends, recvs, tag, persistent):
-        self.halo = halo
-        comm = halo.hc.comm
-        self._sbuf, schans, sviews = private_chans(sends, halo.esz)
-        self._rbuf, self.recv_chans, rviews = private_chans(recvs, halo.esz)
-        self.send = Xchg(halo, schans)
-        self.recv = Xchg(halo, self.recv_chans)
+    def __init__(self, ex, sends, recvs, tag, persistent):
+        self.ex = ex
+        comm = ex.hc.comm
+        self._sbuf, schans, sviews = private_chans(sends, ex.esz)
+        self._rbuf, self.recv_chans, rviews = private_chans(recvs, ex.esz)
+        self.send = Xchg(ex, schans)
+        self.recv = Xchg(ex, self.recv_chans)
         self.peers = [p for p, _ in recvs] + [p for p, _ in sends]
         self._pairs = (list(zip([p for p, _ in recvs], rviews)), list(zip([p for p, _ in sends], sviews)))
         self._comm, self._tag = comm, tag
@@ -177,7 +271,7 @@ class Messages:
             self._reqs = ([comm.Recv_init(v, p, tag) for p, v in self._pairs[0]]
                           + [comm.Send_init(v, p, tag) for p, v in self._pairs[1]])
         self.empty = not self.peers
-        self._MPI = halo.hc._MPI
+        self._MPI = ex.MPI
         self._statuses = [self._MPI.Status() for _ in self.peers]
         # the receives that carry data (an empty one is an invalid call's mark)
         self._expect = [i for i, (_, v) in enumerate(self._pairs[0]) if v.size]
@@ -188,11 +282,11 @@ class Messages:
             return
         comm, tag = self._comm, self._tag
         if self._persistent:
-            self.halo.check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
-            self.halo.hc._MPI.Prequest.Startall(self._reqs)
+            check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
+            self._MPI.Prequest.Startall(self._reqs)
             return
         reqs = [comm.Irecv(v, p, tag) for p, v in self._pairs[0]]
-        self.halo.check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
+        check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
         reqs += [comm.Isend(v, p, tag) for p, v in self._pairs[1]]
         self._reqs = reqs
 
@@ -207,7 +301,7 @@ class Messages:
         comm, tag = self._comm, self._tag
         reqs = [comm.Irecv(v, p, tag) for p, v in self._pairs[0]]
         reqs += [comm.Isend(_EMPTY, p, tag) for p, _ in self._pairs[1]]
-        complete(self.halo, reqs, self.peers, "reverse" if d else "update", e)
+        complete(self.ex, reqs, self.peers, "reverse" if d else "update", e)
 
     def wait(self, what, e):
         """Complete the messages started last; an empty message from a peer (its arguments
@@ -215,10 +309,10 @@ class Messages:
         if self.empty:
             return
         st = self._statuses
-        complete(self.halo, self._reqs, self.peers, what, e, st)
+        complete(self.ex, self._reqs, self.peers, what, e, st)
         for i in self._expect:
             if st[i].Get_count(self._MPI.BYTE) == 0:
-                raise self.halo.mismatch_error(self.peers[i], lib.HM_TAG_BAD)
+                raise Fault("mismatch", peer=self.peers[i], tag=lib.HM_TAG_BAD)
 
     def free(self):
         release(self._reqs, self._sbuf, self._rbuf)

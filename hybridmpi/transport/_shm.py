@@ -10,7 +10,7 @@ per direction, read after a timeout to name the ranks that never came.
 from .._clib import ffi, lib
 from ..arena import check_room
 from ..arena import round_up as _round
-from ._base import FWD, REV, Chan, Messages, Transport, Xchg
+from ._base import FWD, REV, Chan, Messages, Transport, Xchg, check
 
 _R = lib.HM_REGION
 
@@ -22,25 +22,25 @@ class SharedWindow:
     """Allocate and map the segments (collective).
 
     Args:
-        halo: the Halo (its pattern, esz and HybridComm).
+        ex: the Halo's Exchange (its plans, esz and HybridComm).
         lock_all: a block of the HybridComm's arena, whose windows are in one
             passive epoch for their lifetime (load and store access
             synchronized by C11 atomics); False for methods that synchronize
             with MPI's RMA calls, which get a window of their own.
     """
 
-    def __init__(self, halo, lock_all):
-        hc = halo.hc
-        MPI = hc._MPI
+    def __init__(self, ex, lock_all):
+        hc = ex.hc
+        MPI = ex.MPI
         me = hc.rank
         self.me = me
         self.node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
         layout, off = {}, _R  # the first region: epochs entered
         for d in (FWD, REV):
-            sends, recvs = halo.plan(d)
+            sends, recvs = ex.plans[d]
             for p, ids in sends:
                 if p in self.node_rank:
-                    nb = _round(ids.size * halo.esz)
+                    nb = _round(ids.size * ex.esz)
                     layout[(d, me, p)] = (off, off + _R, off + _R + nb)
                     off += _R + 2 * nb
             for p, _ in recvs:
@@ -130,52 +130,63 @@ class Direction:
         send_chans, recv_chans: the intranode Chan lists.
     """
 
-    def __init__(self, halo, shm, d, counters, persistent):
-        sends, recvs = halo.plan(d)
+    def __init__(self, ex, shm, d, counters, persistent):
+        sends, recvs = ex.plans[d]
         near = shm.node_rank
         self.send_chans = [shm.send_chan(d, p, ids, counters) for p, ids in sends if p in near]
         self.recv_chans = [shm.recv_chan(d, p, ids, counters) for p, ids in recvs if p in near]
-        self.msgs = Messages(halo, [(p, ids) for p, ids in sends if p not in near],
+        self.msgs = Messages(ex, [(p, ids) for p, ids in sends if p not in near],
                              [(p, ids) for p, ids in recvs if p not in near],
-                             halo.tag + d, persistent)
-        self.send = Xchg(halo, self.send_chans, shm.entered(d))
-        self.recv = Xchg(halo, self.recv_chans)
-        self.recv_all = Xchg(halo, sorted(self.recv_chans + self.msgs.recv_chans,
+                             ex.tag + d, persistent)
+        self.send = Xchg(ex, self.send_chans, shm.entered(d))
+        self.recv = Xchg(ex, self.recv_chans)
+        self.recv_all = Xchg(ex, sorted(self.recv_chans + self.msgs.recv_chans,
                                           key=lambda c: c.peer))
 
-    def start(self, halo, xbuf, e):
+    def start(self, xbuf, e):
         """Start the messages, then pack the intranode channels (publishing READY if counted)."""
         self.msgs.start(xbuf, e)
-        halo.check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
+        check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
 
-    def finish(self, halo, d, xbuf, e, op):
+    def finish(self, d, xbuf, e, op):
         """Receive everything.  Forward: intranode first, whichever is ready,
         then the messages.  Reverse: the messages, then every channel in
         peer rank order, so the combination order is fixed."""
         if d == FWD:
-            halo.check(lib.hm_xchg_recv(self.recv.x, xbuf, e, op, 0), self.recv)
+            check(lib.hm_xchg_recv(self.recv.x, xbuf, e, op, 0), self.recv)
             if not self.msgs.empty:
                 self.msgs.wait("update", e)
-                halo.check(lib.hm_xchg_recv(self.msgs.recv.x, xbuf, e, op, 0), self.msgs.recv)
+                check(lib.hm_xchg_recv(self.msgs.recv.x, xbuf, e, op, 0), self.msgs.recv)
         else:
             self.msgs.wait("reverse", e)
-            halo.check(lib.hm_xchg_recv(self.recv_all.x, xbuf, e, op, 1), self.recv_all)
+            check(lib.hm_xchg_recv(self.recv_all.x, xbuf, e, op, 1), self.recv_all)
 
 
 class ShmTransport(Transport):
     """A method over the Halo's shared window: its two directions, and freeing both."""
 
-    def __init__(self, halo, *, lock_all, counters, persistent):
-        self.halo = halo
-        self.shm = SharedWindow(halo, lock_all=lock_all)
-        self.dirs = [Direction(halo, self.shm, d, counters=counters, persistent=persistent)
+    def __init__(self, ex, *, lock_all, counters, persistent):
+        self.ex = ex
+        self.shm = SharedWindow(ex, lock_all=lock_all)
+        self.dirs = [Direction(ex, self.shm, d, counters=counters, persistent=persistent)
                      for d in (FWD, REV)]
 
     def begin(self, d, xbuf, e):
-        self.dirs[d].start(self.halo, xbuf, e)
+        self.dirs[d].start(xbuf, e)
 
     def end(self, d, xbuf, e, op):
-        self.dirs[d].finish(self.halo, d, xbuf, e, op)
+        self.dirs[d].finish(d, xbuf, e, op)
+
+    def missing(self, d, epoch):
+        return self.shm.missing(d, epoch)
+
+    def describe_word(self, addr):
+        for s in self.dirs:
+            found = ([("READY", c.peer) for c in s.recv_chans if c.ready == addr]
+                     + [("DONE", c.peer) for c in s.send_chans if c.done == addr])
+            if found:
+                return found[0]
+        return None
 
     def free(self):
         for s in self.dirs:

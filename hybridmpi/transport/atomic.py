@@ -6,6 +6,10 @@ copies into its ghosts and release-stores DONE = e; s waits DONE >= e - 2
 before it packs that buffer again.  No node-wide barrier, and the whole
 intranode part of a call is one C call.  Internode channels are persistent
 MPI requests, started before the intranode work and completed after it.
+
+Two more ways to move the intranode part belong to this method, over the
+same counters (:class:`ZeroCopy`): shared vectors read in place by their
+readers, and private arrays read by cross-memory attach.
 """
 
 import functools
@@ -13,14 +17,44 @@ import functools
 import numpy as np
 
 from .._clib import copy_policy, ffi, lib
-from ._base import FWD, REV, point_kernel
+from ._base import FWD, REV, check, point_kernel
 from ._shm import ShmTransport
 
 
 class Atomic(ShmTransport):
-    def __init__(self, halo):
-        super().__init__(halo, lock_all=True, counters=True, persistent=True)
+    def __init__(self, ex):
+        super().__init__(ex, lock_all=True, counters=True, persistent=True)
         self._bad = None
+
+    def packed(self, d):
+        """(send, recv) ``hm_xchg`` structures of a whole call of direction ``d`` when every
+        peer is on this node (one C call: the Halo's hot path), else None."""
+        s = self.dirs[d]
+        return (s.send.x, s.recv.x) if s.msgs.empty else None
+
+    def fault(self, d, rc):
+        """Raise the Fault of a whole packed call of direction ``d`` that returned ``rc``."""
+        s = self.dirs[d]
+        check(rc, s.send if s.send.x.err.code else s.recv)
+
+    def zero_copy(self, tag, bases, theirs):
+        """Updates of one shared vector (``bases``: its address on each node rank; ``theirs``:
+        per direction, each node peer's ids of its channel to this rank) without staging."""
+        return ZeroCopy(self, tag, bases, theirs)
+
+    def cross_memory(self, theirs, pids):
+        """Forward updates of private arrays read by cross-memory attach (``pids``: of the
+        node ranks)."""
+        return ZeroCopy(self, lib.HM_TAG_CMA, None, theirs, pids)
+
+    def long_runs(self, theirs, min_run):
+        """Whether every forward channel inside the node moves runs of at least ``min_run``
+        points on average (counted in (my point, peer's point) pairs)."""
+        for c in self.dirs[FWD].recv_chans:
+            mine, _, _ = _pair_runs(np.asarray(c.ids), np.asarray(theirs[FWD][c.peer]))
+            if c.ids.size < min_run * mine.size:
+                return False
+        return True
 
     def words(self):
         """The words this rank writes that its node peers wait on (READY of every sending
@@ -47,7 +81,7 @@ class Atomic(ShmTransport):
             return
         rc = lib.hm_xchg_both(s.send.x, s.recv.x, xbuf, e, op, d)
         if rc:
-            self.halo.check(rc, s.send if s.send.x.err.code else s.recv)
+            self.fault(d, rc)
 
 
 def _pair_runs(mine, theirs):
@@ -60,16 +94,6 @@ def _pair_runs(mine, theirs):
     lengths = np.diff(np.append(first, mine.size))
     return (np.ascontiguousarray(mine[first], dtype=np.int64),
             np.ascontiguousarray(theirs[first], dtype=np.int64), lengths.astype(np.int64))
-
-
-def long_runs(transport, theirs, min_run):
-    """Whether every forward channel inside the node moves runs of at least ``min_run``
-    points on average (counted in (my point, peer's point) pairs)."""
-    for c in transport.dirs[FWD].recv_chans:
-        mine, _, _ = _pair_runs(np.asarray(c.ids), np.asarray(theirs[FWD][c.peer]))
-        if c.ids.size < min_run * mine.size:
-            return False
-    return True
 
 
 class ZeroCopy:
@@ -86,10 +110,10 @@ class ZeroCopy:
     """
 
     def __init__(self, transport, tag, bases, theirs, pids=None, *, empty=False, only=None):
-        halo = transport.halo
-        self.halo, self.tag, self.t = halo, tag, transport
+        ex = transport.ex
+        self.tag, self.t = tag, transport
         self.cma = pids is not None
-        pol = halo.hc._st.policy
+        pol = ex.policy
         node_rank = transport.shm.node_rank
         self.dirs = []
         for d in (FWD, REV):
@@ -124,7 +148,7 @@ class ZeroCopy:
                 h.ready = ffi.cast("void *", c.ready)
                 h.tag = ffi.cast("void *", c.tag)
                 h.done = ffi.cast("void *", c.done)
-            pulls.n, pulls.chan, pulls.esz, pulls.dtype = len(s.recv_chans), arr, halo.esz, halo.dtype_code
+            pulls.n, pulls.chan, pulls.esz, pulls.dtype = len(s.recv_chans), arr, ex.esz, ex.dtype
             pulls.cma = int(self.cma)
             readers = ffi.new("hm_pulls *")
             rarr = ffi.new("hm_pull[]", max(len(s.send_chans), 1))
@@ -157,7 +181,7 @@ class ZeroCopy:
         pulls, readers, ready, tags = self._whole
         rc = lib.hm_zc_update(pulls, readers, ready, tags, self.tag, xbuf, e)
         if rc:
-            self._check(rc, pulls)
+            check(rc, pulls)
 
     def whole_call(self):
         """The C call of a whole forward update as f(xbuf, e), or None when messages go to
@@ -172,41 +196,26 @@ class ZeroCopy:
         return self._whole
 
     def check(self, rc):
-        """Raise the error of a whole forward update that returned ``rc``."""
-        self._check(rc, self._whole[0])
+        """Raise the Fault of a whole forward update that returned ``rc``."""
+        check(rc, self._whole[0])
 
     def begin(self, d, xbuf, e):
         """Start the messages (packed, across nodes), then publish this vector inside the node."""
         s = self.t.dirs[d]
         s.msgs.start(xbuf, e)
         _, readers, ready, tags, *_ = self.dirs[d]
-        rc = lib.hm_zc_publish(readers, ready, tags, self.tag, xbuf, e)
-        if rc:
-            self._check(rc, readers)
+        check(lib.hm_zc_publish(readers, ready, tags, self.tag, xbuf, e), readers)
 
     def end(self, d, xbuf, e, op):
         """Copy from the node's owners (forward, whichever is ready first) or combine from
         every peer in rank order (reverse), then wait until this rank's readers are done."""
         s = self.t.dirs[d]
         pulls, readers, *_ = self.dirs[d]
-        halo = self.halo
         if d == FWD:
-            self._check(lib.hm_pull_recv(pulls, xbuf, self.tag, e, op, 0), pulls)
+            check(lib.hm_pull_recv(pulls, xbuf, self.tag, e, op, 0), pulls)
             if not s.msgs.empty:
                 s.msgs.wait("update", e)
-                halo.check(lib.hm_xchg_recv(s.msgs.recv.x, xbuf, e, op, 0), s.msgs.recv)
+                check(lib.hm_xchg_recv(s.msgs.recv.x, xbuf, e, op, 0), s.msgs.recv)
         else:
-            self._check(lib.hm_pull_recv(pulls, xbuf, self.tag, e, op, 1), pulls)
-        self._check(lib.hm_wait_done(readers, e), readers)
-
-    def _check(self, rc, pulls):
-        if rc != lib.HM_OK:
-            self.halo.check(rc, _Failed(pulls.err))
-
-
-class _Failed:
-    """A failed zero-copy call as Halo.check reads it (``.x.err``)."""
-
-    def __init__(self, err):
-        self.x = self
-        self.err = err
+            check(lib.hm_pull_recv(pulls, xbuf, self.tag, e, op, 1), pulls)
+        check(lib.hm_wait_done(readers, e), readers)

@@ -10,8 +10,8 @@ from ._shm import ShmTransport
 
 
 class Fence(ShmTransport):
-    def __init__(self, halo):
-        super().__init__(halo, lock_all=False, counters=False, persistent=False)
+    def __init__(self, ex):
+        super().__init__(ex, lock_all=False, counters=False, persistent=False)
         self.shm.win.Fence()
 
     def begin(self, d, xbuf, e):

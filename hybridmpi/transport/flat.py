@@ -1,16 +1,15 @@
 """Method "flat": Isend/Irecv with every neighbor, packed by the C core (the MPI baseline)."""
 
 from .._clib import lib
-from ._base import FWD, REV, Messages, Transport
+from ._base import FWD, REV, Messages, Transport, check
 
 
 class Flat(Transport):
-    def __init__(self, halo):
-        self.halo = halo
+    def __init__(self, ex):
         self.msgs = []
         for d in (FWD, REV):
-            sends, recvs = halo.plan(d)
-            self.msgs.append(Messages(halo, sends, recvs, halo.tag + d, persistent=False))
+            sends, recvs = ex.plans[d]
+            self.msgs.append(Messages(ex, sends, recvs, ex.tag + d, persistent=False))
 
     def begin(self, d, xbuf, e):
         self.msgs[d].start(xbuf, e)
@@ -18,7 +17,7 @@ class Flat(Transport):
     def end(self, d, xbuf, e, op):
         m = self.msgs[d]
         m.wait("reverse" if d == REV else "update", e)
-        self.halo.check(lib.hm_xchg_recv(m.recv.x, xbuf, e, op, d), m.recv)
+        check(lib.hm_xchg_recv(m.recv.x, xbuf, e, op, d), m.recv)
 
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` with invalid arguments on this rank (Messages.bad)."""

@@ -14,20 +14,20 @@ Internode channels are flat Isend/Irecv.
 import numpy as np
 
 from .._clib import lib
-from ._base import FWD, REV, Xchg, wait_until
+from ._base import FWD, REV, Xchg, check, wait_until
 from ._shm import ShmTransport
 
 
 class Lock(ShmTransport):
-    def __init__(self, halo):
-        super().__init__(halo, lock_all=False, counters=False, persistent=False)
+    def __init__(self, ex):
+        super().__init__(ex, lock_all=False, counters=False, persistent=False)
         # One single-channel Xchg per channel: every copy sits in its own lock epoch.
-        self.one = [([Xchg(halo, [c]) for c in s.send_chans], {c.peer: Xchg(halo, [c]) for c in s.recv_chans})
-                    for s in self.dirs]
-        self.inter = [{c.peer: Xchg(halo, [c]) for c in s.msgs.recv_chans} for s in self.dirs]
+        self.single = [([Xchg(ex, [c]) for c in s.send_chans], {c.peer: Xchg(ex, [c]) for c in s.recv_chans})
+                       for s in self.dirs]
+        self.internode = [{c.peer: Xchg(ex, [c]) for c in s.msgs.recv_chans} for s in self.dirs]
         self._val = np.zeros(1, dtype=np.int64)
         self._got = np.zeros(1, dtype=np.int64)
-        MPI = halo.hc._MPI
+        MPI = ex.MPI
         self._SHARED, self._NO_OP, self._REPLACE = MPI.LOCK_SHARED, MPI.NO_OP, MPI.REPLACE
         # Every lock is shared, so MODE_NOCHECK is legal; without it a lock
         # request waits for the target to make MPI progress, and a target
@@ -58,31 +58,30 @@ class Lock(ShmTransport):
         s.msgs.start(xbuf, e)
         me, win = self.shm.me, self.shm.win
         mine = self.shm.node_rank[me]
-        for c, one in zip(s.send_chans, self.one[d][0]):
+        for c, one in zip(s.send_chans, self.single[d][0]):
             key = (d, me, c.peer)
             if e > 2:
-                wait_until(self.halo, lambda k=key: self._read(k, 0), e - 2, c.peer, "DONE",
+                wait_until(self.ex, lambda k=key: self._read(k, 0), e - 2, c.peer, "DONE",
                            "reverse" if d == REV else "update", e)
             win.Lock(mine, self._SHARED, self._NOCHECK)
-            self.halo.check(lib.hm_xchg_send(one.x, xbuf, e), one)
+            check(lib.hm_xchg_send(one.x, xbuf, e), one)
             win.Unlock(mine)
             self._write(c.peer, key, 0, e)
 
     def _take(self, d, peer, xbuf, e, op):
         me, win = self.shm.me, self.shm.win
         key = (d, peer, me)
-        wait_until(self.halo, lambda: self._read(key, 0), e, peer, "READY",
+        wait_until(self.ex, lambda: self._read(key, 0), e, peer, "READY",
                    "reverse" if d == REV else "update", e)
-        one = self.one[d][1][peer]
+        one = self.single[d][1][peer]
         nr = self.shm.node_rank[peer]
         win.Lock(nr, self._SHARED, self._NOCHECK)
-        self.halo.check(lib.hm_xchg_recv(one.x, xbuf, e, op, 1), one)
+        check(lib.hm_xchg_recv(one.x, xbuf, e, op, 1), one)
         win.Unlock(nr)
         self._write(peer, key, 0, e)
 
     def end(self, d, xbuf, e, op):
         s = self.dirs[d]
-        check = self.halo.check
         if d == FWD:
             for c in s.recv_chans:
                 self._take(d, c.peer, xbuf, e, op)
@@ -91,10 +90,10 @@ class Lock(ShmTransport):
                 check(lib.hm_xchg_recv(s.msgs.recv.x, xbuf, e, op, 0), s.msgs.recv)
             return
         s.msgs.wait("reverse", e)
-        inter = self.inter[d]
+        internode = self.internode[d]
         for peer in s.recv_all.peers:
-            if peer in inter:
-                check(lib.hm_xchg_recv(inter[peer].x, xbuf, e, op, 1), inter[peer])
+            if peer in internode:
+                check(lib.hm_xchg_recv(internode[peer].x, xbuf, e, op, 1), internode[peer])
             else:
                 self._take(d, peer, xbuf, e, op)
 

@@ -13,26 +13,25 @@ anything.
 import numpy as np
 
 from .._clib import lib
-from ._base import FWD, REV, Chan, Transport, Xchg, complete, release
+from ._base import FWD, REV, Chan, Fault, Transport, Xchg, check, complete, release
 
 _HDR = 16  # bytes of header before each neighbor's data: int64 (Halo tag, 2 * call + direction)
 
 
 class Neighbor(Transport):
-    def __init__(self, halo):
-        self.halo = halo
-        MPI = halo.hc._MPI
-        nbrs = list(halo.pattern.neighbors)
-        self.graph = halo.pattern._graph_comm()
-        self.nbrs = nbrs
+    def __init__(self, ex):
+        self.ex = ex
+        MPI = ex.MPI
+        self.nbrs = list(ex.neighbors)
+        self.graph = ex.graph()
         self.dirs = []
         for d in (FWD, REV):
-            sends, recvs = halo.plan(d)
-            sbuf, schans, shdr, scounts = self._layout(sends, halo.esz)
-            rbuf, rchans, rhdr, rcounts = self._layout(recvs, halo.esz)
+            sends, recvs = ex.plans[d]
+            sbuf, schans, shdr, scounts = self._layout(sends, ex.esz)
+            rbuf, rchans, rhdr, rcounts = self._layout(recvs, ex.esz)
             args = ([sbuf, (scounts, self._displs(scounts)), MPI.BYTE],
                     [rbuf, (rcounts, self._displs(rcounts)), MPI.BYTE])
-            self.dirs.append((Xchg(halo, schans), Xchg(halo, rchans), args, shdr, rhdr))
+            self.dirs.append((Xchg(ex, schans), Xchg(ex, rchans), args, shdr, rhdr))
         self._req = None
 
     def _layout(self, specs, esz):
@@ -58,26 +57,29 @@ class Neighbor(Transport):
 
     def begin(self, d, xbuf, e):
         send, _, args, shdr, _ = self.dirs[d]
-        self.halo.check(lib.hm_xchg_send(send.x, xbuf, e), send)
+        check(lib.hm_xchg_send(send.x, xbuf, e), send)
         stamp = 2 * e + d
         for h in shdr:
-            h[0], h[1] = self.halo.tag, stamp
+            h[0], h[1] = self.ex.tag, stamp
         self._req = self.graph.Ineighbor_alltoallv(*args)
 
     def end(self, d, xbuf, e, op):
         _, recv, _, _, rhdr = self.dirs[d]
         what = "reverse" if d == REV else "update"
         try:
-            complete(self.halo, [self._req], [None], what, e)
-        except self.halo.hc._MPI.Exception as err:  # a longer message than this call's
-            raise self.halo.order_error(None, detail=err.Get_error_string()) from None
+            complete(self.ex, [self._req], [None], what, e)
+        except self.ex.MPI.Exception as err:  # a longer message than this call's
+            raise Fault("order", peer=None, tag=None, call=None, direction=None,
+                        detail=err.Get_error_string()) from None
         stamp = 2 * e + d
+        tag = self.ex.tag
         for p, h in zip(self.nbrs, rhdr):
-            if h[0] != self.halo.tag or h[1] != stamp:
-                if h[0] == self.halo.tag and h[1] == -1 - stamp:
-                    raise self.halo.mismatch_error(p, lib.HM_TAG_BAD)
-                raise self.halo.order_error(p, int(h[0]), int(h[1]) >> 1, int(h[1]) & 1)
-        self.halo.check(lib.hm_xchg_recv(recv.x, xbuf, e, op, d), recv)
+            if h[0] != tag or h[1] != stamp:
+                if h[0] == tag and h[1] == -1 - stamp:
+                    raise Fault("mismatch", peer=p, tag=lib.HM_TAG_BAD)
+                raise Fault("order", peer=p, tag=int(h[0]), call=int(h[1]) >> 1,
+                            direction=int(h[1]) & 1, detail="")
+        check(lib.hm_xchg_recv(recv.x, xbuf, e, op, d), recv)
 
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: take part in
@@ -85,12 +87,12 @@ class Neighbor(Transport):
         peers' messages are dropped."""
         _, _, args, shdr, _ = self.dirs[d]
         for h in shdr:
-            h[0], h[1] = self.halo.tag, -1 - (2 * e + d)
+            h[0], h[1] = self.ex.tag, -1 - (2 * e + d)
         self._req = self.graph.Ineighbor_alltoallv(*args)
-        complete(self.halo, [self._req], [None], "reverse" if d == REV else "update", e)
+        complete(self.ex, [self._req], [None], "reverse" if d == REV else "update", e)
         return lib.HM_OK
 
     def free(self):
         if self._req is not None:
             release([self._req], self.dirs)
-        self.halo.pattern._graph_release()
+        self.ex.graph_release()

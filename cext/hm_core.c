@@ -431,33 +431,9 @@ int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count,
     if (part & HM_GATHER) {
         uint64_t e = ++c->epoch;
         enter(c, e, HM_K_ALLREDUCE_TREE, total, dtype, op);
-        if (c->rank != 0) {
-            mine->count = (int64_t)total;
-            mine->dtype = dtype;
-            mine->op = op;
-            mine->bad_rank = -1;
-            if (slot != (const char *)send)
-                memcpy(slot, send, nbytes);
-            for (int i = 0; i < c->nchildren; i++) {
-                int ch = c->children[i];
-                if ((rc = wait_counter(c, ch, HM_CNT_ARRIVE, 2 * e - 1)))
-                    return rc;
-                check_child(mine, hdr(c, ch), ch);
-                if (mine->bad_rank < 0)
-                    hm_combine(slot, hm_coll_slot(c, ch), count, dtype, op);
-            }
-            CHAOS();
-            store_rel(counter(c, c->rank, HM_OFF_SYNC), 2 * e - 1, ord);
-            if ((rc = wait_counter(c, c->parent, HM_CNT_RELEASE, 2 * e)))
-                return rc;
-            if (c->nchildren > 0)
-                store_rel(counter(c, c->rank, HM_OFF_SYNC), 2 * e, ord);
-            if (hdr(c, 0)->bad_rank != -1)
-                return mismatch(c);
-            memcpy(recv, hm_coll_slot(c, 0), nbytes);
-            return HM_OK;
-        }
-        for (int i = 0; i < c->nchildren; i++)
+        int root = c->rank == 0;
+        /* the root writes its slot only once every child arrived (see above) */
+        for (int i = 0; root && i < c->nchildren; i++)
             if ((rc = wait_counter(c, c->children[i], HM_CNT_ARRIVE, 2 * e - 1)))
                 return rc;
         mine->count = (int64_t)total;
@@ -468,9 +444,23 @@ int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count,
             memcpy(slot, send, nbytes);
         for (int i = 0; i < c->nchildren; i++) {
             int ch = c->children[i];
+            if (!root && (rc = wait_counter(c, ch, HM_CNT_ARRIVE, 2 * e - 1)))
+                return rc;
             check_child(mine, hdr(c, ch), ch);
             if (mine->bad_rank < 0)
                 hm_combine(slot, hm_coll_slot(c, ch), count, dtype, op);
+        }
+        if (!root) {
+            CHAOS();
+            store_rel(counter(c, c->rank, HM_OFF_SYNC), 2 * e - 1, ord);
+            if ((rc = wait_counter(c, c->parent, HM_CNT_RELEASE, 2 * e)))
+                return rc;
+            if (c->nchildren > 0)
+                store_rel(counter(c, c->rank, HM_OFF_SYNC), 2 * e, ord);
+            if (hdr(c, 0)->bad_rank != -1)
+                return mismatch(c);
+            memcpy(recv, hm_coll_slot(c, 0), nbytes);
+            return HM_OK;
         }
     }
     if (part & HM_RELEASE) {

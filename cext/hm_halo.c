@@ -250,15 +250,9 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
         }
         if (got || !pending)
             continue;
-        if (polls++ < s->policy.spin) {
-            cpu_relax();
-            continue;
-        }
-        if (polls == s->policy.spin + 1)
-            slow_start(&w, &s->policy);
         hm_chan *c = &s->chan[last];
-        uint64_t v = load_acq((const hm_counter *)c->ready, ord);
-        if (slow_tick(&w, &s->policy, c->ready, e, v))
+        uint64_t v = 0;
+        if (idle_poll(&polls, &w, &s->policy, c->ready, e, &v))
             return xchg_fail(s, c, HM_ETIMEOUT, HM_CNT_READY, e, v);
     }
     return HM_OK;
@@ -487,15 +481,9 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
         }
         if (got || !pending)
             continue;
-        if (polls++ < p->policy.spin) {
-            cpu_relax();
-            continue;
-        }
-        if (polls == p->policy.spin + 1)
-            slow_start(&w, &p->policy);
         hm_pull *c = &p->chan[last];
-        uint64_t v = load_acq((const hm_counter *)c->ready, ord);
-        if (slow_tick(&w, &p->policy, c->ready, e, v))
+        uint64_t v = 0;
+        if (idle_poll(&polls, &w, &p->policy, c->ready, e, &v))
             return pull_fail(p, c, HM_ETIMEOUT, HM_CNT_READY, e, v);
     }
     return HM_OK;

@@ -45,6 +45,15 @@ static int read_words(PyObject *seq, Py_ssize_t n, unsigned long long *out)
     .tp_basicsize = sizeof(T), .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,     \
     .tp_vectorcall_offset = offsetof(T, vectorcall), .tp_call = PyVectorcall_Call, .tp_doc = DOC
 
+/* A new reference to `o`, or to None when it is NULL (the __wrapped__ getters). */
+static PyObject *ref_or_none(PyObject *o)
+{
+    if (o == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(o);
+    return o;
+}
+
 typedef void (*begin_fn)(void);
 typedef int (*end_fn)(void *);
 
@@ -98,11 +107,7 @@ static void timed_dealloc(Timed *t)
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
-static PyObject *timed_wrapped(Timed *t, void *closure)
-{
-    Py_INCREF(t->fn);
-    return t->fn;
-}
+static PyObject *timed_wrapped(Timed *t, void *closure) { return ref_or_none(t->fn); }
 
 static PyGetSetDef timed_getset[] = {
     {"__wrapped__", (getter)timed_wrapped, NULL, "the timed callable", NULL},
@@ -249,11 +254,7 @@ static PyObject *near_close(Near *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *near_wrapped(Near *t, void *closure)
-{
-    Py_INCREF(t->fallback);
-    return t->fallback;
-}
+static PyObject *near_wrapped(Near *t, void *closure) { return ref_or_none(t->fallback); }
 
 static PyMethodDef near_methods[] = {
     {"close", (PyCFunction)near_close, METH_NOARGS, "send every later call to the fallback"},
@@ -572,13 +573,7 @@ static PyObject *hot_close(Hot *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *hot_wrapped(Hot *t, void *closure)
-{
-    if (t->fallback == NULL)
-        Py_RETURN_NONE;
-    Py_INCREF(t->fallback);
-    return t->fallback;
-}
+static PyObject *hot_wrapped(Hot *t, void *closure) { return ref_or_none(t->fallback); }
 
 static PyMethodDef hot_methods[] = {
     {"add", (PyCFunction)hot_add, METH_O, "serve this array too"},

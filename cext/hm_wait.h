@@ -133,6 +133,23 @@ static inline int slow_tick(hm_slow *w, const hm_wait_policy *pol, const void *w
     return 0;
 }
 
+/* One idle round of a loop that polls several words and takes whichever is
+ * ready first (none was this round): spin first, then the slow wait's step on
+ * `word`, the last one polled (its value into *seen).  1 once the deadline
+ * passed. */
+static inline int idle_poll(int64_t *polls, hm_slow *w, const hm_wait_policy *pol,
+                            const void *word, uint64_t value, uint64_t *seen)
+{
+    if ((*polls)++ < pol->spin) {
+        cpu_relax();
+        return 0;
+    }
+    if (*polls == pol->spin + 1)
+        slow_start(w, pol);
+    *seen = load_acq((const hm_counter *)word, pol->order);
+    return slow_tick(w, pol, word, value, *seen);
+}
+
 /* The slow part of a wait, kept out of line so the fast path stays small:
  * yield while ranks may be sharing cores, then sleep, checking the
  * deadline between polls. */

@@ -6,6 +6,7 @@ import contextlib
 import sys
 import traceback
 from collections.abc import Iterator
+from typing import Any
 
 
 class SyncTimeout(RuntimeError):
@@ -19,7 +20,9 @@ class SyncTimeout(RuntimeError):
         missing: ranks of this node that had not entered the call.
     """
 
-    def __init__(self, message, *, rank=None, peer=None, counter=None, epoch=None, missing=()):
+    def __init__(self, message: str, *, rank: int | None = None, peer: int | None = None,
+                 counter: str | None = None, epoch: int | None = None,
+                 missing: Any = ()) -> None:
         super().__init__(message)
         self.rank = rank
         self.peer = peer
@@ -37,7 +40,7 @@ class PeerError(RuntimeError):
         peer: the rank whose error bits were seen (None when not known).
     """
 
-    def __init__(self, message, *, rank=None, peer=None):
+    def __init__(self, message: str, *, rank: int | None = None, peer: int | None = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.peer = peer

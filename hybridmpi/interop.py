@@ -5,9 +5,16 @@ Both give each ghost its owner and the owner's local id, so one exchange of thos
 the send lists (``from_remote``); nothing imports DOLFINx or petsc4py until it is asked for.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .pattern import GhostPattern, _agree, _alltoallv
+
+if TYPE_CHECKING:
+    from .comm import HybridComm
 
 
 def _attr(obj, name):
@@ -16,7 +23,8 @@ def _attr(obj, name):
     return value() if callable(value) else value
 
 
-def from_remote(hc, size, n_owned, ghost_local, owner, remote):
+def from_remote(hc: HybridComm, size: int, n_owned: int, ghost_local: np.ndarray, owner: np.ndarray,
+                remote: np.ndarray) -> GhostPattern:
     """The pattern of ghosts at local ids ``ghost_local``, each owned by rank ``owner[i]`` at
     its local id ``remote[i]`` (collective).  Ghosts receive from their owners in the order
     given; each owner sends in the order its peer asked.  A requested id that is out of the
@@ -50,11 +58,14 @@ def from_remote(hc, size, n_owned, ghost_local, owner, remote):
     return pattern
 
 
-def from_index_map(hc, index_map):
+def from_index_map(hc: HybridComm, index_map: Any) -> GhostPattern:
     """See :meth:`GhostPattern.from_index_map`."""
     comm = GhostPattern._comm_of(hc)
     rank = hc.rank
-    problem, n, lo, ghosts, owners, size_global = None, 0, 0, None, None, None
+    problem: Any = None
+    n, lo, size_global = 0, 0, None
+    ghosts: Any = None
+    owners: Any = None
     try:
         n = int(_attr(index_map, "size_local"))
         lo, hi = (int(v) for v in _attr(index_map, "local_range"))
@@ -86,7 +97,7 @@ def from_index_map(hc, index_map):
                        f"not another rank of this HybridComm's {hc.size}")
         else:
             remote = ghosts - starts[owners] if ghosts.size else ghosts
-            out = np.flatnonzero((remote < 0) | (remote >= sizes[owners])) if ghosts.size else []
+            out: Any = np.flatnonzero((remote < 0) | (remote >= sizes[owners])) if ghosts.size else []
             if len(out):
                 i = out[0]
                 problem = (f"rank {rank}: ghost {int(ghosts[i])} is outside the range of its "
@@ -98,12 +109,15 @@ def from_index_map(hc, index_map):
     return from_remote(hc, n + ghosts.size, n, ghost_local, owners, remote)
 
 
-def from_sf(hc, sf, size=None):
+def from_sf(hc: HybridComm, sf: Any, size: int | None = None) -> GhostPattern:
     """See :meth:`GhostPattern.from_sf`."""
     comm = GhostPattern._comm_of(hc)
     rank = hc.rank
-    problem = None
-    nroots, local, owner, remote = 0, None, None, None
+    problem: Any = None
+    nroots: Any = 0
+    local: Any = None
+    owner: Any = None
+    remote: Any = None
     try:
         from mpi4py import MPI
 
@@ -151,7 +165,7 @@ def from_sf(hc, sf, size=None):
     return from_remote(hc, nroots, nroots - ghost_local.size, ghost_local, owner, remote)
 
 
-def to_sf(pattern):
+def to_sf(pattern: GhostPattern) -> Any:
     """See :meth:`GhostPattern.to_sf`."""
     from petsc4py import PETSc
 
@@ -163,15 +177,15 @@ def to_sf(pattern):
     theirs, _, counts, _ = _alltoallv(comm, MPI, ids, peers, hc.size)
     # theirs: for each owner in rank order, its local ids of this rank's ghosts, in the
     # order of pattern.recv[owner]
-    local, remote = [], []
+    locals_, remotes = [], []
     start = 0
     for p in np.flatnonzero(counts):
         k = int(counts[p])
-        local.append(pattern.recv[int(p)])
-        remote.append(np.stack([np.full(k, p, dtype=np.int64), theirs[start:start + k]], axis=1))
+        locals_.append(pattern.recv[int(p)])
+        remotes.append(np.stack([np.full(k, p, dtype=np.int64), theirs[start:start + k]], axis=1))
         start += k
-    local = np.concatenate(local) if local else np.zeros(0, dtype=np.int64)
-    remote = np.concatenate(remote) if remote else np.zeros((0, 2), dtype=np.int64)
+    local = np.concatenate(locals_) if locals_ else np.zeros(0, dtype=np.int64)
+    remote = np.concatenate(remotes) if remotes else np.zeros((0, 2), dtype=np.int64)
     sf = PETSc.SF().create(comm=comm)
     sf.setGraph(pattern.size, local.astype(PETSc.IntType), remote.reshape(-1).astype(PETSc.IntType))
     sf.setUp()

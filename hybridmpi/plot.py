@@ -1,7 +1,10 @@
 """PNG figures from benchmark JSON documents, in the spirit of the paper's figures."""
 
+from __future__ import annotations
+
 import json
 import os
+from typing import Any
 
 from .bench import validate
 
@@ -38,7 +41,7 @@ def _save(plt, fig, ax, title, path):
     return path
 
 
-def plot(source, outdir):
+def plot(source: Any, outdir: str) -> list[str]:
     """Write the figures of one result document; return their paths.
 
     ``<benchmark>-time.png``: mean time per call of every series against

@@ -8,11 +8,18 @@ change every ``check_every`` steps.  Every cell's arithmetic is the same whateve
 decomposition, so every exchange and rank count gives the same bits.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .._resource import Freed
 from ._stepper import Stepper, check_names, interior, start_arrays
 from .grid import Grid, make_exchange
+
+if TYPE_CHECKING:
+    from ..comm import HybridComm
 
 #: the ways of filling the halos (``--exchange``)
 EXCHANGES = ("sendrecv", "rma", "get", "get-nb", "put", "halo")
@@ -38,8 +45,9 @@ class Heat3D(Freed):
         ValueError: unknown exchange, fewer cells than ranks along an axis.
     """
 
-    def __init__(self, hc, grid=(32, 32, 32), *, exchange="halo", k0=1.0, beta=0.5, check_every=10,
-                 dims=None):
+    def __init__(self, hc: HybridComm, grid: tuple[int, int, int] = (32, 32, 32), *,
+                 exchange: str = "halo", k0: float = 1.0, beta: float = 0.5, check_every: int = 10,
+                 dims: tuple[int, int, int] | None = None) -> None:
         check_names(exchange, EXCHANGES, "Heat3D")
         self.hc = hc
         self.exchange = exchange
@@ -64,7 +72,7 @@ class Heat3D(Freed):
             # the first step reads halos that the previous step's push would have filled
             self.ex.after(self.stepper.current)
         self._inner = interior(3)
-        self._bufs = {}
+        self._bufs: dict[Any, Any] = {}
 
     def _scratch(self, box, shape):
         """Work arrays of a box, made once (fresh temporaries each step cost page faults)."""
@@ -99,7 +107,7 @@ class Heat3D(Freed):
         flux += c
         y[box] = flux
 
-    def run(self, steps):
+    def run(self, steps: int) -> float | None:
         """Advance ``steps`` steps; returns the largest change of the last check (or None)."""
         st = self.stepper
         for _ in range(steps):
@@ -110,16 +118,17 @@ class Heat3D(Freed):
         return self.change
 
     @property
-    def temperature(self):
+    def temperature(self) -> np.ndarray:
         """This rank's current array (halos included)."""
         return self.stepper.current
 
-    def checksum(self):
+    def checksum(self) -> float:
         """The sum of the final grid in global cell order: the same number at every rank
         count and with every exchange (collective; every rank gets it)."""
         whole = self.grid.gather(self.temperature)
         return self.hc.comm.bcast(None if whole is None else float(np.sum(whole)), root=0)
 
-    def free(self):
+    def free(self) -> None:
+        """Free the exchange's MPI and shared-memory resources (collective)."""
         self.ex.free()
 

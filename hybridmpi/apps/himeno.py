@@ -10,14 +10,22 @@ summed over the ranks.  ``b0..b2 = 0`` make the diagonal terms vanish, so only f
 (as in the MPI reference).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .._resource import Freed
 from ._stepper import Stepper, check_names, start_arrays
 from .grid import Grid, make_exchange
 
+if TYPE_CHECKING:
+    from ..comm import HybridComm
+
 #: problem sizes (mimax, mjmax, mkmax)
-SIZES = {"XS": (32, 32, 64), "S": (64, 64, 128), "M": (128, 128, 256), "L": (256, 256, 512)}
+SIZES: dict[str, tuple[int, int, int]] = {"XS": (32, 32, 64), "S": (64, 64, 128), "M": (128, 128, 256),
+                                          "L": (256, 256, 512)}
 #: the ways of filling the halos (``--exchange``)
 EXCHANGES = ("mpi", "mpi-nb", "coarray", "halo")
 
@@ -45,7 +53,8 @@ class Himeno(Freed):
         ValueError: unknown size or exchange, fewer points than ranks.
     """
 
-    def __init__(self, hc, size="S", *, exchange="mpi", dims=None):
+    def __init__(self, hc: HybridComm, size: str | tuple[int, int, int] = "S", *, exchange: str = "mpi",
+                 dims: tuple[int, int, int] | None = None) -> None:
         check_names(exchange, EXCHANGES, "Himeno")
         if isinstance(size, str):
             if size not in SIZES:
@@ -67,9 +76,9 @@ class Himeno(Freed):
         self.stepper = Stepper(self.ex, start_arrays(self.ex, init), self.grid.owned, (mkmax,))
         if exchange == "coarray":
             self.ex.after(self.stepper.current)
-        self.gosa = None
+        self.gosa: float | None = None
         self._gosa_local = _F(0)
-        self._bufs = {}
+        self._bufs: dict[Any, Any] = {}
 
     def _update(self, y, x, box):
         i, j, k = box
@@ -109,7 +118,7 @@ class Himeno(Freed):
         s0 += p
         y[box] = s0
 
-    def run(self, iterations):
+    def run(self, iterations: int) -> float | None:
         """Run ``iterations`` Jacobi iterations; returns ``gosa`` of the last one (summed over ranks)."""
         st = self.stepper
         for _ in range(iterations):
@@ -119,20 +128,21 @@ class Himeno(Freed):
         return self.gosa
 
     @property
-    def flops_per_iteration(self):
+    def flops_per_iteration(self) -> int:
         """Floating-point operations per iteration as the reference counts them."""
         imax, jmax, kmax = (n - 1 for n in self.size)
         return (imax - 2) * (jmax - 2) * (kmax - 2) * 34
 
     @property
-    def pressure(self):
+    def pressure(self) -> np.ndarray:
         """This rank's current ``p`` (halos included)."""
         return self.stepper.current
 
-    def gather(self):
+    def gather(self) -> np.ndarray | None:
         """The global interior of ``p`` in i and j (all of k) on rank 0, None elsewhere."""
         return self.grid.gather(self.pressure)
 
-    def free(self):
+    def free(self) -> None:
+        """Free the exchange's MPI and shared-memory resources (collective)."""
         self.ex.free()
 

@@ -7,11 +7,19 @@ the cell's smallest global id) and the contributions to ghost points are
 combined into their owners with ``Halo.reverse(op="add")``.
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..halo import Halo
+
+if TYPE_CHECKING:
+    from ..comm import HybridComm
+    from ..mesh.distribute import LocalMesh
 
 # Degree-2 rule on the tetrahedron: four points, barycentric (a, b, b, b), weights 1/4.
 _A, _B = 0.5854101966249685, 0.1381966011250105
@@ -43,7 +51,7 @@ def _counted_here(lm):
     return first < lm.n_owned
 
 
-def cube_boundary(hc, points):
+def cube_boundary(hc: HybridComm, points: np.ndarray) -> np.ndarray:
     """Points on the faces of the global bounding box (the unit cube's boundary)."""
     lo = hc.allreduce(points.min(0) if len(points) else np.full(3, np.inf), "min")
     hi = hc.allreduce(points.max(0) if len(points) else np.full(3, -np.inf), "max")
@@ -72,7 +80,9 @@ class Poisson:
         n_inner: the first ``n_inner`` rows need no ghost value.
     """
 
-    def __init__(self, hc, lm, f, g, *, boundary=None, method="atomic"):
+    def __init__(self, hc: HybridComm, lm: LocalMesh, f: Callable[[np.ndarray], np.ndarray],
+                 g: Callable[[np.ndarray], np.ndarray], *, boundary: np.ndarray | None = None,
+                 method: str = "atomic") -> None:
         import scipy.sparse as sp
 
         self.hc, self.lm = hc, lm
@@ -119,9 +129,9 @@ class Poisson:
         self.outer = np.flatnonzero(has_ghost)
         self.A_inner, self.A_outer = a[self.inner], a[self.outer]
         self.n_inner = int(self.inner.size)
-        self._p = None  # the shared search direction of cg()
+        self._p: Any = None  # the shared search direction of cg()
 
-    def matvec(self, p, out, exchange=None):
+    def matvec(self, p: np.ndarray, out: np.ndarray, exchange: Any = None) -> None:
         """out = A p; the ghost update of ``p`` overlaps the rows that need no ghost."""
         ex = exchange or self.halo
         ex.update_begin(p)
@@ -129,7 +139,9 @@ class Poisson:
         ex.update_end(p)
         out[self.outer] = self.A_outer @ p
 
-    def cg(self, *, tol=1e-10, maxiter=None, exchange=None, allreduce=None, fixed=None, shared=True):
+    def cg(self, *, tol: float = 1e-10, maxiter: int | None = None, exchange: Any = None,
+           allreduce: Any = None, fixed: int | None = None,
+           shared: bool = True) -> tuple[np.ndarray, int, dict[str, float]]:
         """Jacobi-preconditioned conjugate gradients.
 
         Args:
@@ -173,6 +185,7 @@ class Poisson:
             p[...] = 0
         else:
             p = np.zeros(size)
+        assert p is not None
         p[:n] = z
         rz = red(float(r @ z))
         norm_b = red(float(self.b @ self.b)) ** 0.5 or 1.0
@@ -214,7 +227,7 @@ class Poisson:
         ex.update_end(x)
         return x, it, t
 
-    def l2_error(self, x, u):
+    def l2_error(self, x: np.ndarray, u: Callable[[np.ndarray], np.ndarray]) -> float:
         """||u_h - u||_L2 over the whole mesh (collective; ``x`` with ghosts updated)."""
         lm = self.lm
         mine = _counted_here(lm)
@@ -225,12 +238,14 @@ class Poisson:
         uh = x[cells] @ QUAD.T
         return self.hc.allreduce(float(((uh - uq) ** 2 @ np.full(4, 0.25) * vol).sum())) ** 0.5
 
-    def free(self):
+    def free(self) -> None:
         """Free the Halo (collective)."""
         self.halo.free()
 
 
-def solve_poisson(hc, local_mesh, f, g, *, method="atomic", tol=1e-10):
+def solve_poisson(hc: HybridComm, local_mesh: LocalMesh, f: Callable[[np.ndarray], np.ndarray],
+                  g: Callable[[np.ndarray], np.ndarray], *, method: str = "atomic",
+                  tol: float = 1e-10) -> tuple[np.ndarray, int]:
     """Solve -Δu = f, u = g on the boundary of the mesh's bounding box, with P1 elements and CG.
 
     Collective over ``hc``.

@@ -26,7 +26,8 @@ class LocalMesh:
         pattern: the :class:`~hybridmpi.GhostPattern` of the ghosts.
     """
 
-    def __init__(self, global_ids, n_owned, points, cells, pattern):
+    def __init__(self, global_ids: np.ndarray, n_owned: int, points: np.ndarray, cells: np.ndarray,
+                 pattern: GhostPattern) -> None:
         self.global_ids = global_ids
         self.n_owned = n_owned
         self.points = points
@@ -34,7 +35,7 @@ class LocalMesh:
         self.pattern = pattern
 
     @property
-    def size(self):
+    def size(self) -> int:
         """Owned plus ghost points."""
         return len(self.global_ids)
 

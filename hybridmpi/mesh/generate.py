@@ -24,12 +24,12 @@ def _cache_dir(cache_dir):
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridmpi" / "meshes"
 
 
-def mesh_name(h):
+def mesh_name(h: float) -> str:
     """File name of the cube mesh of characteristic length ``h``."""
     return f"cube-h{h:g}.vtu"
 
 
-def tetrahedra(m):
+def tetrahedra(m: Any) -> Any:
     """A meshio.Mesh with only the tetrahedra of ``m`` and only their vertices, renumbered."""
     import meshio
 

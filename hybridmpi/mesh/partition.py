@@ -146,7 +146,7 @@ def partition(m: Any, nparts: int, *, node_size: int | None = None, seed: int = 
     return part
 
 
-def ghost_pairs(m, part):
+def ghost_pairs(m: Any, part: Any) -> tuple[np.ndarray, np.ndarray]:
     """Every (rank, point) with the point owned elsewhere and sharing an edge with one of rank's points."""
     i, j = point_edges(m)
     cut = part[i] != part[j]

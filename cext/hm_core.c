@@ -116,39 +116,44 @@ static int peer_failed(hm_coll *c, int peer, int cnt, uint64_t seen)
     return fail(c, HM_EPEER, seen & HM_FLAGS);
 }
 
+/* The signature in an ENTERED region: kind, count, dtype, op (relaxed: the
+ * call number's acquire load and fence order them). */
+static void load_sig(entered *e, int64_t sig[4])
+{
+    sig[0] = atomic_load_explicit(&e->kind, memory_order_relaxed);
+    sig[1] = atomic_load_explicit(&e->count, memory_order_relaxed);
+    sig[2] = atomic_load_explicit(&e->dtype, memory_order_relaxed);
+    sig[3] = atomic_load_explicit(&e->op, memory_order_relaxed);
+}
+
 /* Whether node rank `peer` is in this rank's call number with another kind
  * of call (then err holds both signatures and the call fails with
  * HM_EMISMATCH). */
 static int other_call(hm_coll *c, int peer)
 {
-    entered *p = ent(c, peer), *m = ent(c, c->rank);
+    entered *p = ent(c, peer);
     if (atomic_load_explicit(&p->call, memory_order_acquire) != c->epoch)
         return 0;
-    int64_t kind = atomic_load_explicit(&p->kind, memory_order_relaxed);
-    int64_t count = atomic_load_explicit(&p->count, memory_order_relaxed);
-    int64_t dtype = atomic_load_explicit(&p->dtype, memory_order_relaxed);
-    int64_t op = atomic_load_explicit(&p->op, memory_order_relaxed);
+    int64_t theirs[4], mine[4];
+    load_sig(p, theirs);
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&p->call, memory_order_relaxed) != c->epoch)
         return 0;
-    int64_t mk = atomic_load_explicit(&m->kind, memory_order_relaxed);
-    int64_t mc = atomic_load_explicit(&m->count, memory_order_relaxed);
-    int64_t md = atomic_load_explicit(&m->dtype, memory_order_relaxed);
-    int64_t mo = atomic_load_explicit(&m->op, memory_order_relaxed);
+    load_sig(ent(c, c->rank), mine);
     /* Ranks in the same algorithm with different arguments reach one verdict
      * by the algorithm's own comparison; only different calls meet here. */
-    if (kind == mk)
+    if (theirs[0] == mine[0])
         return 0;
     c->err.bad_rank = peer;
-    c->err.bad_kind = kind;
-    c->err.bad_count = count;
-    c->err.bad_dtype = dtype;
-    c->err.bad_op = op;
+    c->err.bad_kind = theirs[0];
+    c->err.bad_count = theirs[1];
+    c->err.bad_dtype = theirs[2];
+    c->err.bad_op = theirs[3];
     c->err.peer = c->rank;
-    c->err.root_kind = mk;
-    c->err.root_count = mc;
-    c->err.root_dtype = md;
-    c->err.root_op = mo;
+    c->err.root_kind = mine[0];
+    c->err.root_count = mine[1];
+    c->err.root_dtype = mine[2];
+    c->err.root_op = mine[3];
     return 1;
 }
 

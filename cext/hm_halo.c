@@ -21,16 +21,18 @@
         b += len * (SZ);                                                       \
     }
 
-/* Point sizes of block 1 and 3 for the supported types get their own loop. */
-#define DISPATCH(esz, MOVE)                                                    \
+/* KERNEL(SZ, ARG) with SZ the point size esz: a constant, so each point
+ * size of block 1 and 3 of the supported types gets its own loop, else esz
+ * itself. */
+#define BY_POINT_SIZE(esz, KERNEL, ARG)                                        \
     switch (esz) {                                                             \
-    case 4: COPY_RUNS(4, MOVE) break;                                          \
-    case 8: COPY_RUNS(8, MOVE) break;                                          \
-    case 12: COPY_RUNS(12, MOVE) break;                                        \
-    case 16: COPY_RUNS(16, MOVE) break;                                        \
-    case 24: COPY_RUNS(24, MOVE) break;                                        \
-    case 48: COPY_RUNS(48, MOVE) break;                                        \
-    default: COPY_RUNS(esz, MOVE) break;                                       \
+    case 4: KERNEL(4, ARG) break;                                              \
+    case 8: KERNEL(8, ARG) break;                                              \
+    case 12: KERNEL(12, ARG) break;                                            \
+    case 16: KERNEL(16, ARG) break;                                            \
+    case 24: KERNEL(24, ARG) break;                                            \
+    case 48: KERNEL(48, ARG) break;                                            \
+    default: KERNEL(esz, ARG) break;                                           \
     }
 
 #define TO_BUF(p, b, n) memcpy((b), (p), (n))
@@ -43,45 +45,35 @@
     for (int64_t i = 0; i < n; i++)                                            \
         MOVE(x + (int64_t)idx[i] * (SZ), b + i * (SZ), (SZ));
 
-#define DISPATCH_IDX(esz, MOVE)                                                \
-    switch (esz) {                                                             \
-    case 4: COPY_IDX(4, MOVE) break;                                           \
-    case 8: COPY_IDX(8, MOVE) break;                                           \
-    case 12: COPY_IDX(12, MOVE) break;                                         \
-    case 16: COPY_IDX(16, MOVE) break;                                         \
-    case 24: COPY_IDX(24, MOVE) break;                                         \
-    case 48: COPY_IDX(48, MOVE) break;                                         \
-    default: COPY_IDX(esz, MOVE) break;                                        \
-    }
-
 static void pack(const hm_chan *c, char *restrict b, char *restrict x, int esz)
 {
     if (c->idx) {
         const int32_t *restrict idx = c->idx;
         int64_t n = c->count;
-        DISPATCH_IDX(esz, TO_BUF)
+        BY_POINT_SIZE(esz, COPY_IDX, TO_BUF)
         return;
     }
-    DISPATCH(esz, TO_BUF)
+    BY_POINT_SIZE(esz, COPY_RUNS, TO_BUF)
 }
 
-/* Add point by point through an index list, `PP` values of type T per point
- * (the assembly's reverse update: no call per point). */
-#define ADD_IDX(T, PP)                                                         \
+/* Add point by point through an index list, `PP` values of type T per
+ * point: x's point idx[i] gets the point at SRC (an expression of i).  The
+ * assembly's reverse update, with no call per point. */
+#define ADD_POINTS(T, PP, SRC)                                                 \
     for (int64_t i = 0; i < n; i++) {                                          \
         T *restrict d = (T *)(x + (int64_t)idx[i] * esz);                      \
-        const T *restrict s = (const T *)b + i * (PP);                         \
+        const T *restrict s = (const T *)(SRC);                                \
         for (int k = 0; k < (PP); k++)                                         \
             d[k] = d[k] + s[k];                                                \
     }
 
-#define ADD_IDX_TYPE(T)                                                        \
+#define ADD_POINTS_TYPE(T, SRC)                                                \
     do {                                                                       \
         int pp = esz / (int)sizeof(T);                                         \
-        if (pp == 1) ADD_IDX(T, 1)                                             \
-        else if (pp == 2) ADD_IDX(T, 2)                                        \
-        else if (pp == 3) ADD_IDX(T, 3)                                        \
-        else ADD_IDX(T, pp)                                                    \
+        if (pp == 1) ADD_POINTS(T, 1, SRC)                                     \
+        else if (pp == 2) ADD_POINTS(T, 2, SRC)                                \
+        else if (pp == 3) ADD_POINTS(T, 3, SRC)                                \
+        else ADD_POINTS(T, pp, SRC)                                            \
     } while (0)
 
 static void unpack(const hm_chan *c, const char *restrict buf, char *restrict x, int esz,
@@ -92,15 +84,15 @@ static void unpack(const hm_chan *c, const char *restrict buf, char *restrict x,
         const int32_t *restrict idx = c->idx;
         int64_t n = c->count;
         if (op == HM_INSERT) {
-            DISPATCH_IDX(esz, FROM_BUF)
+            BY_POINT_SIZE(esz, COPY_IDX, FROM_BUF)
             return;
         }
         if (op == HM_SUM && dtype == HM_F64) {
-            ADD_IDX_TYPE(double);
+            ADD_POINTS_TYPE(double, b + i * esz);
             return;
         }
         if (op == HM_SUM && dtype == HM_F32) {
-            ADD_IDX_TYPE(float);
+            ADD_POINTS_TYPE(float, b + i * esz);
             return;
         }
         uint64_t per_point = (uint64_t)esz / hm_dtype_size(dtype);
@@ -109,7 +101,7 @@ static void unpack(const hm_chan *c, const char *restrict buf, char *restrict x,
         return;
     }
     if (op == HM_INSERT) {
-        DISPATCH(esz, FROM_BUF)
+        BY_POINT_SIZE(esz, COPY_RUNS, FROM_BUF)
         return;
     }
     uint64_t per_point = (uint64_t)esz / hm_dtype_size(dtype);
@@ -196,10 +188,67 @@ static inline int try_take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op, 
     return rc ? -rc : 1;
 }
 
+/* Take from the channels i with left[i] set (`pending` of them) whichever is
+ * ready first, so that one slow sender does not hold up the copies from the
+ * others; the waiting policy is the one of wait_geq, applied to the set still
+ * pending.  word(ctx, i) is channel i's READY word; take(ctx, i, v), with v
+ * the value read, returns 1 once it took the channel, 0 while not ready, or
+ * a negative error code.  Returns HM_OK, the error code, or HM_ETIMEOUT with
+ * *late the channel read last and *seen its value.  Inlined into each caller
+ * with its own word and take, so no call is indirect. */
+static inline __attribute__((always_inline)) int
+ready_first(int n, unsigned char *left, int pending, const hm_wait_policy *pol, uint64_t e,
+            const void *(*word)(void *, int), int (*take)(void *, int, uint64_t), void *ctx,
+            int *late, uint64_t *seen)
+{
+    int64_t polls = 0;
+    hm_slow w = {0};
+    int last = 0;
+    while (pending) {
+        int got = 0;
+        for (int i = 0; i < n; i++) {
+            if (!left[i])
+                continue;
+            int rc = take(ctx, i, load_acq((const hm_counter *)word(ctx, i), pol->order));
+            if (rc < 0)
+                return -rc;
+            if (rc) {
+                left[i] = 0;
+                pending--;
+                got = 1;
+            } else {
+                last = i;
+            }
+        }
+        if (got || !pending)
+            continue;
+        if (idle_poll(&polls, &w, pol, word(ctx, last), e, seen)) {
+            *late = last;
+            return HM_ETIMEOUT;
+        }
+    }
+    return HM_OK;
+}
+
+typedef struct {
+    hm_xchg *s;
+    char *x;
+    uint64_t e;
+    int op;
+} xchg_ctx;
+
+static inline const void *xchg_word(void *ctx, int i) { return ((xchg_ctx *)ctx)->s->chan[i].ready; }
+
+static inline int xchg_take(void *ctx, int i, uint64_t v)
+{
+    xchg_ctx *t = ctx;
+    return try_take(t->s, &t->s->chan[i], t->x, t->e, t->op, v);
+}
+
 int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
 {
     HM_PROFILED;
-    int ord = s->policy.order, n = s->n;
+    int n = s->n;
     s->err.code = HM_OK;
     if (op != HM_INSERT && (op < 0 || op >= HM_NOPS || op == HM_PROD))
         return HM_EARG;
@@ -216,9 +265,7 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
         }
         return HM_OK;
     }
-    /* Whichever channel is ready first: one slow sender does not hold up
-     * the copies from the others.  The waiting policy is the one of
-     * wait_geq, applied to the set of channels still pending. */
+    /* channels without a READY word (messages) are taken at once */
     unsigned char left[n + 1];
     int pending = 0;
     for (int i = 0; i < n; i++) {
@@ -228,34 +275,13 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
         else if (take(s, &s->chan[i], x, e, op))
             return HM_EMISMATCH;
     }
-    int64_t polls = 0;
-    hm_slow w = {0};
-    int last = 0;
-    while (pending) {
-        int got = 0;
-        for (int i = 0; i < n; i++) {
-            if (!left[i])
-                continue;
-            uint64_t v = load_acq((const hm_counter *)s->chan[i].ready, ord);
-            int rc = try_take(s, &s->chan[i], x, e, op, v);
-            if (rc < 0)
-                return -rc;
-            if (rc) {
-                left[i] = 0;
-                pending--;
-                got = 1;
-            } else {
-                last = i;
-            }
-        }
-        if (got || !pending)
-            continue;
-        hm_chan *c = &s->chan[last];
-        uint64_t v = 0;
-        if (idle_poll(&polls, &w, &s->policy, c->ready, e, &v))
-            return xchg_fail(s, c, HM_ETIMEOUT, HM_CNT_READY, e, v);
-    }
-    return HM_OK;
+    xchg_ctx ctx = {s, x, e, op};
+    int late = 0;
+    uint64_t seen = 0;
+    int rc = ready_first(n, left, pending, &s->policy, e, xchg_word, xchg_take, &ctx, &late, &seen);
+    if (rc == HM_ETIMEOUT)
+        return xchg_fail(s, &s->chan[late], HM_ETIMEOUT, HM_CNT_READY, e, seen);
+    return rc;
 }
 
 int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t e, int op, int ordered)
@@ -281,7 +307,7 @@ void hm_poison(int n, void **words, uint64_t bits)
 /* Copy or combine the runs of (mine, theirs) pairs of one channel.  Long
  * runs move with memcpy; the point sizes of block 1 and 3 get their own
  * loops, so scattered points cost a few moves each, not a memcpy call. */
-#define PULL_RUNS(SZ)                                                          \
+#define PULL_RUNS(SZ, _)                                                       \
     for (int64_t k = 0; k < c->nruns; k++) {                                   \
         int64_t len = c->len[k];                                               \
         char *d = x + c->mine[k] * (SZ);                                       \
@@ -292,64 +318,31 @@ void hm_poison(int n, void **words, uint64_t bits)
             memcpy(d, s, (size_t)len * (SZ));                                  \
     }
 
-#define PULL_IDX(SZ)                                                           \
+#define PULL_IDX(SZ, _)                                                        \
     for (int64_t i = 0; i < n; i++)                                            \
-        memcpy(x + (int64_t)im[i] * (SZ), c->src + (int64_t)it[i] * (SZ), (SZ));
-
-/* Add the peer's points into this rank's through the two index lists. */
-#define PULL_ADD(T, PP)                                                        \
-    for (int64_t i = 0; i < n; i++) {                                          \
-        T *restrict d = (T *)(x + (int64_t)im[i] * esz);                       \
-        const T *restrict s = (const T *)(c->src + (int64_t)it[i] * esz);      \
-        for (int k = 0; k < (PP); k++)                                         \
-            d[k] = d[k] + s[k];                                                \
-    }
-
-#define PULL_ADD_TYPE(T)                                                       \
-    do {                                                                       \
-        int pp = esz / (int)sizeof(T);                                         \
-        if (pp == 1) PULL_ADD(T, 1)                                            \
-        else if (pp == 3) PULL_ADD(T, 3)                                       \
-        else PULL_ADD(T, pp)                                                   \
-    } while (0)
+        memcpy(x + (int64_t)idx[i] * (SZ), c->src + (int64_t)it[i] * (SZ), (SZ));
 
 static void pull(const hm_pull *c, char *restrict x, int esz, int dtype, int op)
 {
     if (c->imine) {
-        const int32_t *restrict im = c->imine, *restrict it = c->itheirs;
+        const int32_t *restrict idx = c->imine, *restrict it = c->itheirs;
         int64_t n = c->count;
         if (op == HM_SUM && dtype == HM_F64) {
-            PULL_ADD_TYPE(double);
+            ADD_POINTS_TYPE(double, c->src + (int64_t)it[i] * esz);
             return;
         }
         if (op != HM_INSERT) {
             uint64_t per_point = (uint64_t)esz / hm_dtype_size(dtype);
             for (int64_t i = 0; i < n; i++)
-                hm_combine(x + (int64_t)im[i] * esz, c->src + (int64_t)it[i] * esz, per_point,
+                hm_combine(x + (int64_t)idx[i] * esz, c->src + (int64_t)it[i] * esz, per_point,
                            dtype, op);
             return;
         }
-        switch (esz) {
-        case 4: PULL_IDX(4) break;
-        case 8: PULL_IDX(8) break;
-        case 12: PULL_IDX(12) break;
-        case 16: PULL_IDX(16) break;
-        case 24: PULL_IDX(24) break;
-        case 48: PULL_IDX(48) break;
-        default: PULL_IDX(esz) break;
-        }
+        BY_POINT_SIZE(esz, PULL_IDX, 0)
         return;
     }
     if (op == HM_INSERT) {
-        switch (esz) {
-        case 4: PULL_RUNS(4) break;
-        case 8: PULL_RUNS(8) break;
-        case 12: PULL_RUNS(12) break;
-        case 16: PULL_RUNS(16) break;
-        case 24: PULL_RUNS(24) break;
-        case 48: PULL_RUNS(48) break;
-        default: PULL_RUNS(esz) break;
-        }
+        BY_POINT_SIZE(esz, PULL_RUNS, 0)
         return;
     }
     uint64_t per_point = (uint64_t)esz / hm_dtype_size(dtype);
@@ -437,10 +430,29 @@ static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, i
     return 1;
 }
 
+typedef struct {
+    hm_pulls *p;
+    char *x;
+    int64_t tag;
+    uint64_t e;
+    int op;
+} pull_ctx;
+
+static inline const void *pull_word(void *ctx, int i) { return ((pull_ctx *)ctx)->p->chan[i].ready; }
+
+static inline int pull_take(void *ctx, int i, uint64_t v)
+{
+    pull_ctx *t = ctx;
+    if (v < t->e)
+        return 0;
+    int rc = pull_one(t->p, &t->p->chan[i], t->x, t->tag, t->e, t->op, v);
+    return rc < 0 ? rc : 1;
+}
+
 int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int ordered)
 {
     HM_PROFILED;
-    int n = p->n, ord = p->policy.order;
+    int n = p->n;
     p->err.code = HM_OK;
     if (op != HM_INSERT && (op < 0 || op >= HM_NOPS || op == HM_PROD))
         return HM_EARG;
@@ -457,36 +469,15 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
         return HM_OK;
     }
     unsigned char left[n + 1];
-    int pending = n, last = 0;
     for (int i = 0; i < n; i++)
         left[i] = 1;
-    int64_t polls = 0;
-    hm_slow w = {0};
-    while (pending) {
-        int got = 0;
-        for (int i = 0; i < n; i++) {
-            if (!left[i])
-                continue;
-            uint64_t v = load_acq((const hm_counter *)p->chan[i].ready, ord);
-            if (v < e) {
-                last = i;
-                continue;
-            }
-            int rc = pull_one(p, &p->chan[i], x, tag, e, op, v);
-            if (rc < 0)
-                return -rc;
-            left[i] = 0;
-            pending--;
-            got = 1;
-        }
-        if (got || !pending)
-            continue;
-        hm_pull *c = &p->chan[last];
-        uint64_t v = 0;
-        if (idle_poll(&polls, &w, &p->policy, c->ready, e, &v))
-            return pull_fail(p, c, HM_ETIMEOUT, HM_CNT_READY, e, v);
-    }
-    return HM_OK;
+    pull_ctx ctx = {p, x, tag, e, op};
+    int late = 0;
+    uint64_t seen = 0;
+    int rc = ready_first(n, left, n, &p->policy, e, pull_word, pull_take, &ctx, &late, &seen);
+    if (rc == HM_ETIMEOUT)
+        return pull_fail(p, &p->chan[late], HM_ETIMEOUT, HM_CNT_READY, e, seen);
+    return rc;
 }
 
 int hm_wait_done(hm_pulls *p, uint64_t e)

@@ -39,11 +39,13 @@ static int read_words(PyObject *seq, Py_ssize_t n, unsigned long long *out)
     return 0;
 }
 
-/* The fields every callable type of this module shares (a vectorcall object). */
-#define CALLABLE(T, NAME, DOC)                                                                  \
+/* The fields every callable type of this module shares (a vectorcall object
+ * whose functions are PREFIX_new, PREFIX_dealloc and attributes PREFIX_getset). */
+#define CALLABLE(T, PREFIX, NAME, DOC)                                                          \
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._timed." NAME,                         \
     .tp_basicsize = sizeof(T), .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,     \
-    .tp_vectorcall_offset = offsetof(T, vectorcall), .tp_call = PyVectorcall_Call, .tp_doc = DOC
+    .tp_vectorcall_offset = offsetof(T, vectorcall), .tp_call = PyVectorcall_Call, .tp_doc = DOC, \
+    .tp_new = PREFIX##_new, .tp_dealloc = (destructor)PREFIX##_dealloc, .tp_getset = PREFIX##_getset
 
 /* A new reference to `o`, or to None when it is NULL (the __wrapped__ getters). */
 static PyObject *ref_or_none(PyObject *o)
@@ -53,6 +55,11 @@ static PyObject *ref_or_none(PyObject *o)
     Py_INCREF(o);
     return o;
 }
+
+/* The attributes of a type that has only __wrapped__ (its getter: PREFIX_wrapped). */
+#define WRAPPED_ONLY(PREFIX, DOC)                                                               \
+    static PyGetSetDef PREFIX##_getset[] = {                                                    \
+        {"__wrapped__", (getter)PREFIX##_wrapped, NULL, DOC, NULL}, {NULL}}
 
 typedef void (*begin_fn)(void);
 typedef int (*end_fn)(void *);
@@ -109,17 +116,10 @@ static void timed_dealloc(Timed *t)
 
 static PyObject *timed_wrapped(Timed *t, void *closure) { return ref_or_none(t->fn); }
 
-static PyGetSetDef timed_getset[] = {
-    {"__wrapped__", (getter)timed_wrapped, NULL, "the timed callable", NULL},
-    {NULL}
-};
+WRAPPED_ONLY(timed, "the timed callable");
 
 static PyTypeObject TimedType = {
-    CALLABLE(Timed, "Timed",
-             "Timed(fn, begin, end, abort, log): fn timed into a profile log"),
-    .tp_new = timed_new,
-    .tp_dealloc = (destructor)timed_dealloc,
-    .tp_getset = timed_getset,
+    CALLABLE(Timed, timed, "Timed", "Timed(fn, begin, end, abort, log): fn timed into a profile log"),
 };
 
 typedef struct {
@@ -261,18 +261,12 @@ static PyMethodDef near_methods[] = {
     {NULL}
 };
 
-static PyGetSetDef near_getset[] = {
-    {"__wrapped__", (getter)near_wrapped, NULL, "the Python method", NULL},
-    {NULL}
-};
+WRAPPED_ONLY(near, "the Python method");
 
 static PyTypeObject NearType = {
-    CALLABLE(Near, "Near",
+    CALLABLE(Near, near, "Near",
              "Near(ndarray, dtype, fallback, bases, counts, itemsize, get): Put or Get on this node"),
-    .tp_new = near_new,
-    .tp_dealloc = (destructor)near_dealloc,
     .tp_methods = near_methods,
-    .tp_getset = near_getset,
 };
 
 /* ------------------------------------------------------------------ Halo hot paths */
@@ -593,16 +587,13 @@ static PyGetSetDef hot_getset[] = {
 };
 
 static PyTypeObject HotType = {
-    CALLABLE(Hot, "Hot",
+    CALLABLE(Hot, hot, "Hot",
              "Hot(halo, x, fallback, error, op, kind, d, opcode, fn, addrs, buf, tag[, prof]): "
               "Halo.update or reverse of one array, as one C call; prof = (begin, end, abort, "
               "log) records each hot call for a profile, whose wrapper is then the fallback"),
-    .tp_new = hot_new,
-    .tp_dealloc = (destructor)hot_dealloc,
     .tp_traverse = (traverseproc)hot_traverse,
     .tp_clear = (inquiry)hot_clear,
     .tp_methods = hot_methods,
-    .tp_getset = hot_getset,
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._timed",

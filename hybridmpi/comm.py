@@ -135,7 +135,7 @@ def hm_py_warn(word, value, seen, waited):
                         if lib.hm_load(hc._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
                 where = (f"collective call {st.epoch} of {hc!r}, on a word of rank "
                          f"{hc.node_ranks[nr]}; ranks that have not entered it: {late}")
-        for obj in [*hc._children.values(), hc._gm]:
+        for obj in [*hc._children.values(), *hc._services.values()]:
             describe = getattr(obj, "_describe_word", None)
             what = describe(addr) if describe is not None else None
             if what:
@@ -333,8 +333,7 @@ class HybridComm(Collectives):
         self._notices: list[np.ndarray] = []  # the failure notice this rank sent (_break)
         self._notice_from = None  # the first rank whose failure notice came
         self.arena = Arena(self)  # shared memory of Halos and global memory
-        self._gm = None  # the state of sync_images, made with the first GlobalMemory
-        self._cma = None  # _cma_pids(): not probed yet
+        self._services: dict[str, Any] = {}  # other layers' state per comm (_service)
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
         if env["profile"]:
@@ -373,9 +372,11 @@ class HybridComm(Collectives):
             self._profile._state = "failed"
         for child in list(self._children.values()):
             child.free()
-        if self._gm is not None:
-            self._gm.free()
-            self._gm = None
+        services, self._services = self._services, {}
+        for s in services.values():
+            free = getattr(s, "free", None)
+            if free is not None:
+                free()
         self.arena.free()
         self._st = self._live = self._one_node_st = self._rd_st = None
         self._bufs = {}
@@ -399,26 +400,15 @@ class HybridComm(Collectives):
         else:
             c.Free()
 
-    def _cma_pids(self):
-        """The process ids of this node's ranks (by node rank) if every rank can read every
-        other node rank's memory with process_vm_readv (cross-memory attach), else None.
-        Collective over the whole communicator the first time (cached)."""
-        if self._cma is None:
-            import os
-
-            MPI = self._MPI
-            word = np.array([os.getpid(), self.rank], dtype=np.int64)
-            peers = self.node_comm.allgather((os.getpid(), word.ctypes.data, self.rank))
-            ok = self.node_size > 1
-            got = np.zeros(2, dtype=np.int64)
-            for pid, addr, rank in peers:
-                if ok and rank != self.rank:
-                    ok = bool(lib.hm_cma_probe(pid, ffi.cast("void *", addr),
-                                               ffi.cast("void *", got.ctypes.data), 16))
-                    ok = ok and got.tolist() == [pid, rank]
-            ok = self.comm.allreduce(int(ok), op=MPI.MIN)  # word stays alive until here
-            self._cma = [pid for pid, _, _ in peers] if ok else False
-        return self._cma or None
+    def _service(self, name, make):
+        """The state that another layer keeps once per HybridComm (global memory's sync_images
+        counters, the cross-memory attach probe), made by ``make(self)`` on first use.  Its
+        ``poison(bits)`` runs when the comm breaks, its ``free()`` after the children's, and
+        its ``_describe_word(addr)`` names the words a hang waits on, where it has them."""
+        s = self._services.get(name)
+        if s is None:
+            s = self._services[name] = make(self)
+        return s
 
     def _adopt(self, child):
         """Register a Halo, GlobalMemory or Coarray made on this comm (freed with it; recorded
@@ -538,12 +528,10 @@ class HybridComm(Collectives):
             return
         bits = ERRBIT | (MISBIT if why == "ValueError" else 0)
         lib.hm_coll_poison(self._st, bits)
-        for child in list(self._children.values()):
-            poison = getattr(child, "_poison", None)
+        for obj in [*self._children.values(), *self._services.values()]:
+            poison = getattr(obj, "_poison", None)
             if poison is not None:
                 poison(bits)
-        if self._gm is not None:
-            self._gm.poison(bits)
         if notify and self.size > 1:
             from .transport._base import ERROR_TAG
 

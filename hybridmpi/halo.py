@@ -17,10 +17,11 @@ from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV, Exchange, Fault
+from .transport.atomic import cma_pids
 
 _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _WHAT = {FWD: "update", REV: "reverse"}
-_COLD = (None, None, None, None, None)  # no hot array yet (Halo.update)
+_COLD: tuple[Any, ...] = (None, None, None, None, None)  # no hot array yet (Halo.update)
 _xchg_both = lib.hm_xchg_both
 _xchg_update = lib.hm_xchg_update
 try:  # the hot paths as C objects (Halo._install)
@@ -160,7 +161,7 @@ class Halo(Freed):
         self._cma = None
         threshold = _setting(hc, "cma_bytes", CMA_BYTES)
         if self.method == "atomic" and biggest >= threshold:
-            pids = hc._cma_pids()
+            pids = cma_pids(hc)
             on = hc.env["cma"]
             if pids and hc.comm.allreduce(int(on and self._t.long_runs(self._node_ids(), CMA_MIN_RUN)),
                                           op=hc._MPI.MIN):
@@ -463,15 +464,24 @@ class Halo(Freed):
             SyncTimeout: a peer did not take part within the timeout.
         """
         hot = self._hot_f
-        if (x is hot[0] and self._pending is None and self._broken is None
-                and x.dtype is self.dtype and x.shape == hot[2] and x.flags.writeable):
-            e = self._epoch[FWD] = self._epoch[FWD] + 1
-            self._current = FWD
+        e = self._hot_epoch(x, hot, FWD)
+        if e:
             rc = hot[3](hot[1], e)
             if rc:
                 hot[4](rc)
             return
         self._update(x)
+
+    def _hot_epoch(self, x, hot, d):
+        """When ``x`` is the hot array ``hot[0]`` of direction ``d`` and nothing changed
+        (no pending begin, not broken, same dtype, shape and writeable), start the call:
+        return its epoch; else 0.  (The C object of ``_install`` makes the same checks.)"""
+        if (x is hot[0] and self._pending is None and self._broken is None
+                and x.dtype is self.dtype and x.shape == hot[2] and x.flags.writeable):
+            e = self._epoch[d] = self._epoch[d] + 1
+            self._current = d
+            return e
+        return 0
 
     def _update(self, x):
         """The checked, general path of :meth:`update`."""
@@ -519,16 +529,13 @@ class Halo(Freed):
             SyncTimeout: a peer did not take part within the timeout.
         """
         hot = self._hot_r
-        if (x is hot[0] and self._pending is None and self._broken is None
-                and x.dtype is self.dtype and x.shape == hot[2] and x.flags.writeable):
-            code = self._rops.get(op) if type(op) is str else None
-            if code is not None:
-                e = self._epoch[REV] = self._epoch[REV] + 1
-                self._current = REV
-                rc = _xchg_both(hot[3], hot[4], hot[1], e, code, REV)
-                if rc:
-                    self._fast_error(REV, rc)
-                return
+        code = self._rops.get(op) if type(op) is str else None
+        e = self._hot_epoch(x, hot, REV) if code is not None else 0
+        if e:
+            rc = _xchg_both(hot[3], hot[4], hot[1], e, code, REV)
+            if rc:
+                self._fast_error(REV, rc)
+            return
         self._reverse(x, op)
 
     def _reverse(self, x, op):

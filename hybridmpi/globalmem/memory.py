@@ -332,8 +332,7 @@ class GlobalMemory(Freed):
                 fast.close()  # a reference kept by the caller now raises FreedError too
         if self._win is not None and not self.hc._MPI.Is_finalized():
             self._win.Flush_all()  # every pending operation on the window: none stays dirty
-            if self.hc._gm is not None:
-                self.hc._gm.dirty.pop(id(self._win), None)
+            self._sync.dirty.pop(id(self._win), None)
         self._block.free()
 
     @property

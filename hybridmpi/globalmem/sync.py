@@ -180,7 +180,7 @@ class Sync:
                         f"(call {int(self.calls[r])} naming it)")
         return None
 
-    def poison(self, bits):
+    def _poison(self, bits):
         """Error bits in the sync_images counters this rank writes (its HybridComm broke)."""
         if self.block.chunk is None:
             return
@@ -203,8 +203,6 @@ class Sync:
 
 def sync_state(hc):
     """The HybridComm's Sync, made with its first global memory."""
-    if hc._gm is None:
-        hc._gm = Sync(hc)
-    return hc._gm
+    return hc._service("sync_images", Sync)
 
 

@@ -13,6 +13,7 @@ readers, and private arrays read by cross-memory attach.
 """
 
 import functools
+import os
 
 import numpy as np
 
@@ -94,6 +95,29 @@ def _pair_runs(mine, theirs):
     lengths = np.diff(np.append(first, mine.size))
     return (np.ascontiguousarray(mine[first], dtype=np.int64),
             np.ascontiguousarray(theirs[first], dtype=np.int64), lengths.astype(np.int64))
+
+
+def _probe_cma(hc):
+    """The process ids of this node's ranks (by node rank) if every rank can read every
+    other node rank's memory with process_vm_readv (cross-memory attach), else False.
+    Collective over the whole communicator."""
+    word = np.array([os.getpid(), hc.rank], dtype=np.int64)
+    peers = hc.node_comm.allgather((os.getpid(), word.ctypes.data, hc.rank))
+    ok = hc.node_size > 1
+    got = np.zeros(2, dtype=np.int64)
+    for pid, addr, rank in peers:
+        if ok and rank != hc.rank:
+            ok = bool(lib.hm_cma_probe(pid, ffi.cast("void *", addr),
+                                       ffi.cast("void *", got.ctypes.data), 16))
+            ok = ok and got.tolist() == [pid, rank]
+    ok = hc.comm.allreduce(int(ok), op=hc._MPI.MIN)  # word stays alive until here
+    return [pid for pid, _, _ in peers] if ok else False
+
+
+def cma_pids(hc):
+    """The process ids of this node's ranks when cross-memory attach works between them,
+    else None: probed once per HybridComm (collective the first time)."""
+    return hc._service("cma", _probe_cma) or None
 
 
 class ZeroCopy:

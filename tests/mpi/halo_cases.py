@@ -17,6 +17,7 @@ from _harness import agree, main
 
 import hybridmpi
 from hybridmpi import FreedError, GhostPattern, Halo, PatternError, SyncTimeout
+from hybridmpi.transport.atomic import cma_pids
 
 METHODS = ["atomic", "flat", "neighbor", "fence", "pscw", "lock"]
 DTYPES = [np.float64, np.float32, np.int64, np.complex128]
@@ -270,7 +271,7 @@ def case_cross_memory_attach(comm, rng, **cfg):
                         # The first large Halo probed, collectively even where a virtual
                         # node has one rank (nothing above called the probe first); this
                         # call reads the cached answer.
-                        probe = hc._cma_pids()
+                        probe = cma_pids(hc)
                         agree(comm, probe is not None)
                         expect = probe is not None and "HYBRIDMPI_CMA" not in env
                         assert (h._cma is not None) == expect, (env, h._cma, probe)
@@ -286,7 +287,7 @@ def case_cross_memory_attach_failure(comm, rng, **cfg):
     finally:
         del os.environ["HYBRIDMPI_CMA_BYTES"]
     with hc:
-        if hc.size != 2 or hc.node_size != 2 or hc._cma_pids() is None:
+        if hc.size != 2 or hc.node_size != 2 or cma_pids(hc) is None:
             return
         lay = RunLayout(comm)
         pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)

@@ -108,21 +108,42 @@ class Block:
             self.chunk = None
 
 
+def allocate_shared(hc, nbytes):
+    """A shared window of ``nbytes`` per rank over the node of ``hc`` (collective on the node),
+    each rank's segment starting on a 128-byte boundary: one region more is allocated, and
+    since shared mappings are page-aligned in every process, every process finds the same
+    aligned offset.
+
+    Returns:
+        (window, aligned address of each node rank's segment, its offset from the rank's
+        window base).
+    """
+    MPI = hc._MPI
+    info = MPI.Info.Create()
+    info.Set("alloc_shared_noncontig", "true")
+    try:
+        win = MPI.Win.Allocate_shared(nbytes + _R, 1, info=info, comm=hc.node_comm)
+    finally:
+        info.Free()
+    bases, pads = [], []
+    for r in range(hc.node_size):
+        buf, _ = win.Shared_query(r)
+        aligned = -(-buf.address // _R) * _R
+        bases.append(aligned)
+        pads.append(aligned - buf.address)
+    return win, bases, pads
+
+
 class _Chunk:
     def __init__(self, arena, nbytes):
         hc = arena.hc
         MPI = hc._MPI
-        info = MPI.Info.Create()
-        info.Set("alloc_shared_noncontig", "true")
         win = rma = None
         error = None
         try:
-            # One region more, to start each segment on a 128-byte boundary.
-            win = MPI.Win.Allocate_shared(nbytes + _R, 1, info=info, comm=hc.node_comm)
+            win, self.base, _ = allocate_shared(hc, nbytes)
         except MPI.Exception as e:
             error = f"rank {hc.rank}: MPI_Win_allocate_shared of {nbytes} bytes failed: {e}"
-        finally:
-            info.Free()
         try:
             agree(hc.comm, error and (MemoryError, error), "shared memory")
         except MemoryError:
@@ -130,10 +151,6 @@ class _Chunk:
                 win.Free()
             raise
         self.win = win
-        self.base = []
-        for r in range(hc.node_size):
-            buf, _ = win.Shared_query(r)
-            self.base.append(-(-buf.address // _R) * _R)
         self.size = nbytes
         self.free_list = [(0, nbytes)] if nbytes else []
         self.live = 0

@@ -17,7 +17,7 @@ import numpy as np
 from ._agree import agree
 from ._clib import ERRBIT, MISBIT, ffi, lib
 from ._types import mpi as _mpi
-from .arena import Arena
+from .arena import Arena, allocate_shared
 from .collectives import SLOT_BYTES, Collectives
 from .errors import FreedError, PeerError, SyncTimeout
 
@@ -202,7 +202,9 @@ class HybridComm(Collectives):
 
     Attributes:
         comm, node_comm, leader_comm (``MPI.COMM_NULL`` off the leaders),
-        node_rank, node_size, node_id, num_nodes, is_leader, rank, size.
+        node_rank, node_size, node_id, num_nodes, is_leader, rank, size;
+        node_ranks (the ranks of this node, by node rank) and node_index
+        (their node ranks, by rank).
 
     Raises:
         TypeError: ``comm`` is not an intracommunicator.
@@ -277,24 +279,14 @@ class HybridComm(Collectives):
         ids = (self.leader_comm.Get_rank(), self.leader_comm.Get_size()) if self.is_leader else None
         self.node_id, self.num_nodes = self.node_comm.bcast(ids, root=0)
         self.node_ranks = self.node_comm.allgather(self.rank)
+        #: the node rank of each rank of this node (the inverse of node_ranks)
+        self.node_index = {r: i for i, r in enumerate(self.node_ranks)}
         self.memory_order = memory_order
         self.timeout = timeout if timeout and timeout < _FOREVER_S else None
         self.radix = radix
 
-        # One region more than needed, so each segment can start on a
-        # 128-byte boundary; shared mappings are page-aligned in every
-        # process, so every process finds the same aligned offset.
-        seg_bytes = lib.hm_coll_segment_bytes(SLOT_BYTES) + lib.HM_REGION
-        info = MPI.Info.Create()
-        info.Set("alloc_shared_noncontig", "true")
-        try:
-            self._win = MPI.Win.Allocate_shared(seg_bytes, 1, info=info, comm=self.node_comm)
-        finally:
-            info.Free()
-        self._segs = ffi.new("char *[]", self.node_size)
-        for r in range(self.node_size):
-            buf, _ = self._win.Shared_query(r)
-            self._segs[r] = ffi.cast("char *", -(-buf.address // lib.HM_REGION) * lib.HM_REGION)
+        self._win, bases, _ = allocate_shared(self, lib.hm_coll_segment_bytes(SLOT_BYTES))
+        self._segs = ffi.new("char *[]", [ffi.cast("char *", b) for b in bases])
         # Load/store access to the window is legal inside a passive epoch;
         # the C11 atomics do the ordering.
         self._win.Lock_all(MPI.MODE_NOCHECK)

@@ -86,7 +86,7 @@ class Halo(Freed):
         hc = pattern.hc
         if hc.closed:
             raise FreedError(f"hybridmpi: rank {hc.rank}: Halo on a freed HybridComm")
-        self._t: Any = None
+        self._transport: Any = None
         problem: Any = None
         try:
             dt = np.dtype(dtype)
@@ -147,13 +147,13 @@ class Halo(Freed):
                                  graph=pattern._graph_comm, graph_release=pattern._graph_release)
         if method == "auto":
             try:
-                self._t = METHODS["atomic"](self.exchange)
+                self._transport = METHODS["atomic"](self.exchange)
                 self.method = "atomic"
             except MemoryError as e:
                 warnings.warn(f"{e}; using method 'flat'", RuntimeWarning, stacklevel=2)
                 self.method = "flat"
-        if self._t is None:
-            self._t = METHODS[self.method](self.exchange)
+        if self._transport is None:
+            self._transport = METHODS[self.method](self.exchange)
         self._biggest = biggest  # the largest channel inside a node, over all ranks (bytes)
         # Blocking forward updates of private arrays by cross-memory attach: large channels
         # of long runs, on a node where process_vm_readv works (the same choice everywhere;
@@ -163,16 +163,17 @@ class Halo(Freed):
         if self.method == "atomic" and biggest >= threshold:
             pids = cma_pids(hc)
             on = hc.env["cma"]
-            if pids and hc.comm.allreduce(int(on and self._t.long_runs(self._node_ids(), CMA_MIN_RUN)),
-                                          op=hc._MPI.MIN):
-                self._cma = self._t.cross_memory(self._theirs, pids)
+            if pids:
+                runs = on and self._transport.long_runs(self._node_ids(), CMA_MIN_RUN)
+                if hc.comm.allreduce(int(runs), op=hc._MPI.MIN):
+                    self._cma = self._transport.cross_memory(self._theirs, pids)
         # The hot path: a blocking update or reverse of the array of the last such call,
         # method atomic, every peer on this node: one identity test and three cheap checks,
         # then one C call (_fast: the packed exchanges of each direction, or None).
         self._fast: list[Any] = [None, None]
         self._hot_sig: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
         if self.method == "atomic":
-            self._fast = [self._t.packed(FWD), self._t.packed(REV)]
+            self._fast = [self._transport.packed(FWD), self._transport.packed(REV)]
         self._hot_f = self._hot_r = _COLD
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
@@ -231,7 +232,7 @@ class Halo(Freed):
         threshold = _setting(hc, "zero_copy_bytes", ZERO_COPY_BYTES)
         if self.method == "atomic" and self._biggest >= threshold:
             bases = [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)]
-            zc = self._t.zero_copy(len(self._vectors), bases, self._node_ids())
+            zc = self._transport.zero_copy(len(self._vectors), bases, self._node_ids())
             self.zero_copy = True
         hc.node_comm.Barrier()  # every vector zeroed before a peer reads it
         self._vectors.append((arr, block, zc))
@@ -339,7 +340,7 @@ class Halo(Freed):
         if self._broken is None:
             self._broken = type(exc).__name__
         hc = self.hc
-        if self._t is not None and hc._st is not None and not hc._MPI.Is_finalized():
+        if self._transport is not None and hc._st is not None and not hc._MPI.Is_finalized():
             why = ("ValueError" if isinstance(exc, ValueError)
                    else f"a failed Halo call ({type(exc).__name__})")
             hc._break(why, notify=not isinstance(exc, PeerError))
@@ -348,7 +349,7 @@ class Halo(Freed):
     def _describe_word(self, addr):
         """What a wait on the word at ``addr`` waits for, if it is one of this Halo's
         (hang diagnosis, HYBRIDMPI_WARN_AFTER), else None."""
-        found = self._t.describe_word(addr) if self._t is not None else None
+        found = self._transport.describe_word(addr) if self._transport is not None else None
         if found is None:
             return None
         counter, peer = found
@@ -356,11 +357,11 @@ class Halo(Freed):
         e = self._epoch[d]
         return (f"Halo #{self.tag} (method {self.method!r}) {_WHAT[d]} call {e}, waiting "
                 f"for the {counter} word of rank {peer}; ranks of this node that have not "
-                f"entered the call: {self._t.missing(d, e)}")
+                f"entered the call: {self._transport.missing(d, e)}")
 
     def _poison(self, bits):
         """Error bits in the words this rank writes that its node peers wait on."""
-        words = self._t.words() if self._t is not None else []
+        words = self._transport.words() if self._transport is not None else []
         if words:
             lib.hm_poison(len(words), [ffi.cast("void *", w) for w in words], bits)
 
@@ -373,7 +374,7 @@ class Halo(Freed):
         there); when every peer's
         arguments were invalid too, the Halo stays usable.  No message of the call is left
         behind for the next one."""
-        bad = getattr(self._t, "bad_call", None)
+        bad = getattr(self._transport, "bad_call", None)
         if bad is None or not len(self.pattern.neighbors) or self.hc.size == 1:
             raise exc
         e = self._epoch[d] = self._epoch[d] + 1
@@ -390,7 +391,7 @@ class Halo(Freed):
         """A SyncTimeout for this Halo, which becomes unusable."""
         self._broken = "SyncTimeout"
         d = self._pending[0] if self._pending else self._current
-        missing = self._t.missing(d, epoch) if self._t is not None else []
+        missing = self._transport.missing(d, epoch) if self._transport is not None else []
         msg = (f"hybridmpi: rank {self.hc.rank} timed out after {self.timeout:g} s in "
                f"Halo.{_WHAT[d]} (method {self.method!r}): {detail}")
         if missing:
@@ -399,7 +400,7 @@ class Halo(Freed):
                            missing=missing)
 
     def _usable(self):
-        if self._t is None:
+        if self._transport is None:
             raise FreedError(f"hybridmpi: rank {self.hc.rank}: Halo used after free()")
         if self._broken:
             raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: this Halo is unusable after an "
@@ -495,7 +496,7 @@ class Halo(Freed):
             if zc:
                 zc.update(buf, e)
             else:
-                self._t.run(FWD, buf, e, lib.HM_INSERT)
+                self._transport.run(FWD, buf, e, lib.HM_INSERT)
         except BaseException as exc:
             raise self._failed(exc) from None
         self._heat(x, buf, zc)
@@ -551,7 +552,7 @@ class Halo(Freed):
                 zc.begin(REV, buf, e)
                 zc.end(REV, buf, e, code)
             else:
-                self._t.run(REV, buf, e, code)
+                self._transport.run(REV, buf, e, code)
         except BaseException as exc:
             raise self._failed(exc) from None
         if not zc and self._fast[REV] is not None:
@@ -615,7 +616,7 @@ class Halo(Freed):
 
     def _fast_error(self, d, rc):
         """The hot path's packed exchange returned ``rc``: raise as the transport would."""
-        self._hot_error(functools.partial(self._t.fault, d), rc)
+        self._hot_error(functools.partial(self._transport.fault, d), rc)
 
     def _hot_error(self, check, rc):
         try:
@@ -641,7 +642,7 @@ class Halo(Freed):
         try:
             zc = self._vectors and self._zero_copy(x, d)
             self._pending = (d, x, code, zc)
-            (zc or self._t).begin(d, buf, e)
+            (zc or self._transport).begin(d, buf, e)
         except BaseException as exc:
             raise self._failed(exc) from None
 
@@ -655,7 +656,7 @@ class Halo(Freed):
             raise ValueError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() got another array "
                              f"than {'update' if d == FWD else 'reverse'}_begin()")
         try:
-            (pending[3] or self._t).end(d, buf, self._epoch[d], pending[2])
+            (pending[3] or self._transport).end(d, buf, self._epoch[d], pending[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
@@ -674,7 +675,7 @@ class Halo(Freed):
         self.hc._children.pop(id(self), None)
         if _Hot is not None:
             self._cool()
-        t, self._t = self._t, None
+        t, self._transport = self._transport, None
         self._view = (None, None)
         self._hot_f = self._hot_r = _COLD
         vectors, self._vectors = self._vectors, []
@@ -687,9 +688,9 @@ class Halo(Freed):
     @property
     def closed(self) -> bool:
         """True once :meth:`free` was called."""
-        return self._t is None
+        return self._transport is None
 
     def __repr__(self):
-        state = "freed" if self._t is None else f"{len(self.pattern.neighbors)} neighbors"
+        state = "freed" if self._transport is None else f"{len(self.pattern.neighbors)} neighbors"
         return (f"<Halo rank {self.hc.rank} method={self.method!r} dtype={self.dtype} "
                 f"block={self.block}, {state}>")

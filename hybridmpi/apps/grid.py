@@ -120,7 +120,7 @@ class Grid:
         return whole
 
 
-class Exchange:
+class GridExchange:
     """Fills nothing: one rank alone, or the base of the others."""
 
     uses_coarrays = False
@@ -146,7 +146,7 @@ class Exchange:
         pass
 
 
-class SendRecv(Exchange):
+class SendRecv(GridExchange):
     """Flat MPI: ``Sendrecv`` of each face, one axis and side after the other."""
 
     def __init__(self, grid, dtype):
@@ -173,7 +173,7 @@ class SendRecv(Exchange):
                 x[into] = buf
 
 
-class Messages(Exchange):
+class FaceMessages(GridExchange):
     """MPI ``Isend``/``Irecv`` of the faces: one axis after the other with a wait each
     (``per_axis``, the Himeno reference), or all at once with one wait."""
 
@@ -199,7 +199,7 @@ class Messages(Exchange):
                 x[into] = buf
 
 
-class FlatRMA(Exchange):
+class FlatRMA(GridExchange):
     """Flat MPI RMA with no locality: a window on each array, ``Rget`` + ``Wait`` of each face
     from the neighbour's array (passive target, ``Lock_all``) between two ``MPI_Barrier``."""
 
@@ -250,7 +250,7 @@ class FlatRMA(Exchange):
         self.wins = {}
 
 
-class CoarrayExchange(Exchange):
+class CoarrayExchange(GridExchange):
     """The library's global memory: two coarrays of the largest local shape (each rank uses
     the corner of its own shape).  ``get``: blocking section gets of the neighbours' planes
     after ``sync_images``; ``get-nb``: the same with ``Rget`` and one ``waitall``; ``put``:
@@ -310,7 +310,7 @@ class CoarrayExchange(Exchange):
             c.free()
 
 
-class HaloExchange(Exchange):
+class HaloExchange(GridExchange):
     """A :class:`~hybridmpi.Halo` on the grid's GhostPattern (the faces' cells, in the same
     row-major order on both sides): ``update_begin`` before the inner cells, ``update_end``
     before the shell."""
@@ -346,11 +346,11 @@ class HaloExchange(Exchange):
 def make_exchange(name, grid, dtype):
     """The exchange called ``name`` (see each application's list)."""
     if grid.hc.size == 1:
-        return Exchange(grid, dtype)
+        return GridExchange(grid, dtype)
     if name == "sendrecv":
         return SendRecv(grid, dtype)
     if name in ("mpi", "mpi-nb"):
-        return Messages(grid, dtype, per_axis=name == "mpi")
+        return FaceMessages(grid, dtype, per_axis=name == "mpi")
     if name == "rma":
         return FlatRMA(grid, dtype)
     if name in ("get", "get-nb", "put"):

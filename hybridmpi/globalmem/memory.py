@@ -86,7 +86,7 @@ class GlobalMemory(Freed):
         self._win = self._block.rma
         self._BYTE = hc._MPI.BYTE
         self._disp = self._block.offsets
-        node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
+        node_rank = hc.node_index
         views: list[Any] = [None] * hc.size
         addrs = [0] * hc.size
         for r, nr in node_rank.items():

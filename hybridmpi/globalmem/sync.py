@@ -47,7 +47,7 @@ class Sync:
         ffi.memmove(ffi.cast("char *", self.block.local), bytes(hc.node_size * _R), hc.node_size * _R)
         self.comm = hc.comm.Dup() if hc.num_nodes > 1 else None
         self.calls = ffi.new("uint64_t[]", hc.size)  # sync_images calls naming each rank (node peers)
-        self.node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
+        self.node_rank = hc.node_index
         self.plans = {}
         self.dirty = {}  # RMA windows with non-blocking operations not yet flushed, by id
         self.broken = None

@@ -8,11 +8,14 @@ per direction, read after a timeout to name the ranks that never came.
 """
 
 from .._clib import ffi, lib
-from ..arena import check_room
+from ..arena import allocate_shared, check_room
 from ..arena import round_up as _round
 from ._base import FWD, REV, Chan, Messages, Transport, Xchg, check
 
 _R = lib.HM_REGION
+#: the fields of a channel's layout entry: its counter's region (DONE in the sender's segment,
+#: READY in the receiver's), then the sender's two buffers (by epoch parity)
+COUNTER, BUF0, BUF1 = 0, 1, 2
 
 
 _HINT = " (method 'flat' needs no shared memory; method 'auto' falls back to it)"
@@ -31,10 +34,9 @@ class SharedWindow:
 
     def __init__(self, ex, lock_all):
         hc = ex.hc
-        MPI = ex.MPI
         me = hc.rank
         self.me = me
-        self.node_rank = {r: i for i, r in enumerate(hc.node_ranks)}
+        self.node_rank = hc.node_index
         layout, off = {}, _R  # the first region: epochs entered
         for d in (FWD, REV):
             sends, recvs = ex.plans[d]
@@ -57,18 +59,7 @@ class SharedWindow:
                 self.pad.append(None)
         else:
             check_room(hc, off + _R, "Halo", _HINT)
-            info = MPI.Info.Create()
-            info.Set("alloc_shared_noncontig", "true")
-            try:
-                # One region more, to start each segment on a 128-byte boundary.
-                self.win = MPI.Win.Allocate_shared(off + _R, 1, info=info, comm=hc.node_comm)
-            finally:
-                info.Free()
-            for r in range(hc.node_size):
-                buf, _ = self.win.Shared_query(r)
-                aligned = -(-buf.address // _R) * _R
-                self.base.append(aligned)
-                self.pad.append(aligned - buf.address)
+            self.win, self.base, self.pad = allocate_shared(hc, off)
         # Zero the counters only: the buffers are written before they are read,
         # and touching them all would commit the whole segment at once.
         mine = self.base[hc.node_rank]
@@ -98,18 +89,18 @@ class SharedWindow:
     def send_chan(self, d, peer, ids, counters=True):
         """This rank's channel to ``peer`` in direction ``d``."""
         key = (d, self.me, peer)
-        return Chan(peer, ids, self._at(self.me, key, 1), self._at(self.me, key, 2),
-                    self._at(peer, key, 0) if counters else None,
-                    self._at(self.me, key, 0) if counters else None,
-                    self._at(peer, key, 0) + 8 if counters else None)
+        return Chan(peer, ids, self._at(self.me, key, BUF0), self._at(self.me, key, BUF1),
+                    self._at(peer, key, COUNTER) if counters else None,
+                    self._at(self.me, key, COUNTER) if counters else None,
+                    self._at(peer, key, COUNTER) + 8 if counters else None)
 
     def recv_chan(self, d, peer, ids, counters=True):
         """The channel from ``peer`` to this rank in direction ``d``."""
         key = (d, peer, self.me)
-        return Chan(peer, ids, self._at(peer, key, 1), self._at(peer, key, 2),
-                    self._at(self.me, key, 0) if counters else None,
-                    self._at(peer, key, 0) if counters else None,
-                    self._at(self.me, key, 0) + 8 if counters else None)
+        return Chan(peer, ids, self._at(peer, key, BUF0), self._at(peer, key, BUF1),
+                    self._at(self.me, key, COUNTER) if counters else None,
+                    self._at(peer, key, COUNTER) if counters else None,
+                    self._at(self.me, key, COUNTER) + 8 if counters else None)
 
     def free(self):
         if self.block is not None:

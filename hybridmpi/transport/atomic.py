@@ -14,6 +14,7 @@ readers, and private arrays read by cross-memory attach.
 
 import functools
 import os
+from collections import namedtuple
 
 import numpy as np
 
@@ -120,6 +121,11 @@ def cma_pids(hc):
     return hc._service("cma", _probe_cma) or None
 
 
+#: one direction of a ZeroCopy: the hm_pulls of this rank's reads and of its readers, the
+#: READY and tag words it publishes to, and what those C structures point into
+_Pulls = namedtuple("_Pulls", "pulls readers ready tags keep")
+
+
 class ZeroCopy:
     """Updates of one shared vector (Halo.vector()) inside a node without staging buffers;
     with ``pids``, forward updates of private arrays copied by cross-memory attach
@@ -185,15 +191,14 @@ class ZeroCopy:
             n = max(len(s.send_chans), 1)
             ready = ffi.new("void *[]", [ffi.cast("void *", c.ready) for c in s.send_chans] or [ffi.NULL] * n)
             tags = ffi.new("void *[]", [ffi.cast("void *", c.tag) for c in s.send_chans] or [ffi.NULL] * n)
-            self.dirs.append((pulls, readers, ready, tags, len(s.send_chans), keep, arr, rarr))
+            self.dirs.append(_Pulls(pulls, readers, ready, tags, (keep, arr, rarr)))
         # the arguments of hm_zc_update, or None when messages go to other nodes
-        pulls, readers, ready, tags, n, *_ = self.dirs[FWD]
-        self._whole = (pulls, readers, ready, tags) if transport.dirs[FWD].msgs.empty else None
+        self._whole = self.dirs[FWD][:4] if transport.dirs[FWD].msgs.empty else None
         self._only = only
 
     def bad(self, e):
         """A whole call of direction ``only`` with this object's tag and no points (bad_call)."""
-        pulls, readers, ready, tags, *_ = self.dirs[self._only]
+        pulls, readers, ready, tags, _ = self.dirs[self._only]
         return lib.hm_zc_update(pulls, readers, ready, tags, self.tag, ffi.NULL, e), pulls.err
 
     def update(self, xbuf, e):
@@ -227,7 +232,7 @@ class ZeroCopy:
         """Start the messages (packed, across nodes), then publish this vector inside the node."""
         s = self.t.dirs[d]
         s.msgs.start(xbuf, e)
-        _, readers, ready, tags, *_ = self.dirs[d]
+        _, readers, ready, tags, _ = self.dirs[d]
         check(lib.hm_zc_publish(readers, ready, tags, self.tag, xbuf, e), readers)
 
     def end(self, d, xbuf, e, op):

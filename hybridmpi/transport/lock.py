@@ -15,7 +15,7 @@ import numpy as np
 
 from .._clib import lib
 from ._base import FWD, REV, Xchg, check, wait_until
-from ._shm import ShmTransport
+from ._shm import COUNTER, ShmTransport
 
 
 class Lock(ShmTransport):
@@ -35,21 +35,21 @@ class Lock(ShmTransport):
         self._NOCHECK = MPI.MODE_NOCHECK
         self._INT64 = MPI.INT64_T
 
-    def _read(self, key, field):
+    def _read(self, key):
         """Fetch_and_op(NO_OP) of one of this rank's counters."""
         me, win = self.shm.me, self.shm.win
         win.Lock(self.shm.node_rank[me], self._SHARED, self._NOCHECK)
-        win.Fetch_and_op(self._val, self._got, self.shm.node_rank[me], self.shm.disp(me, key, field),
+        win.Fetch_and_op(self._val, self._got, self.shm.node_rank[me], self.shm.disp(me, key, COUNTER),
                          self._NO_OP)
         win.Unlock(self.shm.node_rank[me])
         return int(self._got[0])
 
-    def _write(self, rank, key, field, value):
+    def _write(self, rank, key, value):
         """Accumulate(REPLACE) a counter in ``rank``'s segment."""
         win, nr = self.shm.win, self.shm.node_rank[rank]
         self._val[0] = value
         win.Lock(nr, self._SHARED, self._NOCHECK)
-        target = (self.shm.disp(rank, key, field), 1, self._INT64)
+        target = (self.shm.disp(rank, key, COUNTER), 1, self._INT64)
         win.Accumulate([self._val, 1, self._INT64], nr, target, self._REPLACE)
         win.Unlock(nr)
 
@@ -61,24 +61,24 @@ class Lock(ShmTransport):
         for c, one in zip(s.send_chans, self.single[d][0]):
             key = (d, me, c.peer)
             if e > 2:
-                wait_until(self.ex, lambda k=key: self._read(k, 0), e - 2, c.peer, "DONE",
+                wait_until(self.ex, lambda k=key: self._read(k), e - 2, c.peer, "DONE",
                            "reverse" if d == REV else "update", e)
             win.Lock(mine, self._SHARED, self._NOCHECK)
             check(lib.hm_xchg_send(one.x, xbuf, e), one)
             win.Unlock(mine)
-            self._write(c.peer, key, 0, e)
+            self._write(c.peer, key, e)
 
     def _take(self, d, peer, xbuf, e, op):
         me, win = self.shm.me, self.shm.win
         key = (d, peer, me)
-        wait_until(self.ex, lambda: self._read(key, 0), e, peer, "READY",
+        wait_until(self.ex, lambda: self._read(key), e, peer, "READY",
                    "reverse" if d == REV else "update", e)
         one = self.single[d][1][peer]
         nr = self.shm.node_rank[peer]
         win.Lock(nr, self._SHARED, self._NOCHECK)
         check(lib.hm_xchg_recv(one.x, xbuf, e, op, 1), one)
         win.Unlock(nr)
-        self._write(peer, key, 0, e)
+        self._write(peer, key, e)
 
     def end(self, d, xbuf, e, op):
         s = self.dirs[d]

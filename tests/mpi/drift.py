@@ -306,7 +306,7 @@ class _Boom:
 def _inject(halo):
     """Make this rank raise in the middle of the Halo's next call (after it started), on
     whichever path it takes (packed, zero copy, cross-memory attach)."""
-    t = halo._t
+    t = halo._transport
     for name in ("run", "begin"):
         setattr(t, name, _Boom().run)
     halo._zero_copy = lambda *a: _Boom()

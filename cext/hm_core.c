@@ -98,21 +98,14 @@ static int fail(hm_coll *c, int code, uint64_t bits)
 
 static int timed_out(hm_coll *c, int peer, int cnt, uint64_t seen)
 {
-    c->err.peer = peer;
-    c->err.counter = cnt;
-    c->err.epoch = c->epoch;
-    c->err.seen = seen;
-    c->err.waited_s = (double)c->policy.timeout_ns * 1e-9;
+    wait_failed(&c->err, &c->policy, HM_ETIMEOUT, peer, cnt, c->epoch, seen);
     return fail(c, HM_ETIMEOUT, HM_ERRBIT);
 }
 
 /* A peer's word carried error bits: fail too, passing the same bits on. */
 static int peer_failed(hm_coll *c, int peer, int cnt, uint64_t seen)
 {
-    c->err.peer = peer;
-    c->err.counter = cnt;
-    c->err.epoch = c->epoch;
-    c->err.seen = seen;
+    wait_failed(&c->err, &c->policy, HM_EPEER, peer, cnt, c->epoch, seen);
     return fail(c, HM_EPEER, seen & HM_FLAGS);
 }
 

@@ -428,7 +428,10 @@ int64_t hm_compare_swap(void *addr, int64_t expected, int64_t value);
  * calls[peer[i]] += 1, then release-store that count into signal[i] (the
  * counter of this rank in the peer's segment); then wait until each
  * wait[i] (the peer's counter in this rank's segment) reached the same
- * count (acquire).  On timeout err.peer is the index i. */
+ * count (acquire).  On timeout err.peer is the index i and err.counter
+ * HM_CNT_SYNC_IMAGES. */
+enum { HM_CNT_SYNC_IMAGES = 7 };
+
 typedef struct hm_pairs {
     int n;
     void **signal;

@@ -30,13 +30,8 @@ int hm_signal_wait(hm_pairs *p)
         int rc = wait_geq((const hm_counter *)p->wait[i], want, &p->policy, &seen);
         if (rc == HM_OK && (seen & HM_FLAGS))
             rc = HM_EPEER;  /* the peer's HybridComm broke: it will not come */
-        if (rc != HM_OK) {
-            p->err.code = rc;
-            p->err.peer = i;
-            p->err.epoch = want;
-            p->err.seen = seen;
-            return rc;
-        }
+        if (rc != HM_OK)
+            return wait_failed(&p->err, &p->policy, rc, i, HM_CNT_SYNC_IMAGES, want, seen);
     }
     return HM_OK;
 }

@@ -114,13 +114,7 @@ static void unpack(const hm_chan *c, const char *restrict buf, char *restrict x,
 
 static int xchg_fail(hm_xchg *s, const hm_chan *c, int code, int cnt, uint64_t e, uint64_t seen)
 {
-    s->err.code = code;
-    s->err.peer = c->peer;
-    s->err.counter = cnt;
-    s->err.epoch = e;
-    s->err.seen = seen;
-    s->err.waited_s = (double)s->policy.timeout_ns * 1e-9;
-    return code;
+    return wait_failed(&s->err, &s->policy, code, c->peer, cnt, e, seen);
 }
 
 /* The tag slot of epoch e's parity (docs/protocol.md: "tag slots"). */
@@ -382,12 +376,7 @@ static int pull_cma(const hm_pull *c, char *x, const char *base, int esz)
 
 static int pull_fail(hm_pulls *p, const hm_pull *c, int code, int cnt, uint64_t e, uint64_t seen)
 {
-    p->err.code = code;
-    p->err.peer = c->peer;
-    p->err.counter = cnt;
-    p->err.epoch = e;
-    p->err.seen = seen;
-    return code;
+    return wait_failed(&p->err, &p->policy, code, c->peer, cnt, e, seen);
 }
 
 /* Copy channel c of epoch e once READY showed `v` >= e: 1 taken, or a

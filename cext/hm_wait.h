@@ -133,6 +133,21 @@ static inline int slow_tick(hm_slow *w, const hm_wait_policy *pol, const void *w
     return 0;
 }
 
+/* Record a failed wait in `err`: the code, the peer, the counter (HM_CNT_*)
+ * and epoch it waited for, the value it read last and, for a timeout, the
+ * seconds it waited.  Every wait's error is filled here, so all say the same. */
+static inline int wait_failed(hm_error *err, const hm_wait_policy *pol, int code, int peer,
+                              int cnt, uint64_t e, uint64_t seen)
+{
+    err->code = code;
+    err->peer = peer;
+    err->counter = cnt;
+    err->epoch = e;
+    err->seen = seen;
+    err->waited_s = code == HM_ETIMEOUT ? (double)pol->timeout_ns * 1e-9 : 0.0;
+    return code;
+}
+
 /* One idle round of a loop that polls several words and takes whichever is
  * ready first (none was this round): spin first, then the slow wait's step on
  * `word`, the last one polled (its value into *seen).  1 once the deadline

@@ -224,19 +224,26 @@ ready_first(int n, unsigned char *left, int pending, const hm_wait_policy *pol, 
     return HM_OK;
 }
 
+/* What ready_first's word and take need: the channels (an hm_xchg or an
+ * hm_pulls) and the call's vector, tag, epoch and op. */
 typedef struct {
-    hm_xchg *s;
+    void *set;
     char *x;
+    int64_t tag;
     uint64_t e;
     int op;
-} xchg_ctx;
+} recv_ctx;
 
-static inline const void *xchg_word(void *ctx, int i) { return ((xchg_ctx *)ctx)->s->chan[i].ready; }
+static inline const void *xchg_word(void *ctx, int i)
+{
+    return ((hm_xchg *)((recv_ctx *)ctx)->set)->chan[i].ready;
+}
 
 static inline int xchg_take(void *ctx, int i, uint64_t v)
 {
-    xchg_ctx *t = ctx;
-    return try_take(t->s, &t->s->chan[i], t->x, t->e, t->op, v);
+    recv_ctx *t = ctx;
+    hm_xchg *s = t->set;
+    return try_take(s, &s->chan[i], t->x, t->e, t->op, v);
 }
 
 int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
@@ -269,7 +276,7 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
         else if (take(s, &s->chan[i], x, e, op))
             return HM_EMISMATCH;
     }
-    xchg_ctx ctx = {s, x, e, op};
+    recv_ctx ctx = {s, x, 0, e, op};
     int late = 0;
     uint64_t seen = 0;
     int rc = ready_first(n, left, pending, &s->policy, e, xchg_word, xchg_take, &ctx, &late, &seen);
@@ -419,22 +426,18 @@ static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, i
     return 1;
 }
 
-typedef struct {
-    hm_pulls *p;
-    char *x;
-    int64_t tag;
-    uint64_t e;
-    int op;
-} pull_ctx;
-
-static inline const void *pull_word(void *ctx, int i) { return ((pull_ctx *)ctx)->p->chan[i].ready; }
+static inline const void *pull_word(void *ctx, int i)
+{
+    return ((hm_pulls *)((recv_ctx *)ctx)->set)->chan[i].ready;
+}
 
 static inline int pull_take(void *ctx, int i, uint64_t v)
 {
-    pull_ctx *t = ctx;
+    recv_ctx *t = ctx;
+    hm_pulls *p = t->set;
     if (v < t->e)
         return 0;
-    int rc = pull_one(t->p, &t->p->chan[i], t->x, t->tag, t->e, t->op, v);
+    int rc = pull_one(p, &p->chan[i], t->x, t->tag, t->e, t->op, v);
     return rc < 0 ? rc : 1;
 }
 
@@ -460,7 +463,7 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
     unsigned char left[n + 1];
     for (int i = 0; i < n; i++)
         left[i] = 1;
-    pull_ctx ctx = {p, x, tag, e, op};
+    recv_ctx ctx = {p, x, tag, e, op};
     int late = 0;
     uint64_t seen = 0;
     int rc = ready_first(n, left, n, &p->policy, e, pull_word, pull_take, &ctx, &late, &seen);

@@ -512,29 +512,24 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return (PyObject *)t;
 }
 
+/* The object references a Hot holds besides its arrays (for the collector). */
+#define HOT_REFS(DO) DO(t->halo); DO(t->fallback); DO(t->error); DO(t->op); DO(t->keep)
+
 static int hot_traverse(Hot *t, visitproc visit, void *arg)
 {
-    Py_VISIT(t->halo);
+    HOT_REFS(Py_VISIT);
     for (int i = 0; i < t->narr; i++)
         Py_VISIT(t->arr[i].x);
-    Py_VISIT(t->fallback);
-    Py_VISIT(t->error);
-    Py_VISIT(t->op);
-    Py_VISIT(t->keep);
     return 0;
 }
 
 static int hot_clear(Hot *t)
 {
     t->closed = 1;
-    Py_CLEAR(t->halo);
+    HOT_REFS(Py_CLEAR);
     for (int i = 0; i < HOT_ARRAYS; i++)
         Py_CLEAR(t->arr[i].x);
     t->narr = 0;
-    Py_CLEAR(t->fallback);
-    Py_CLEAR(t->error);
-    Py_CLEAR(t->op);
-    Py_CLEAR(t->keep);
     return 0;
 }
 

@@ -15,7 +15,7 @@ are freed.  Each rank's part of a block may have its own size (0 included).
 
 import os
 
-from ._agree import agree
+from ._agree import agree, create_agreed
 from ._clib import lib
 
 _R = lib.HM_REGION
@@ -138,18 +138,10 @@ class _Chunk:
     def __init__(self, arena, nbytes):
         hc = arena.hc
         MPI = hc._MPI
-        win = rma = None
-        error = None
-        try:
-            win, self.base, _ = allocate_shared(hc, nbytes)
-        except MPI.Exception as e:
-            error = f"rank {hc.rank}: MPI_Win_allocate_shared of {nbytes} bytes failed: {e}"
-        try:
-            agree(hc.comm, error and (MemoryError, error), "shared memory")
-        except MemoryError:
-            if win is not None:
-                win.Free()
-            raise
+        win, self.base, _ = create_agreed(
+            hc, lambda: allocate_shared(hc, nbytes), failed=f"MPI_Win_allocate_shared of {nbytes} bytes",
+            exc=MemoryError, where="shared memory", free=lambda made: made[0].Free())
+        rma = None
         self.win = win
         self.size = nbytes
         self.free_list = [(0, nbytes)] if nbytes else []
@@ -157,18 +149,12 @@ class _Chunk:
         win.Lock_all(MPI.MODE_NOCHECK)
         if hc.num_nodes > 1:
             mem = MPI.memory.fromaddress(self.base[hc.node_rank], nbytes)
-            try:
-                rma = MPI.Win.Create(mem, 1, comm=hc.comm)
-            except MPI.Exception as e:
-                error = f"rank {hc.rank}: MPI_Win_create failed: {e}"
-            try:
-                agree(hc.comm, error and (RuntimeError, error), "shared memory")
-            except RuntimeError:
-                if rma is not None:
-                    rma.Free()
+
+            def undo():
                 win.Unlock_all()
                 win.Free()
-                raise
+            rma = create_agreed(hc, lambda: MPI.Win.Create(mem, 1, comm=hc.comm), failed="MPI_Win_create",
+                                exc=RuntimeError, where="shared memory", undo=undo)
             rma.Lock_all(MPI.MODE_NOCHECK)
         self.rma = rma
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._agree import agree
+from ._agree import agree, create_agreed
 from .errors import FreedError, PatternError
 
 if TYPE_CHECKING:
@@ -190,22 +190,12 @@ class GhostPattern:
     def _graph_comm(self):
         """The pattern's graph communicator, made by its first user (collective)."""
         if self._graph is None:
-            MPI = self.hc._MPI
             nbrs = list(self.neighbors)
-            graph, error = None, None
-            try:
-                graph = self.hc.comm.Create_dist_graph_adjacent(nbrs, nbrs, reorder=False)
-            except MPI.Exception as e:
-                error = f"rank {self.hc.rank}: MPI_Dist_graph_create_adjacent failed: {e}"
-            hint = (" (MPI ran out of communicators: free Halos or HybridComms no longer "
-                    "used)")
-            try:
-                agree(self.hc.comm, error and (RuntimeError, error + hint), "Halo(method='neighbor')")
-            except RuntimeError:
-                if graph is not None:
-                    graph.Free()
-                raise
-            self._graph = graph
+            self._graph = create_agreed(
+                self.hc, lambda: self.hc.comm.Create_dist_graph_adjacent(nbrs, nbrs, reorder=False),
+                failed="MPI_Dist_graph_create_adjacent", exc=RuntimeError,
+                where="Halo(method='neighbor')",
+                hint=" (MPI ran out of communicators: free Halos or HybridComms no longer used)")
         self._graph_users += 1
         return self._graph
 

@@ -182,6 +182,12 @@ static inline int try_take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op, 
     return rc ? -rc : 1;
 }
 
+/* Whether a receive can combine with op: insert, sum, min or max. */
+static inline int recv_op(int op)
+{
+    return op == HM_INSERT || (op >= 0 && op < HM_NOPS && op != HM_PROD);
+}
+
 /* Take from the channels i with left[i] set (`pending` of them) whichever is
  * ready first, so that one slow sender does not hold up the copies from the
  * others; the waiting policy is the one of wait_geq, applied to the set still
@@ -224,6 +230,28 @@ ready_first(int n, unsigned char *left, int pending, const hm_wait_policy *pol, 
     return HM_OK;
 }
 
+/* Take every channel in order (the fixed combination order of reverse
+ * updates), waiting for each one's READY word (none: take it at once); the
+ * arguments and returns of ready_first. */
+static inline __attribute__((always_inline)) int
+in_order(int n, const hm_wait_policy *pol, uint64_t e, const void *(*word)(void *, int),
+         int (*take)(void *, int, uint64_t), void *ctx, int *late, uint64_t *seen)
+{
+    for (int i = 0; i < n; i++) {
+        const void *w = word(ctx, i);
+        uint64_t v = e;
+        if (w && wait_geq((const hm_counter *)w, e, pol, &v) != HM_OK) {
+            *late = i;
+            *seen = v;
+            return HM_ETIMEOUT;
+        }
+        int rc = take(ctx, i, v);
+        if (rc < 0)
+            return -rc;
+    }
+    return HM_OK;
+}
+
 /* What ready_first's word and take need: the channels (an hm_xchg or an
  * hm_pulls) and the call's vector, tag, epoch and op. */
 typedef struct {
@@ -251,35 +279,26 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
     HM_PROFILED;
     int n = s->n;
     s->err.code = HM_OK;
-    if (op != HM_INSERT && (op < 0 || op >= HM_NOPS || op == HM_PROD))
+    if (!recv_op(op))
         return HM_EARG;
-    if (ordered) {
-        for (int i = 0; i < n; i++) {
-            hm_chan *c = &s->chan[i];
-            uint64_t seen = e;
-            if (c->ready &&
-                wait_geq((const hm_counter *)c->ready, e, &s->policy, &seen) != HM_OK)
-                return xchg_fail(s, c, HM_ETIMEOUT, HM_CNT_READY, e, seen);
-            int rc = try_take(s, c, x, e, op, seen);
-            if (rc < 0)
-                return -rc;
-        }
-        return HM_OK;
-    }
-    /* channels without a READY word (messages) are taken at once */
-    unsigned char left[n + 1];
-    int pending = 0;
-    for (int i = 0; i < n; i++) {
-        left[i] = s->chan[i].ready != NULL;
-        if (left[i])
-            pending++;
-        else if (take(s, &s->chan[i], x, e, op))
-            return HM_EMISMATCH;
-    }
     recv_ctx ctx = {s, x, 0, e, op};
-    int late = 0;
+    int late = 0, rc;
     uint64_t seen = 0;
-    int rc = ready_first(n, left, pending, &s->policy, e, xchg_word, xchg_take, &ctx, &late, &seen);
+    if (ordered) {
+        rc = in_order(n, &s->policy, e, xchg_word, xchg_take, &ctx, &late, &seen);
+    } else {
+        /* channels without a READY word (messages) are taken at once */
+        unsigned char left[n + 1];
+        int pending = 0;
+        for (int i = 0; i < n; i++) {
+            left[i] = s->chan[i].ready != NULL;
+            if (left[i])
+                pending++;
+            else if (take(s, &s->chan[i], x, e, op))
+                return HM_EMISMATCH;
+        }
+        rc = ready_first(n, left, pending, &s->policy, e, xchg_word, xchg_take, &ctx, &late, &seen);
+    }
     if (rc == HM_ETIMEOUT)
         return xchg_fail(s, &s->chan[late], HM_ETIMEOUT, HM_CNT_READY, e, seen);
     return rc;
@@ -446,27 +465,19 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
     HM_PROFILED;
     int n = p->n;
     p->err.code = HM_OK;
-    if (op != HM_INSERT && (op < 0 || op >= HM_NOPS || op == HM_PROD))
+    if (!recv_op(op))
         return HM_EARG;
-    if (ordered) {
-        for (int i = 0; i < n; i++) {
-            hm_pull *c = &p->chan[i];
-            uint64_t seen = 0;
-            if (wait_geq((const hm_counter *)c->ready, e, &p->policy, &seen) != HM_OK)
-                return pull_fail(p, c, HM_ETIMEOUT, HM_CNT_READY, e, seen);
-            int rc = pull_one(p, c, x, tag, e, op, seen);
-            if (rc < 0)
-                return -rc;
-        }
-        return HM_OK;
-    }
-    unsigned char left[n + 1];
-    for (int i = 0; i < n; i++)
-        left[i] = 1;
     recv_ctx ctx = {p, x, tag, e, op};
-    int late = 0;
+    int late = 0, rc;
     uint64_t seen = 0;
-    int rc = ready_first(n, left, n, &p->policy, e, pull_word, pull_take, &ctx, &late, &seen);
+    if (ordered) {
+        rc = in_order(n, &p->policy, e, pull_word, pull_take, &ctx, &late, &seen);
+    } else {
+        unsigned char left[n + 1];
+        for (int i = 0; i < n; i++)
+            left[i] = 1;
+        rc = ready_first(n, left, n, &p->policy, e, pull_word, pull_take, &ctx, &late, &seen);
+    }
     if (rc == HM_ETIMEOUT)
         return pull_fail(p, &p->chan[late], HM_ETIMEOUT, HM_CNT_READY, e, seen);
     return rc;

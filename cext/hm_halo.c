@@ -188,20 +188,23 @@ static inline int recv_op(int op)
     return op == HM_INSERT || (op >= 0 && op < HM_NOPS && op != HM_PROD);
 }
 
-/* Take from the channels i with left[i] set (`pending` of them) whichever is
- * ready first, so that one slow sender does not hold up the copies from the
- * others; the waiting policy is the one of wait_geq, applied to the set still
- * pending.  word(ctx, i) is channel i's READY word; take(ctx, i, v), with v
- * the value read, returns 1 once it took the channel, 0 while not ready, or
- * a negative error code.  Returns HM_OK, the error code, or HM_ETIMEOUT with
- * *late the channel read last and *seen its value.  Inlined into each caller
- * with its own word and take, so no call is indirect. */
+/* Take every channel, whichever is ready first, so that one slow sender does
+ * not hold up the copies from the others; the waiting policy is the one of
+ * wait_geq, applied to the set still pending.  word(ctx, i) is channel i's
+ * READY word (NULL: a message's channel, taken at once); take(ctx, i, v),
+ * with v the value read, returns 1 once it took the channel, 0 while not
+ * ready, or a negative error code.  Returns HM_OK, the error code, or
+ * HM_ETIMEOUT with *late the channel read last and *seen its value.
+ * Inlined into each caller with its own word and take, so no call is
+ * indirect. */
 static inline __attribute__((always_inline)) int
-ready_first(int n, unsigned char *left, int pending, const hm_wait_policy *pol, uint64_t e,
-            const void *(*word)(void *, int), int (*take)(void *, int, uint64_t), void *ctx,
-            int *late, uint64_t *seen)
+ready_first(int n, const hm_wait_policy *pol, uint64_t e, const void *(*word)(void *, int),
+            int (*take)(void *, int, uint64_t), void *ctx, int *late, uint64_t *seen)
 {
-    int64_t polls = 0;
+    unsigned char left[n + 1];
+    for (int i = 0; i < n; i++)
+        left[i] = 1;
+    int64_t polls = 0, pending = n;
     hm_slow w = {0};
     int last = 0;
     while (pending) {
@@ -209,7 +212,8 @@ ready_first(int n, unsigned char *left, int pending, const hm_wait_policy *pol, 
         for (int i = 0; i < n; i++) {
             if (!left[i])
                 continue;
-            int rc = take(ctx, i, load_acq((const hm_counter *)word(ctx, i), pol->order));
+            const void *r = word(ctx, i);
+            int rc = take(ctx, i, r ? load_acq((const hm_counter *)r, pol->order) : e);
             if (rc < 0)
                 return -rc;
             if (rc) {
@@ -252,6 +256,16 @@ in_order(int n, const hm_wait_policy *pol, uint64_t e, const void *(*word)(void 
     return HM_OK;
 }
 
+/* A whole receive: in_order or ready_first. */
+static inline __attribute__((always_inline)) int
+receive(int n, const hm_wait_policy *pol, uint64_t e, int ordered, const void *(*word)(void *, int),
+        int (*take)(void *, int, uint64_t), void *ctx, int *late, uint64_t *seen)
+{
+    if (ordered)
+        return in_order(n, pol, e, word, take, ctx, late, seen);
+    return ready_first(n, pol, e, word, take, ctx, late, seen);
+}
+
 /* What ready_first's word and take need: the channels (an hm_xchg or an
  * hm_pulls) and the call's vector, tag, epoch and op. */
 typedef struct {
@@ -277,31 +291,14 @@ static inline int xchg_take(void *ctx, int i, uint64_t v)
 int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
 {
     HM_PROFILED;
-    int n = s->n;
     s->err.code = HM_OK;
     if (!recv_op(op))
         return HM_EARG;
     recv_ctx ctx = {s, x, 0, e, op};
-    int late = 0, rc;
+    int late = 0;
     uint64_t seen = 0;
-    if (ordered) {
-        rc = in_order(n, &s->policy, e, xchg_word, xchg_take, &ctx, &late, &seen);
-    } else {
-        /* channels without a READY word (messages) are taken at once */
-        unsigned char left[n + 1];
-        int pending = 0;
-        for (int i = 0; i < n; i++) {
-            left[i] = s->chan[i].ready != NULL;
-            if (left[i])
-                pending++;
-            else if (take(s, &s->chan[i], x, e, op))
-                return HM_EMISMATCH;
-        }
-        rc = ready_first(n, left, pending, &s->policy, e, xchg_word, xchg_take, &ctx, &late, &seen);
-    }
-    if (rc == HM_ETIMEOUT)
-        return xchg_fail(s, &s->chan[late], HM_ETIMEOUT, HM_CNT_READY, e, seen);
-    return rc;
+    int rc = receive(s->n, &s->policy, e, ordered, xchg_word, xchg_take, &ctx, &late, &seen);
+    return rc == HM_ETIMEOUT ? xchg_fail(s, &s->chan[late], rc, HM_CNT_READY, e, seen) : rc;
 }
 
 int hm_xchg_both(hm_xchg *s, hm_xchg *r, void *x, uint64_t e, int op, int ordered)
@@ -463,23 +460,15 @@ static inline int pull_take(void *ctx, int i, uint64_t v)
 int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int ordered)
 {
     HM_PROFILED;
-    int n = p->n;
     p->err.code = HM_OK;
     if (!recv_op(op))
         return HM_EARG;
     recv_ctx ctx = {p, x, tag, e, op};
-    int late = 0, rc;
+    int late = 0;
     uint64_t seen = 0;
-    if (ordered) {
-        rc = in_order(n, &p->policy, e, pull_word, pull_take, &ctx, &late, &seen);
-    } else {
-        unsigned char left[n + 1];
-        for (int i = 0; i < n; i++)
-            left[i] = 1;
-        rc = ready_first(n, left, n, &p->policy, e, pull_word, pull_take, &ctx, &late, &seen);
-    }
+    int rc = receive(p->n, &p->policy, e, ordered, pull_word, pull_take, &ctx, &late, &seen);
     if (rc == HM_ETIMEOUT)
-        return pull_fail(p, &p->chan[late], HM_ETIMEOUT, HM_CNT_READY, e, seen);
+        return pull_fail(p, &p->chan[late], rc, HM_CNT_READY, e, seen);
     return rc;
 }
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ._types import mpi
+
 #: what a rank found wrong: None, a message (ValueError), or (exception class, message)
 Problem = Any
 
@@ -59,7 +61,7 @@ def create_agreed(hc: Any, make: Callable[[], Any], *, failed: str, exc: type[Ex
     made, error = None, None
     try:
         made = make()
-    except hc._MPI.Exception as e:
+    except mpi().Exception as e:
         error = f"rank {hc.rank}: {failed} failed: {e}{hint}"
     try:
         agree(hc.comm, error and (exc, error), where)

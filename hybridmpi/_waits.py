@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
+from ._types import mpi
 from .profile import mark as prof_mark
 from .profile import mark_end as prof_mark_end
 
@@ -38,7 +39,7 @@ def wait_requests(hc: Any, reqs: list[Any], timeout: float | None, *, notices: b
     Returns:
         None once every request completed, else a :class:`Stopped`.
     """
-    MPI = hc._MPI
+    MPI = mpi()
     if MPI.Request.Testall(reqs, statuses):
         return None
     prof_mark()

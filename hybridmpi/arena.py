@@ -17,6 +17,7 @@ import os
 
 from ._agree import agree, create_agreed
 from ._clib import lib
+from ._types import mpi
 
 _R = lib.HM_REGION
 #: where MPI libraries map their shared segments on Linux
@@ -118,7 +119,7 @@ def allocate_shared(hc, nbytes):
         (window, aligned address of each node rank's segment, its offset from the rank's
         window base).
     """
-    MPI = hc._MPI
+    MPI = mpi()
     info = MPI.Info.Create()
     info.Set("alloc_shared_noncontig", "true")
     try:
@@ -137,7 +138,7 @@ def allocate_shared(hc, nbytes):
 class _Chunk:
     def __init__(self, arena, nbytes):
         hc = arena.hc
-        MPI = hc._MPI
+        MPI = mpi()
         win, self.base, _ = create_agreed(
             hc, lambda: allocate_shared(hc, nbytes), failed=f"MPI_Win_allocate_shared of {nbytes} bytes",
             exc=MemoryError, where="shared memory", free=lambda made: made[0].Free())
@@ -268,13 +269,13 @@ class Arena:
         chunk.live -= 1
         if chunk.live == 0:
             self.chunks.remove(chunk)
-            if not self.hc._MPI.Is_finalized():
+            if not mpi().Is_finalized():
                 chunk.close()
 
     def free(self):
         """Free every chunk (collective; at HybridComm.free)."""
         chunks, self.chunks = self.chunks, []
-        if self.hc._MPI.Is_finalized():
+        if mpi().Is_finalized():
             return
         for c in chunks:
             c.close()

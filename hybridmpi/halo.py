@@ -12,7 +12,7 @@ import numpy as np
 from ._agree import agree
 from ._clib import MISBIT, ffi, lib
 from ._resource import Freed
-from ._types import DTYPES
+from ._types import DTYPES, mpi
 from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
@@ -141,7 +141,7 @@ class Halo(Freed):
             sends, recvs = (pattern.send, pattern.recv) if d == FWD else (pattern.recv, pattern.send)
             plans.append((list(sends.items()), list(recvs.items())))
         #: what the transport is given (frozen): plans, sizes, tag, wait policy, communicators
-        self.exchange = Exchange(hc=hc, MPI=hc._MPI, plans=tuple(plans), esz=self.esz,
+        self.exchange = Exchange(hc=hc, MPI=mpi(), plans=tuple(plans), esz=self.esz,
                                  dtype=self.dtype_code, tag=self.tag, timeout=self.timeout,
                                  policy=hc._st.policy, neighbors=tuple(pattern.neighbors),
                                  graph=pattern._graph_comm, graph_release=pattern._graph_release)
@@ -165,7 +165,7 @@ class Halo(Freed):
             on = hc.env["cma"]
             if pids:
                 runs = on and self._transport.long_runs(self._node_ids(), CMA_MIN_RUN)
-                if hc.comm.allreduce(int(runs), op=hc._MPI.MIN):
+                if hc.comm.allreduce(int(runs), op=mpi().MIN):
                     self._cma = self._transport.cross_memory(self._theirs, pids)
         # The hot path: a blocking update or reverse of the array of the last such call,
         # method atomic, every peer on this node: one identity test and three cheap checks,
@@ -340,7 +340,7 @@ class Halo(Freed):
         if self._broken is None:
             self._broken = type(exc).__name__
         hc = self.hc
-        if self._transport is not None and hc._st is not None and not hc._MPI.Is_finalized():
+        if self._transport is not None and hc._st is not None and not mpi().Is_finalized():
             why = ("ValueError" if isinstance(exc, ValueError)
                    else f"a failed Halo call ({type(exc).__name__})")
             hc._break(why, notify=not isinstance(exc, PeerError))
@@ -679,7 +679,7 @@ class Halo(Freed):
         self._view = (None, None)
         self._hot_f = self._hot_r = _COLD
         vectors, self._vectors = self._vectors, []
-        if t is None or self.hc._MPI.Is_finalized():
+        if t is None or mpi().Is_finalized():
             return
         t.free()
         for _, block, _ in vectors:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._types import mpi
 from .pattern import GhostPattern, _agree, _alltoallv
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def from_remote(hc: HybridComm, size: int, n_owned: int, ghost_local: np.ndarray
     its local id ``remote[i]`` (collective).  Ghosts receive from their owners in the order
     given; each owner sends in the order its peer asked.  A requested id that is out of the
     owner's range or a ghost there raises PatternError on every rank."""
-    comm, MPI, rank = hc.comm, hc._MPI, hc.rank
+    comm, MPI, rank = hc.comm, mpi(), hc.rank
     by_owner = np.argsort(owner, kind="stable")
     peers, starts = np.unique(owner[by_owner], return_index=True)
     bounds = list(starts) + [owner.size]
@@ -170,7 +171,7 @@ def to_sf(pattern: GhostPattern) -> Any:
     from petsc4py import PETSc
 
     hc = pattern.hc
-    comm, MPI = hc.comm, hc._MPI
+    comm, MPI = hc.comm, mpi()
     peers = np.array([p for p, ids in pattern.send.items() for _ in range(len(ids))], dtype=np.int64)
     ids = (np.concatenate(list(pattern.send.values())) if pattern.send
            else np.zeros(0, dtype=np.int64))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._agree import agree, create_agreed
+from ._types import mpi
 from .errors import FreedError, PatternError
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ class GhostPattern:
         """One user of the graph communicator less; the last one frees it."""
         self._graph_users -= 1
         if self._graph_users == 0 and self._graph is not None:
-            if not self.hc._MPI.Is_finalized():
+            if not mpi().Is_finalized():
                 self.hc._free_comm(self._graph)
             self._graph = None
 
@@ -246,7 +247,7 @@ class GhostPattern:
                 ids that are not 1-D integer arrays.
         """
         comm = cls._comm_of(hc)
-        MPI = hc._MPI
+        MPI = mpi()
         rank, nranks = hc.rank, hc.size
         own, problem = _ids(owned, "owned", rank)
         if not problem:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ._agree import agree
 from ._clib import ffi, lib
+from ._types import mpi
 from .errors import FreedError
 
 if TYPE_CHECKING:
@@ -588,7 +589,7 @@ def _clock_offset(hc):
     cached = hc.__dict__.get("_prof_offset")
     if cached is not None:
         return cached
-    MPI = hc._MPI
+    MPI = mpi()
     comm = hc.comm
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, hc.rank)
     try:
@@ -648,11 +649,11 @@ def _at_exit():
         # an uncaught exception ends this rank: break its comms, so that peers ending their
         # profiles raise PeerError instead of waiting for it
         for hc in list(_AT_EXIT[0]):
-            if hc._env_profile is not None and hc._broken is None and not hc._MPI.Is_finalized():
+            if hc._env_profile is not None and hc._broken is None and not mpi().Is_finalized():
                 hc._break("an uncaught exception")
         return
     for hc in sorted(_AT_EXIT[0], key=lambda h: h._serial):
-        if hc._env_profile is not None and not hc._MPI.Is_finalized():
+        if hc._env_profile is not None and not mpi().Is_finalized():
             stop_env(hc)
 
 

@@ -15,6 +15,7 @@ that reads ``X`` and writes ``Y``:
 
 import numpy as np
 
+from .._types import mpi
 from ..globalmem import Coarray, waitall
 from ..halo import Halo
 from ..pattern import GhostPattern
@@ -44,7 +45,7 @@ class Grid:
     """
 
     def __init__(self, hc, interior, full=(), dims=None):
-        MPI = hc._MPI
+        MPI = mpi()
         self.hc = hc
         self.nd = len(interior)
         self.interior = tuple(interior)
@@ -151,7 +152,7 @@ class SendRecv(GridExchange):
 
     def __init__(self, grid, dtype):
         super().__init__(grid, dtype)
-        MPI = grid.hc._MPI
+        MPI = mpi()
         self.plan = []
         for axis in range(grid.nd):
             for side in (-1, 1):
@@ -188,7 +189,7 @@ class FaceMessages(GridExchange):
                                                     axis * 2 + (side > 0)))
 
     def before(self, x):
-        comm, MPI = self.grid.hc.comm, self.grid.hc._MPI
+        comm, MPI = self.grid.hc.comm, mpi()
         for group in self.groups.values():
             # the tag says which face of the receiver the message fills
             reqs = [comm.Irecv(buf, rank, 9 + tag) for rank, _, _, buf, tag in group]
@@ -206,7 +207,7 @@ class FlatRMA(GridExchange):
     def __init__(self, grid, dtype):
         super().__init__(grid, dtype)
         self.plan = []
-        MPI = grid.hc._MPI
+        MPI = mpi()
         mpitype = MPI._typedict[self.dtype.char]
         self.types = []
         for axis, side, rank in grid.neighbors:
@@ -222,7 +223,7 @@ class FlatRMA(GridExchange):
         self.wins = {}
 
     def arrays(self):
-        MPI = self.grid.hc._MPI
+        MPI = mpi()
         xs = super().arrays()
         for x in xs:
             win = MPI.Win.Create(x, x.itemsize, comm=self.grid.hc.comm)

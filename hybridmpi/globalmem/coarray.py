@@ -9,6 +9,7 @@ import numpy as np
 
 from .._agree import agree
 from .._resource import Freed
+from .._types import mpi
 from ..comm import HybridComm
 from .memory import GlobalMemory
 from .requests import Request, get_flush, put_flush
@@ -129,7 +130,7 @@ class Coarray(Freed):
         key = (sec.shape, sec.strides)
         t = self._types.get(key)
         if t is None:
-            MPI = self.hc._MPI
+            MPI = mpi()
             t = MPI.BYTE.Create_contiguous(self.dtype.itemsize)
             for n, stride in zip(reversed(sec.shape), reversed(sec.strides)):
                 outer = t.Create_hvector(n, 1, stride)
@@ -142,7 +143,7 @@ class Coarray(Freed):
     def _where(self, mem, rank, sec):
         """The RMA target of a section: plain bytes when contiguous, else a derived datatype."""
         if sec.contiguous:
-            return (mem._disp[rank] + sec.start, sec.nbytes, self.hc._MPI.BYTE)
+            return (mem._disp[rank] + sec.start, sec.nbytes, mpi().BYTE)
         return (mem._disp[rank] + sec.start, 1, self._datatype(sec))
 
     def _put(self, rank, index, values, blocking):
@@ -168,7 +169,7 @@ class Coarray(Freed):
                              f"{np.shape(values)} do not fit the section of shape {sec.shape}") from None
         if src.size == 0:
             return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
-        MPI = self.hc._MPI
+        MPI = mpi()
         rma = put_flush if blocking else MPI.Win.Rput
         req = rma(mem._win, (src, src.nbytes, MPI.BYTE), rank, self._where(mem, rank, sec))
         if blocking:
@@ -183,7 +184,7 @@ class Coarray(Freed):
         sec = self._section(key, index)
         out = np.empty(sec.shape, dtype=self.dtype)
         if out.size:
-            mem, MPI = self.mem, self.hc._MPI
+            mem, MPI = self.mem, mpi()
             get_flush(mem._win, (out, out.nbytes, MPI.BYTE), rank, self._where(mem, rank, sec))
         return out
 
@@ -206,7 +207,7 @@ class Coarray(Freed):
             if out.size:
                 out[...] = view
             return Request(mem, None, None, None, "Coarray.Rget")
-        req = mem._win.Rget((out, out.nbytes, self.hc._MPI.BYTE), rank, self._where(mem, rank, sec))
+        req = mem._win.Rget((out, out.nbytes, mpi().BYTE), rank, self._where(mem, rank, sec))
         return Request(mem, req, None, out, "Coarray.Rget")
 
     def Rput(self, rank: int, index: Any, values: Any) -> Request:
@@ -235,7 +236,7 @@ class Coarray(Freed):
         self.local = None
         self._shaped = [None] * len(self._shaped)
         self._targets = {}
-        if not self.hc._MPI.Is_finalized():
+        if not mpi().Is_finalized():
             for t in self._types.values():
                 t.Free()
         self._types = {}

@@ -11,6 +11,7 @@ import numpy as np
 from .._agree import agree
 from .._clib import ffi, lib
 from .._resource import Freed
+from .._types import mpi
 from ..comm import HybridComm
 from ..errors import FreedError
 from .requests import Request, get_flush, put_flush
@@ -84,7 +85,7 @@ class GlobalMemory(Freed):
         self.counts = tuple(hc.comm.allgather(count))
         self._block = hc.arena.alloc(count * dt.itemsize, "GlobalMemory")
         self._win = self._block.rma
-        self._BYTE = hc._MPI.BYTE
+        self._BYTE = mpi().BYTE
         self._disp = self._block.offsets
         node_rank = hc.node_index
         views: list[Any] = [None] * hc.size
@@ -99,7 +100,7 @@ class GlobalMemory(Freed):
         # its shared-memory BTL (open-mpi/ompi#7967, #11349); there the CAS on this rank's own
         # part is a CPU atomic, which stays atomic with MPI's (executed on this rank's memory
         # by this rank's own progress, or with CPU atomics)
-        vendor, version = hc._MPI.get_vendor()
+        vendor, version = mpi().get_vendor()
         self._self_cas = vendor == "Open MPI" and version < (5,)
         self._itemsize = dt.itemsize
         self._views = views
@@ -222,7 +223,7 @@ class GlobalMemory(Freed):
 
         Inside a node the copy is made at once and the request is complete.
         """
-        rank, req = self._access(data, rank, offset, "Rput", False, self.hc._MPI.Win.Rput)
+        rank, req = self._access(data, rank, offset, "Rput", False, mpi().Win.Rput)
         if req is None:
             return Request(self, None, None, None, "Rput")
         self._sync.dirty[id(self._win)] = self._win
@@ -230,7 +231,7 @@ class GlobalMemory(Freed):
 
     def Rget(self, out: np.ndarray, rank: int, offset: int = 0) -> Request:
         """Start a get into ``out``; returns a :class:`Request` (read ``out`` after it completes)."""
-        rank, req = self._access(out, rank, offset, "Rget", True, self.hc._MPI.Win.Rget)
+        rank, req = self._access(out, rank, offset, "Rget", True, mpi().Win.Rget)
         if req is None:
             return Request(self, None, None, None, "Rget")
         return Request(self, req, None, out, "Rget")
@@ -265,7 +266,7 @@ class GlobalMemory(Freed):
         value = int_arg(value, "GlobalMemory.fetch_add: value", self.rank)
         if self._win is None:
             return int(lib.hm_fetch_add(ffi.cast("void *", self._addrs[rank] + 8 * offset), value))
-        MPI = self.hc._MPI
+        MPI = mpi()
         res = np.zeros(1, dtype=np.int64)
         self._win.Fetch_and_op(np.array([value], dtype=np.int64), res, rank,
                                self._disp[rank] + 8 * offset, MPI.SUM)
@@ -330,7 +331,7 @@ class GlobalMemory(Freed):
             fast = self.__dict__.pop(name, None)
             if fast is not None and hasattr(fast, "close"):
                 fast.close()  # a reference kept by the caller now raises FreedError too
-        if self._win is not None and not self.hc._MPI.Is_finalized():
+        if self._win is not None and not mpi().Is_finalized():
             self._win.Flush_all()  # every pending operation on the window: none stays dirty
             self._sync.dirty.pop(id(self._win), None)
         self._block.free()

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._clib import ERRBIT, copy_policy, ffi, lib
+from .._types import mpi
 from .._waits import wait_requests
 from ..errors import SyncTimeout
 
@@ -196,7 +197,7 @@ class Sync:
             _PROGRESS.remove(self.comm)
             if not _PROGRESS:
                 lib.hm_set_progress(ffi.NULL)
-            if not self.hc._MPI.Is_finalized():
+            if not mpi().Is_finalized():
                 self.hc._free_comm(self.comm)
         self.comm = None
 

@@ -19,6 +19,7 @@ from collections import namedtuple
 import numpy as np
 
 from .._clib import copy_policy, ffi, lib
+from .._types import mpi
 from ._base import FWD, REV, check, point_kernel
 from ._shm import ShmTransport
 
@@ -111,7 +112,7 @@ def _probe_cma(hc):
             ok = bool(lib.hm_cma_probe(pid, ffi.cast("void *", addr),
                                        ffi.cast("void *", got.ctypes.data), 16))
             ok = ok and got.tolist() == [pid, rank]
-    ok = hc.comm.allreduce(int(ok), op=hc._MPI.MIN)  # word stays alive until here
+    ok = hc.comm.allreduce(int(ok), op=mpi().MIN)  # word stays alive until here
     return [pid for pid, _, _ in peers] if ok else False
 
 

@@ -22,11 +22,16 @@ OPS = {"sum": lib.HM_SUM, "prod": lib.HM_PROD, "min": lib.HM_MIN, "max": lib.HM_
 OP_NAMES = {code: name for name, code in OPS.items()}
 
 
+_MPI: list[Any] = []
+
+
 def mpi() -> Any:
     """mpi4py's MPI module, imported on first use (importing hybridmpi does not start MPI)."""
-    from mpi4py import MPI
+    if not _MPI:
+        from mpi4py import MPI
 
-    return MPI
+        _MPI.append(MPI)
+    return _MPI[0]
 
 
 def op_code(op: Any, MPI: Any = None) -> int:

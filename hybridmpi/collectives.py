@@ -19,6 +19,10 @@ from ._types import DTYPE_NAMES, DTYPES, OP_NAMES, OPS, op_code
 from ._waits import wait_requests
 
 _F64, _I64, _C128 = lib.HM_F64, lib.HM_I64, lib.HM_C128
+# The tables' lookups bound once: a name imported with "from" is called as a module
+# attribute would be (no LOAD_METHOD in CPython 3.11), 0.1 us more per call.
+_op_of = OPS.get
+_dtype_of = DTYPES.get
 _barrier = lib.hm_barrier
 _barrier_tree = lib.hm_barrier_tree
 _barrier_diss = lib.hm_barrier_dissemination
@@ -279,7 +283,7 @@ class Collectives:
         """
         st = self._rd_st
         if st is not None and type(x) is float and type(op) is str:
-            opc = OPS.get(op)
+            opc = _op_of(op)
             if opc is not None:
                 r = _allreduce_rd_f64(st, x, opc)
                 if r != r and st.err.code:
@@ -331,12 +335,12 @@ class Collectives:
 
     def _op(self, op):
         """The C core code of a reduction op (a name or an MPI op)."""
-        opc = OPS.get(op) if type(op) is str else None
+        opc = _op_of(op) if type(op) is str else None
         return op_code(op, self._MPI) if opc is None else opc
 
     @staticmethod
     def _dtype_code(dtype, opc, what):
-        dt = DTYPES.get(dtype)
+        dt = _dtype_of(dtype)
         if dt is None:
             raise TypeError(f"hybridmpi: {what}: unsupported dtype {dtype}; use one of "
                             f"{sorted(d.name for d in DTYPES)}")

@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from ._clib import lib
-from ._types import OPS as _OPS
+from ._types import OPS
 from ._types import mpi as _mpi
 from .comm import HybridComm
+
+_op_of = OPS.get  # bound once (see collectives.py)
 
 _KEYVAL: list[int] = []
 _WORLD: list[Any] = []
@@ -100,7 +102,7 @@ def allreduce(x: Any, op: Any = "sum", comm: Any = None) -> Any:
         hc = last[1]
         st = hc._rd_st
         if st is not None and type(x) is float and type(op) is str:
-            opc = _OPS.get(op)
+            opc = _op_of(op)
             if opc is not None:
                 r = _allreduce_rd_f64(st, x, opc)
                 if r != r and st.err.code:

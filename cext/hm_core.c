@@ -14,6 +14,8 @@ int hm_lock_free(void)
 
 uint64_t hm_load(const void *addr, int order) { return load_acq((const hm_counter *)addr, order); }
 
+void hm_store(void *addr, uint64_t value, int order) { store_rel((hm_counter *)addr, value, order); }
+
 static uint64_t extra_offset(uint64_t capacity)
 {
     return ((HM_OFF_DATA + capacity + HM_REGION - 1) / HM_REGION) * HM_REGION;
@@ -26,7 +28,9 @@ uint64_t hm_coll_segment_bytes(uint64_t capacity)
 
 int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t capacity)
 {
-    if (size < 1 || rank < 0 || rank >= size || radix < 2 || radix > HM_MAX_RADIX || !seg)
+    /* a capacity near 2^64 would wrap the segment's size (extra_offset) */
+    if (size < 1 || rank < 0 || rank >= size || radix < 2 || radix > HM_MAX_RADIX || !seg ||
+        capacity > (uint64_t)INT64_MAX / 2)
         return HM_EARG;
     memset(c, 0, sizeof *c);
     c->rank = rank;
@@ -82,6 +86,10 @@ static inline entered *ent(const hm_coll *c, int rank) { return (entered *)(c->s
 static inline void enter(hm_coll *c, uint64_t e, int kind, uint64_t count, int dtype, int op)
 {
     entered *m = ent(c, c->rank);
+    /* A seqlock: the call number reads 0 while the signature changes, so a reader that
+     * saw the old number beside a new field sees the number change (other_call). */
+    atomic_store_explicit(&m->call, 0, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&m->kind, kind, memory_order_relaxed);
     atomic_store_explicit(&m->count, (int64_t)count, memory_order_relaxed);
     atomic_store_explicit(&m->dtype, dtype, memory_order_relaxed);
@@ -110,7 +118,8 @@ static int peer_failed(hm_coll *c, int peer, int cnt, uint64_t seen)
 }
 
 /* The signature in an ENTERED region: kind, count, dtype, op (relaxed: the
- * call number's acquire load and fence order them). */
+ * call number's acquire load, the fence and the second load of the call number
+ * (other_call) make a seqlock with enter's). */
 static void load_sig(entered *e, int64_t sig[4])
 {
     sig[0] = atomic_load_explicit(&e->kind, memory_order_relaxed);
@@ -419,7 +428,7 @@ int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count,
     HM_PROFILED;
     size_t esz = hm_dtype_size(dtype);
     if (esz == 0 || op < 0 || op >= HM_NOPS || part < HM_GATHER || part > HM_BOTH ||
-        (c->rank != 0 && part != HM_BOTH) || count * esz > c->capacity)
+        (c->rank != 0 && part != HM_BOTH) || count > c->capacity / esz)  /* count * esz may wrap */
         return HM_EARG;
     int rc, ord = c->policy.order;
     uint64_t nbytes = count * esz;
@@ -560,9 +569,9 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
 {
     HM_PROFILED;
     size_t esz = hm_dtype_size(dtype);
-    uint64_t nbytes = count * esz;
-    if (esz == 0 || op < 0 || op >= HM_NOPS || nbytes > HM_RD_BYTES)
+    if (esz == 0 || op < 0 || op >= HM_NOPS || count > HM_RD_BYTES / esz)  /* count * esz may wrap */
         return HM_EARG;
+    uint64_t nbytes = count * esz;
     int n = c->size, r = c->rank, ord = c->policy.order, rc;
     uint64_t e = ++c->epoch;
     enter(c, e, HM_K_ALLREDUCE_RD, count, dtype, op);

@@ -250,6 +250,9 @@ int hm_combine(void *dst, const void *src, uint64_t count, int dtype, int op);
 /* Acquire-load (or seq_cst) the counter at `addr`. */
 uint64_t hm_load(const void *addr, int order);
 
+/* Release-store (or seq_cst) `value` into the counter at `addr`. */
+void hm_store(void *addr, uint64_t value, int order);
+
 /* ------------------------------------------------------------------ ghost exchange */
 
 /* Unpack operation that overwrites (forward ghost update); the combining
@@ -365,13 +368,16 @@ typedef struct hm_pulls {
     hm_wait_policy policy;
     hm_error err;             /* peer: the channel's peer; tag: the tag found;
                                  HM_ECMA: errnum */
+    void *entered;            /* readers of hm_zc_publish: if set, receives the epoch
+                                 first (as hm_xchg.entered) */
 } hm_pulls;
 
 /* Publish vector `tagval` at epoch e to each of the readers->n readers:
  * wait until the reader's DONE reached e - 2 (the tag slot of this parity
  * is free), write the tag slot of ready[i]'s channel (tag[i]: with
  * HM_TAG_CMA also the address of `x`, for readers that copy with
- * process_vm_readv), then READY = e with a release store.  HM_EPEER (or
+ * process_vm_readv), then READY = e with a release store (readers->entered, if set,
+ * receives e first).  HM_EPEER (or
  * HM_ETIMEOUT) in readers->err. */
 int hm_zc_publish(hm_pulls *readers, void **ready, void **tag, int64_t tagval, const void *x,
                   uint64_t epoch);

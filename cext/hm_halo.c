@@ -493,6 +493,8 @@ int hm_zc_publish(hm_pulls *readers, void **ready, void **tag, int64_t tagval, c
     HM_PROFILED;
     int order = readers->policy.order;
     readers->err.code = HM_OK;
+    if (readers->entered)
+        atomic_store_explicit((hm_counter *)readers->entered, e, memory_order_relaxed);
     for (int i = 0; i < readers->n; i++) {
         hm_pull *c = &readers->chan[i];
         uint64_t seen = 0;

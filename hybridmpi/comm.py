@@ -9,6 +9,7 @@ between the node's gather and release phases.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 from typing import Any
 
@@ -16,16 +17,18 @@ import numpy as np
 
 from ._agree import agree
 from ._clib import ERRBIT, MISBIT, ffi, lib
+from ._types import as_int
 from ._types import mpi as _mpi
 from .arena import Arena, allocate_shared
 from .collectives import SLOT_BYTES, Collectives
-from .errors import FreedError, PeerError, SyncTimeout
+from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, _ends_job
 
 _ALLREDUCES = ("recursive_doubling", "tree")
 _ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
 
 DEFAULT_RADIX = 4
 _SPIN_DEDICATED = 2000
+_MAX_SPIN = 2**62  # polls (an int64 in the C core)
 _SPIN_SHARED = 16
 
 # Every HybridComm not yet freed, in creation order (freed at MPI finalize).
@@ -34,6 +37,8 @@ _LIVE: dict[int, HybridComm] = {}
 _KEPT: list[Any] = []
 _FINALIZE_HOOK: list[int] = []
 _SERIALS = itertools.count()  # HybridComms made by this process, in order
+#: identifiers of live Halos on one HybridComm (each takes MPI tags 100 + 2 * id, + 1)
+TAG_SLOTS = 16000
 
 
 
@@ -226,8 +231,12 @@ class HybridComm(Collectives):
         # Checks that need no communication come first, then the ones that
         # need all ranks' view, so that every rank raises the same error.
         problem = self._check_args(node_size, memory_order, timeout, radix, spin)
-        if problem is None and allreduce not in _ALLREDUCES:
+        if problem is None and (type(allreduce) is not str or allreduce not in _ALLREDUCES):
             problem = f"allreduce must be one of {list(_ALLREDUCES)}, got {allreduce!r}"
+        if problem is None:  # numpy integers become ints (checked above)
+            node_size = None if node_size is None else operator.index(node_size)
+            radix = operator.index(radix)
+            spin = None if spin is None else operator.index(spin)
         env, env_problem = _env_settings()
         problem = problem or env_problem
         # The environment decides paths (zero copy, cross-memory attach) and waits: every
@@ -321,7 +330,7 @@ class HybridComm(Collectives):
         self._profile = None   # the hybridmpi.profile that records this comm's calls
         self._env_profile = None
         self._serial = next(_SERIALS)
-        self._tags = 0
+        self._tags = np.zeros(TAG_SLOTS // 64 + 1, dtype=np.uint64)  # bit i: identifier i taken
         self._notices: list[np.ndarray] = []  # the failure notice this rank sent (_break)
         self._notice_from = None  # the first rank whose failure notice came
         self.arena = Arena(self)  # shared memory of Halos and global memory
@@ -335,17 +344,19 @@ class HybridComm(Collectives):
 
     @staticmethod
     def _check_args(node_size, memory_order, timeout, radix, spin):
-        if node_size is not None and (type(node_size) is not int or node_size < 1):
+        """This rank's problem with the arguments (None if none).  Integers may be numpy
+        integers (not bools); nothing here raises, so every rank reaches the agreement."""
+        if node_size is not None and (as_int(node_size) is None or node_size < 1):
             return f"node_size must be a positive int or None, got {node_size!r}"
-        if memory_order not in _ORDERS:
+        if type(memory_order) is not str or memory_order not in _ORDERS:
             return f"memory_order must be 'acq_rel' or 'seq_cst', got {memory_order!r}"
         problem = check_seconds(timeout, "timeout")
         if problem:
             return problem
-        if type(radix) is not int or not 2 <= radix <= lib.HM_MAX_RADIX:
+        if as_int(radix) is None or not 2 <= radix <= lib.HM_MAX_RADIX:
             return f"radix must be an int from 2 to {lib.HM_MAX_RADIX}, got {radix!r}"
-        if spin is not None and (type(spin) is not int or spin < 0):
-            return f"spin must be an int >= 0 or None, got {spin!r}"
+        if spin is not None and (as_int(spin) is None or not 0 <= spin <= _MAX_SPIN):
+            return f"spin must be an int from 0 to {_MAX_SPIN} or None, got {spin!r}"
         return None
 
     # ------------------------------------------------------------------ life
@@ -409,10 +420,23 @@ class HybridComm(Collectives):
         if self._profile is not None:
             self._profile._adopt(child)
 
-    def _next_tag(self):
-        """A number for the next Halo's MPI tags (Halos are built collectively, in order)."""
-        self._tags += 1
-        return self._tags
+    def _take_id(self):
+        """An identifier (0 <= id < TAG_SLOTS) that no live Halo holds on any rank, the same
+        on every rank (collective: one Allreduce of the ranks' taken sets, so identifiers freed
+        in different orders on different ranks are never handed out twice); None when all
+        are taken.  Freed identifiers are reused: nothing wraps around onto a live one."""
+        taken = self._tags.copy()
+        self.comm.Allreduce(self._MPI.IN_PLACE, taken, op=self._MPI.BOR)
+        free = np.flatnonzero(np.unpackbits(~taken.view(np.uint8), bitorder="little")[:TAG_SLOTS])
+        if free.size == 0:
+            return None
+        i = int(free[0])
+        self._tags[i >> 6] |= np.uint64(1 << (i & 63))
+        return i
+
+    def _release_id(self, i):
+        """Give back an identifier of :meth:`_take_id` (a Halo was freed)."""
+        self._tags[i >> 6] &= ~np.uint64(1 << (i & 63))
 
     def __enter__(self) -> HybridComm:
         return self
@@ -423,6 +447,8 @@ class HybridComm(Collectives):
             # call raise too (error bits, notice), and then meet it in the collective free
             self._break(f"an exception on this rank ({exc_type.__name__})",
                         notify=not issubclass(exc_type, PeerError))
+            if _ends_job(exc):
+                return  # abort_on_error ends the job: no collective free for a peer to miss
         self.free()
 
     @property
@@ -451,11 +477,17 @@ class HybridComm(Collectives):
         st = self._st
         err = st.err
         if rc == lib.HM_EMISMATCH and err.bad_rank == lib.HM_BAD_ELSEWHERE:
-            raise ValueError(f"hybridmpi: {what}: ranks on different nodes passed different "
-                             "arguments (count, dtype or op)")
+            # the ranks of this node agree; another node's passed other or invalid arguments
+            raise PeerArgumentError(f"hybridmpi: {what}: ranks on different nodes passed different "
+                                    "arguments (count, dtype or op), or invalid ones",
+                                    rank=self.rank)
         if rc == lib.HM_EMISMATCH and err.bad_kind != err.root_kind:
             self._break("ValueError")
             bad, me = self.node_ranks[err.bad_rank], self.node_ranks[err.peer]
+            if err.bad_kind == lib.HM_K_BAD:  # the peer raises its own error
+                raise PeerArgumentError(f"hybridmpi: rank {self.rank}: {what}: rank {bad} passed "
+                                        "invalid arguments to this call (see its error); this rank "
+                                        "stops too", rank=self.rank, peer=bad)
             raise ValueError(f"hybridmpi: {what}: ranks are in different collective calls: rank {bad} "
                              f"called {self._call(err.bad_kind, err.bad_count, err.bad_dtype, err.bad_op)}"
                              f", rank {me} called "
@@ -501,8 +533,9 @@ class HybridComm(Collectives):
         who = "another rank" if peer is None else f"rank {peer}"
         if seen & MISBIT:
             self._break("ValueError", notify=False)
-            return ValueError(f"hybridmpi: rank {self.rank}: {what}: {who} found that ranks passed "
-                              "different arguments or are in different calls (see its error)")
+            return PeerArgumentError(f"hybridmpi: rank {self.rank}: {what}: {who} found that ranks "
+                                     "passed different or invalid arguments, or are in different "
+                                     "calls (see its error)", rank=self.rank, peer=peer)
         self._break("PeerError", notify=False)
         return PeerError(f"hybridmpi: rank {self.rank}: {what}: {who} failed in this call "
                          "(see its error); this rank stops too", rank=self.rank, peer=peer)

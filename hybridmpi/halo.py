@@ -14,6 +14,7 @@ from ._clib import MISBIT, ffi, lib
 from ._resource import Freed
 from ._types import DTYPES, mpi
 from .errors import FreedError, PeerError, SyncTimeout
+from .comm import TAG_SLOTS
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV, Exchange, Fault
@@ -30,10 +31,9 @@ except ImportError:
     _Hot = None
 _FN = {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
        for name in ("hm_xchg_update", "hm_zc_update", "hm_xchg_both")}
-# Two MPI tags per Halo (one per direction), so Halos on one HybridComm never
-# match each other's messages.
+# Two MPI tags per Halo (one per direction), from an identifier no other live Halo on the
+# HybridComm holds, so Halos never match each other's messages.
 _TAG_BASE = 100
-_TAG_SLOTS = 16000
 #: channel size (bytes) from which shared vectors are updated without staging buffers
 ZERO_COPY_BYTES = 6 * 1024
 #: channel size (bytes) from which blocking updates of private arrays read the owner's array
@@ -90,25 +90,32 @@ class Halo(Freed):
         problem: Any = None
         try:
             dt = np.dtype(dtype)
-        except TypeError:
+        except Exception:   # anything numpy refuses is a problem to agree on, not a raise here
             dt = None
         if method is None:
             method = os.environ.get("HYBRIDMPI_METHOD") or "atomic"
             source = " (from env HYBRIDMPI_METHOD)"
         else:
             source = ""
-        if dt not in DTYPES:
+        if hc._broken is not None:   # agreed: ranks whose comm is fine raise too, none waits
+            problem = f"its HybridComm is unusable after an earlier error ({hc._broken}); free it"
+        elif dt not in DTYPES:
             problem = f"unsupported dtype {dtype!r}; use one of {sorted(d.name for d in DTYPES)}"
-        elif type(block) is not int or block < 1:
+        elif (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
+              or block < 1):
             problem = f"block must be an int >= 1, got {block!r}"
-        elif method not in METHODS and method != "auto":
+        elif type(method) is not str or (method not in METHODS and method != "auto"):
             problem = f"unknown method {method!r}{source}; use one of {list(METHODS) + ['auto']}"
         near = 0 if problem else max([ids.size * dt.itemsize * block for p, ids in pattern.send.items()
                                       if p in pattern.intranode] + [0])
         if problem is not None:
-            exc = TypeError if problem.startswith("unsupported dtype") else ValueError
+            exc = (TypeError if problem.startswith("unsupported dtype")
+                   else RuntimeError if problem.startswith("its HybridComm") else ValueError)
             problem = exc, f"rank {hc.rank}: {problem}"
-        views = agree(hc.comm, problem, "Halo()", data=(str(dt), block, method, near))
+        else:
+            block = int(block)
+        views = agree(hc.comm, problem, "Halo()",
+                      data=None if problem else (str(dt), block, method, near))
         biggest = max(v[3] for v in views)
         views = [v[:3] for v in views]
         if len(set(views)) != 1:
@@ -123,7 +130,12 @@ class Halo(Freed):
         self.dtype_code = DTYPES[dt]
         self.esz = dt.itemsize * block
         self.timeout = hc.timeout
-        self.tag = _TAG_BASE + 2 * (hc._next_tag() % _TAG_SLOTS)
+        ident = hc._take_id()
+        if ident is None:
+            raise RuntimeError(f"hybridmpi: rank {hc.rank}: Halo(): {TAG_SLOTS} Halos are live on "
+                               "this HybridComm; free some first")
+        self._ident = ident
+        self.tag = _TAG_BASE + 2 * ident
         # block > 1: rows of `block` values, or the same values flat (as DOLFINx and PETSc
         # store blocked vectors: u.x.array, vec.array)
         self._shapes = (((pattern.size, block), (pattern.size * block,)) if block > 1
@@ -145,15 +157,11 @@ class Halo(Freed):
                                  dtype=self.dtype_code, tag=self.tag, timeout=self.timeout,
                                  policy=hc._st.policy, neighbors=tuple(pattern.neighbors),
                                  graph=pattern._graph_comm, graph_release=pattern._graph_release)
-        if method == "auto":
-            try:
-                self._transport = METHODS["atomic"](self.exchange)
-                self.method = "atomic"
-            except MemoryError as e:
-                warnings.warn(f"{e}; using method 'flat'", RuntimeWarning, stacklevel=2)
-                self.method = "flat"
-        if self._transport is None:
-            self._transport = METHODS[self.method](self.exchange)
+        try:
+            self._transport = self._make_transport(method)
+        except BaseException:
+            hc._release_id(ident)   # agreed failure (every rank raises): the id is free again
+            raise
         self._biggest = biggest  # the largest channel inside a node, over all ranks (bytes)
         # Blocking forward updates of private arrays by cross-memory attach: large channels
         # of long runs, on a node where process_vm_readv works (the same choice everywhere;
@@ -178,6 +186,18 @@ class Halo(Freed):
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
         hc._adopt(self)
+
+    def _make_transport(self, method):
+        """The transport of ``method`` ("auto": atomic, else flat with a warning)."""
+        if method == "auto":
+            try:
+                t = METHODS["atomic"](self.exchange)
+                self.method = "atomic"
+                return t
+            except MemoryError as e:
+                warnings.warn(f"{e}; using method 'flat'", RuntimeWarning, stacklevel=3)
+                self.method = "flat"
+        return METHODS[self.method](self.exchange)
 
     def _node_ids(self):
         """Per direction: each node peer's ids of its channel to this rank (collective on the
@@ -360,29 +380,36 @@ class Halo(Freed):
                 f"entered the call: {self._transport.missing(d, e)}")
 
     def _poison(self, bits):
-        """Error bits in the words this rank writes that its node peers wait on."""
+        """Its HybridComm broke: error bits in the words this rank writes that its node peers
+        wait on, and every later call raises (it never stores a plain epoch over the bits)."""
+        if self._broken is None:
+            self._broken = "error on its HybridComm"
         words = self._transport.words() if self._transport is not None else []
         if words:
             lib.hm_poison(len(words), [ffi.cast("void *", w) for w in words], bits)
 
     def _bad_call(self, exc, d):
         """Raise ``exc``, this rank's invalid arguments, after making the call with an
-        'invalid' mark instead of data (methods atomic, flat, neighbor): node peers see the
-        mark in the tag word, peers reached by MPI messages get an empty message (with
-        neighbor, a marked header) where the data would be.  A peer whose arguments were
+        'invalid' mark instead of data: node peers see the mark in the tag word (atomic) or
+        in the call's invalid mark after the method's synchronization (fence, pscw, lock),
+        peers reached by MPI messages get an empty message (with neighbor, a marked header)
+        where the data would be.  A peer whose arguments were
         valid and that reads from this rank raises ValueError (the Halo becomes unusable
         there); when every peer's
         arguments were invalid too, the Halo stays usable.  No message of the call is left
         behind for the next one."""
-        bad = getattr(self._transport, "bad_call", None)
-        if bad is None or not len(self.pattern.neighbors) or self.hc.size == 1:
+        t = self._transport
+        if self.hc.size == 1 or (not len(self.pattern.neighbors)
+                                 and not t.node_collective):
             raise exc
+        bad = t.bad_call
         e = self._epoch[d] = self._epoch[d] + 1
         self._current = d
         try:
             rc = bad(d, e)
-        except BaseException as err:
-            raise self._failed(err) from None
+        except Exception as err:   # a peer's notice or a timeout: this rank's own error stays
+            self._failed(err)      # the one it raises (the comm breaks as for any failure)
+            raise exc from None
         if rc != lib.HM_OK:
             self._failed(exc)
         raise exc
@@ -411,6 +438,8 @@ class Halo(Freed):
         of ``op``.  With ``d``, the call starts direction ``d``: invalid arguments are made
         known to the peers (:meth:`_bad_call`)."""
         self._usable()
+        if d is not None and self._pending:   # before the checks: a bad call never takes the
+            raise self._state_error(what)      # pending call's epoch
         try:
             return self._check_arg(x, what), (op if op is None else self._op(op, self.dtype))
         except (TypeError, ValueError) as exc:
@@ -487,8 +516,6 @@ class Halo(Freed):
     def _update(self, x):
         """The checked, general path of :meth:`update`."""
         buf, _ = self._arg(x, "update", FWD)
-        if self._pending:
-            raise self._state_error("update")
         e = self._epoch[FWD] = self._epoch[FWD] + 1
         self._current = FWD
         try:
@@ -542,8 +569,6 @@ class Halo(Freed):
     def _reverse(self, x, op):
         """The checked, general path of :meth:`reverse`."""
         buf, code = self._arg(x, "reverse", REV, op)
-        if self._pending:
-            raise self._state_error("reverse")
         e = self._epoch[REV] = self._epoch[REV] + 1
         self._current = REV
         try:
@@ -636,8 +661,6 @@ class Halo(Freed):
     def _begin(self, d, x, buf, code, what):
         """Start direction ``d`` on ``x`` (checked: ``buf``, ``code``): the values sent are copied
         (or, for a shared vector, published) now; ``_finish`` completes it."""
-        if self._pending:
-            raise self._state_error(what)
         e = self._epoch[d] = self._epoch[d] + 1
         try:
             zc = self._vectors and self._zero_copy(x, d)
@@ -681,6 +704,8 @@ class Halo(Freed):
         vectors, self._vectors = self._vectors, []
         if t is None or mpi().Is_finalized():
             return
+        if self._broken is None:   # else messages of the failed call may still come: kept
+            self.hc._release_id(self._ident)
         t.free()
         for _, block, _ in vectors:
             block.free()

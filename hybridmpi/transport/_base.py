@@ -225,9 +225,19 @@ class Transport(ABC):
     def end(self, d, xbuf, e, op):
         """Finish call ``e``: what was received is in ``xbuf``."""
 
+    #: every rank of the node takes part in every call, neighbor or not (fence)
+    node_collective = False
+
     @abstractmethod
     def free(self):
         """Release what the method holds (collective with the Halo's free)."""
+
+    @abstractmethod
+    def bad_call(self, d, e):
+        """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: take part in
+        its synchronization with the call marked invalid, moving nothing, so that the peers
+        raise instead of waiting or reading.  Returns the C core's HM_OK when every peer
+        sending to this rank was invalid too (the Halo stays usable), else an error code."""
 
     def run(self, d, xbuf, e, op):
         """A whole call: its begin, then its end."""
@@ -295,13 +305,16 @@ class Messages:
         message where each receiver expects data (it raises unless its arguments were invalid
         too), and each sender's message or empty message taken and dropped, so that nothing
         of this call is left for the next one (a message and its mark share the data's tag:
-        MPI keeps them in order)."""
+        MPI keeps them in order).  Returns how many peers sent data (their arguments were
+        valid)."""
         if self.empty:
-            return
+            return 0
         comm, tag = self._comm, self._tag
         reqs = [comm.Irecv(v, p, tag) for p, v in self._pairs[0]]
         reqs += [comm.Isend(_EMPTY, p, tag) for p, _ in self._pairs[1]]
-        complete(self.ex, reqs, self.peers, "reverse" if d else "update", e)
+        st = self._statuses
+        complete(self.ex, reqs, self.peers, "reverse" if d else "update", e, st)
+        return sum(st[i].Get_count(self._MPI.BYTE) > 0 for i in self._expect)
 
     def wait(self, what, e):
         """Complete the messages started last; an empty message from a peer (its arguments

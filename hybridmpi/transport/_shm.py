@@ -4,13 +4,15 @@ For every directed intranode channel s -> r (one per direction of update):
 two send buffers and the DONE counter in s's segment, the READY counter in
 r's segment.  Every counter owns a 128-byte region, written by one process.
 Each segment starts with a region holding the last epoch this rank entered
-per direction, read after a timeout to name the ranks that never came.
+per direction, read after a timeout to name the ranks that never came, and
+(methods synchronized by MPI: fence, pscw, lock) the last call per direction in
+which this rank's arguments were invalid, which its readers check before they copy.
 """
 
 from .._clib import ffi, lib
 from ..arena import allocate_shared, check_room
 from ..arena import round_up as _round
-from ._base import FWD, REV, Chan, Messages, Transport, Xchg, check
+from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check
 
 _R = lib.HM_REGION
 #: the fields of a channel's layout entry: its counter's region (DONE in the sender's segment,
@@ -71,11 +73,28 @@ class SharedWindow:
         """Address of this rank's "entered" word of direction ``d``."""
         return self.base[self.node_rank[self.me]] + 8 * d
 
+    def enter(self, d, e):
+        """Record that this rank entered call ``e`` of direction ``d`` (methods whose C calls do
+        not: lock)."""
+        lib.hm_store(ffi.cast("void *", self.entered(d)), e, lib.HM_ACQ_REL)
+
+    def mark_bad(self, d, e):
+        """Mark call ``e`` of direction ``d`` as made with invalid arguments on this rank (read by
+        :meth:`bad_among` once the method's synchronization has made it visible)."""
+        lib.hm_store(ffi.cast("void *", self.base[self.node_rank[self.me]] + 16 + 8 * d), e,
+                     lib.HM_ACQ_REL)
+
+    def bad_among(self, d, e, peers):
+        """The ranks of ``peers`` (on this node) that marked call ``e`` of direction ``d``."""
+        return [p for p in peers
+                if lib.hm_load(ffi.cast("void *", self.base[self.node_rank[p]] + 16 + 8 * d),
+                               lib.HM_ACQ_REL) == e]
+
     def missing(self, d, epoch):
         """Ranks of this node whose last entered call of direction ``d`` is before ``epoch``."""
         ranks = sorted(self.node_rank, key=self.node_rank.get)
-        return [r for r in ranks
-                if lib.hm_load(ffi.cast("void *", self.base[self.node_rank[r]] + 8 * d), 0) < epoch]
+        return [r for r in ranks if r != self.me   # this rank is in the call it timed out in
+                and lib.hm_load(ffi.cast("void *", self.base[self.node_rank[r]] + 8 * d), 0) < epoch]
 
     def _at(self, rank, key, field):
         nr = self.node_rank[rank]
@@ -170,6 +189,30 @@ class ShmTransport(Transport):
 
     def missing(self, d, epoch):
         return self.shm.missing(d, epoch)
+
+    def bad_senders(self, d, e):
+        """The node peers sending to this rank in call ``e`` of direction ``d`` whose arguments
+        were invalid (methods fence, pscw and lock: after the call's synchronization)."""
+        return self.shm.bad_among(d, e, [c.peer for c in self.dirs[d].recv_chans])
+
+    def finish_checked(self, d, xbuf, e, op):
+        """Finish call ``e`` (the intranode data already synchronized), unless a node peer
+        marked it invalid: then only the messages complete, and Fault "mismatch"."""
+        bad = self.bad_senders(d, e)
+        if not bad:
+            self.end_data(d, xbuf, e, op)
+            return
+        msgs = self.dirs[d].msgs
+        try:
+            msgs.wait("reverse" if d == REV else "update", e)
+        except Fault as f:
+            if f.kind != "mismatch":
+                raise
+        raise Fault("mismatch", peer=bad[0], tag=lib.HM_TAG_BAD)
+
+    def end_data(self, d, xbuf, e, op):
+        """Receive the data of call ``e`` (Direction.finish)."""
+        self.dirs[d].finish(d, xbuf, e, op)
 
     def describe_word(self, addr):
         for s in self.dirs:

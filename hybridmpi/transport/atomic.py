@@ -69,13 +69,13 @@ class Atomic(ShmTransport):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: publish
         HM_TAG_BAD instead of data and read the node peers' tags (nothing is copied), and
         the same over messages (Messages.bad).  Returns the C core's code: HM_OK when every
-        node peer was invalid too."""
+        peer sending to this rank was invalid too."""
         if self._bad is None:
             self._bad = [ZeroCopy(self, lib.HM_TAG_BAD, None, None, None, empty=True, only=d2)
                          for d2 in (FWD, REV)]
         rc, _ = self._bad[d].bad(e)
-        self.dirs[d].msgs.bad(d, e)
-        return rc
+        good_far = self.dirs[d].msgs.bad(d, e)
+        return rc if rc != lib.HM_OK or good_far == 0 else lib.HM_EMISMATCH
 
     def run(self, d, xbuf, e, op):
         s = self.dirs[d]
@@ -187,6 +187,7 @@ class ZeroCopy:
                 rarr[i].peer = c.peer
                 rarr[i].done = ffi.cast("void *", c.done)
             readers.n, readers.chan = len(s.send_chans), rarr
+            readers.entered = ffi.cast("void *", transport.shm.entered(d))
             copy_policy(pulls.policy, pol)
             copy_policy(readers.policy, pol)
             n = max(len(s.send_chans), 1)

@@ -20,9 +20,9 @@ class Flat(Transport):
         check(lib.hm_xchg_recv(m.recv.x, xbuf, e, op, d), m.recv)
 
     def bad_call(self, d, e):
-        """Call ``e`` of direction ``d`` with invalid arguments on this rank (Messages.bad)."""
-        self.msgs[d].bad(d, e)
-        return lib.HM_OK
+        """Call ``e`` of direction ``d`` with invalid arguments on this rank (Messages.bad):
+        HM_OK when no peer sent data (theirs were invalid too)."""
+        return lib.HM_OK if self.msgs[d].bad(d, e) == 0 else lib.HM_EMISMATCH
 
     def free(self):
         for m in self.msgs:

@@ -8,13 +8,15 @@ each receiver's segment with Accumulate(REPLACE); a receiver polls its
 READY with Fetch_and_op(NO_OP), copies under a lock of the sender's
 segment, and sets the sender's DONE = e.  Buffers alternate by epoch parity
 and a sender waits DONE >= e - 2 before packing one again, as in "atomic".
-Internode channels are flat Isend/Irecv.
+Internode channels are flat Isend/Irecv.  A rank whose arguments were invalid
+marks its call invalid and sets the counters as for a call that moves nothing
+(:meth:`Lock.bad_call`); its receivers complete the call's counters, then raise.
 """
 
 import numpy as np
 
 from .._clib import lib
-from ._base import FWD, REV, Xchg, check, wait_until
+from ._base import FWD, REV, Fault, Xchg, check, wait_until
 from ._shm import COUNTER, ShmTransport
 
 
@@ -55,6 +57,7 @@ class Lock(ShmTransport):
 
     def begin(self, d, xbuf, e):
         s = self.dirs[d]
+        self.shm.enter(d, e)
         s.msgs.start(xbuf, e)
         me, win = self.shm.me, self.shm.win
         mine = self.shm.node_rank[me]
@@ -68,32 +71,66 @@ class Lock(ShmTransport):
             win.Unlock(mine)
             self._write(c.peer, key, e)
 
-    def _take(self, d, peer, xbuf, e, op):
+    def _take(self, d, peer, xbuf, e, op, copy=True):
+        """Wait for ``peer``'s READY of call ``e``, copy its channel (unless ``copy`` is False
+        or the peer marked the call invalid) and set its DONE; returns whether it was valid."""
         me, win = self.shm.me, self.shm.win
         key = (d, peer, me)
         wait_until(self.ex, lambda: self._read(key), e, peer, "READY",
                    "reverse" if d == REV else "update", e)
-        one = self.single[d][1][peer]
-        nr = self.shm.node_rank[peer]
-        win.Lock(nr, self._SHARED, self._NOCHECK)
-        check(lib.hm_xchg_recv(one.x, xbuf, e, op, 1), one)
-        win.Unlock(nr)
+        valid = not self.shm.bad_among(d, e, [peer])
+        if copy and valid:
+            one = self.single[d][1][peer]
+            nr = self.shm.node_rank[peer]
+            win.Lock(nr, self._SHARED, self._NOCHECK)
+            check(lib.hm_xchg_recv(one.x, xbuf, e, op, 1), one)
+            win.Unlock(nr)
         self._write(peer, key, e)
+        return valid
 
     def end(self, d, xbuf, e, op):
         s = self.dirs[d]
+        bad = []   # senders that marked the call invalid: the rest still completes, then Fault
         if d == FWD:
             for c in s.recv_chans:
-                self._take(d, c.peer, xbuf, e, op)
+                if not self._take(d, c.peer, xbuf, e, op, copy=not bad):
+                    bad.append(c.peer)
             if not s.msgs.empty:
                 s.msgs.wait("update", e)
-                check(lib.hm_xchg_recv(s.msgs.recv.x, xbuf, e, op, 0), s.msgs.recv)
-            return
-        s.msgs.wait("reverse", e)
-        internode = self.internode[d]
-        for peer in s.recv_all.peers:
-            if peer in internode:
-                check(lib.hm_xchg_recv(internode[peer].x, xbuf, e, op, 1), internode[peer])
-            else:
-                self._take(d, peer, xbuf, e, op)
+                if not bad:
+                    check(lib.hm_xchg_recv(s.msgs.recv.x, xbuf, e, op, 0), s.msgs.recv)
+        else:
+            try:
+                s.msgs.wait("reverse", e)
+            except Fault as f:   # an invalid call across nodes: the node's channels complete
+                if f.kind != "mismatch":
+                    raise
+                bad.append(f.peer)
+            internode = self.internode[d]
+            for peer in s.recv_all.peers:
+                if peer in internode:
+                    if not bad:
+                        check(lib.hm_xchg_recv(internode[peer].x, xbuf, e, op, 1), internode[peer])
+                elif not self._take(d, peer, xbuf, e, op, copy=not bad):
+                    bad.append(peer)
+        if bad:
+            raise Fault("mismatch", peer=bad[0], tag=lib.HM_TAG_BAD)
 
+    def bad_call(self, d, e):
+        """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: the call
+        marked invalid, READY set for each receiver and DONE for each sender as in a call that
+        moves nothing; messages as Messages.bad.  Returns HM_OK when every node peer sending
+        to this rank was invalid too."""
+        s = self.dirs[d]
+        me = self.shm.me
+        self.shm.enter(d, e)
+        self.shm.mark_bad(d, e)
+        what = "reverse" if d == REV else "update"
+        for c in s.send_chans:
+            key = (d, me, c.peer)
+            if e > 2:
+                wait_until(self.ex, lambda k=key: self._read(k), e - 2, c.peer, "DONE", what, e)
+            self._write(c.peer, key, e)
+        good = [c.peer for c in s.recv_chans if self._take(d, c.peer, None, e, 0, copy=False)]
+        far = s.msgs.bad(d, e)
+        return lib.HM_OK if not good and not far else lib.HM_EMISMATCH

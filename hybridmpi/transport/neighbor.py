@@ -84,13 +84,15 @@ class Neighbor(Transport):
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: take part in
         the collective with headers marked invalid (-1 - stamp) and nothing packed; the
-        peers' messages are dropped."""
-        _, _, args, shdr, _ = self.dirs[d]
+        peers' messages are dropped.  HM_OK when every neighbor's header was marked too."""
+        _, _, args, shdr, rhdr = self.dirs[d]
+        mark = -1 - (2 * e + d)
         for h in shdr:
-            h[0], h[1] = self.ex.tag, -1 - (2 * e + d)
+            h[0], h[1] = self.ex.tag, mark
         self._req = self.graph.Ineighbor_alltoallv(*args)
         complete(self.ex, [self._req], [None], "reverse" if d == REV else "update", e)
-        return lib.HM_OK
+        valid = [p for p, h in zip(self.nbrs, rhdr) if not (h[0] == self.ex.tag and h[1] == mark)]
+        return lib.HM_OK if not valid else lib.HM_EMISMATCH
 
     def free(self):
         if self._req is not None:

@@ -5,9 +5,13 @@ A sender packs its buffers and posts an exposure epoch to its intranode
 receivers; a receiver starts an access epoch on its senders, copies from
 their buffers and completes it; the sender's wait, at the end of its own
 call, returns once every receiver has completed, so the buffer is free for
-the next call.  Internode channels are flat Isend/Irecv.
+the next call.  Internode channels are flat Isend/Irecv.  A rank whose
+arguments were invalid opens and closes the same epochs with its call marked
+invalid (:meth:`PSCW.bad_call`); its receivers complete theirs, then raise.
 """
 
+from .._clib import lib
+from ._base import Fault
 from ._shm import ShmTransport
 
 
@@ -32,14 +36,38 @@ class PSCW(ShmTransport):
 
     def end(self, d, xbuf, e, op):
         post, start = self.groups[d]
-        win = self.shm.win
         if start is not None:
-            win.Start(start)
-        super().end(d, xbuf, e, op)
+            self.shm.win.Start(start)
+        try:
+            self.finish_checked(d, xbuf, e, op)
+        except Fault as f:
+            if f.kind == "mismatch":   # every peer is in this call: its epochs end as usual
+                self._close(post, start)
+            raise
+        self._close(post, start)
+
+    def _close(self, post, start):
+        win = self.shm.win
         if start is not None:
             win.Complete()
         if post is not None:
             win.Wait()
+
+    def bad_call(self, d, e):
+        """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: the call
+        marked invalid, its exposure and access epochs opened and closed, nothing packed or
+        copied; messages as Messages.bad.  Returns HM_OK when every node peer sending to this
+        rank was invalid too."""
+        post, start = self.groups[d]
+        self.shm.mark_bad(d, e)
+        if post is not None:
+            self.shm.win.Post(post)
+        if start is not None:
+            self.shm.win.Start(start)
+        good = len(self.dirs[d].recv_chans) - len(self.bad_senders(d, e))
+        self._close(post, start)
+        good += self.dirs[d].msgs.bad(d, e)
+        return lib.HM_OK if good == 0 else lib.HM_EMISMATCH
 
     def free(self):
         for pair in self.groups:

@@ -1,5 +1,14 @@
+import os
+import runpy
+
 from setuptools import Extension, setup
+
+# HYBRIDMPI_SANITIZE=1 builds both compiled modules with ASan and UBSan (the flags: the builder's)
+BUILDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cext", "build_shim.py")
+SANITIZE = runpy.run_path(BUILDER)["SANITIZE"]
 
 setup(cffi_modules=["cext/build_shim.py:ffibuilder"],
       # the profile's call wrapper (hybridmpi/profile.py works without it, slower)
-      ext_modules=[Extension("hybridmpi._timed", ["cext/hm_timed.c"], extra_compile_args=["-O2"])])
+      ext_modules=[Extension("hybridmpi._timed", ["cext/hm_timed.c"], include_dirs=["cext"],
+                             extra_compile_args=["-O2", *SANITIZE],
+                             extra_link_args=SANITIZE)])

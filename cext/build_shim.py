@@ -11,6 +11,11 @@ import re
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: HYBRIDMPI_SANITIZE=1: compile and link with AddressSanitizer and UndefinedBehaviorSanitizer
+#: (setup.py adds the same to hybridmpi._timed; docs/development.md: how to run them).  Python
+#: compiles extensions with -fwrapv, under which UBSan does not check signed overflow.
+SANITIZE = (["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-wrapv", "-O1", "-g"]
+            if os.environ.get("HYBRIDMPI_SANITIZE") == "1" else [])
 
 
 _CONSTANT = re.compile(r"#define HM_[A-Z0-9_]+ -?[0-9]+\s*$")
@@ -31,7 +36,8 @@ ffibuilder.set_source(
     sources=[os.path.relpath(os.path.join(HERE, f))
              for f in ("hm_wait.c", "hm_core.c", "hm_halo.c", "hm_gm.c")],
     include_dirs=[os.path.relpath(HERE)],
-    extra_compile_args=["-std=gnu11", "-O3"],
+    extra_compile_args=["-std=gnu11", "-O3", *SANITIZE],
+    extra_link_args=SANITIZE,
     # The limited API makes every call from Python about twice as slow.
     py_limited_api=False,
 )

@@ -15,7 +15,10 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "hm_core.h"
 
 /* A new reference to o (Py_NewRef is 3.10+). */
 static PyObject *ref(PyObject *o)
@@ -61,8 +64,9 @@ static PyObject *ref_or_none(PyObject *o)
     static PyGetSetDef PREFIX##_getset[] = {                                                    \
         {"__wrapped__", (getter)PREFIX##_wrapped, NULL, DOC, NULL}, {NULL}}
 
-typedef void (*begin_fn)(void);
-typedef int (*end_fn)(void *);
+/* hm_prof_begin, hm_prof_end and hm_prof_abort of the C core, passed by address. */
+typedef __typeof__(hm_prof_begin) *begin_fn;
+typedef __typeof__(hm_prof_end) *end_fn;
 
 typedef struct {
     PyObject_HEAD
@@ -71,7 +75,7 @@ typedef struct {
     begin_fn begin;
     end_fn end;
     begin_fn abort;
-    void *log;
+    hm_prof_log *log;
     vectorcallfunc vectorcall;
 } Timed;
 
@@ -102,7 +106,7 @@ static PyObject *timed_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     t->begin = (begin_fn)(uintptr_t)b;
     t->end = (end_fn)(uintptr_t)e;
     t->abort = (begin_fn)(uintptr_t)a;
-    t->log = (void *)(uintptr_t)log;
+    t->log = (hm_prof_log *)(uintptr_t)log;
     t->vectorcall = timed_vectorcall;
     return (PyObject *)t;
 }
@@ -148,8 +152,8 @@ static PyObject *near_vectorcall(PyObject *self, PyObject *const *args, size_t n
     if ((PyObject *)Py_TYPE(a) != t->ndarray || !PyLong_CheckExact(args[1]) ||
         (nargs == 3 && !PyLong_CheckExact(args[2])))
         goto slow;
-    long rank = PyLong_AsLong(args[1]);
-    long off = nargs == 3 ? PyLong_AsLong(args[2]) : 0;
+    long long rank = PyLong_AsLongLong(args[1]);
+    long long off = nargs == 3 ? PyLong_AsLongLong(args[2]) : 0;
     if (PyErr_Occurred()) {
         PyErr_Clear();
         goto slow;
@@ -170,7 +174,10 @@ static PyObject *near_vectorcall(PyObject *self, PyObject *const *args, size_t n
         goto slow;
     }
     Py_ssize_t n = view.itemsize ? view.len / view.itemsize : 0;
-    if (view.ndim != 1 || view.itemsize != t->itemsize || off + n > t->count[rank]) {
+    /* n > count - off, never off + n (a huge offset would wrap it past the check; counts are
+     * in [0, INT64_MAX], near_new); anything outside goes to the Python method, which raises */
+    int64_t count = t->count[rank];
+    if (view.ndim != 1 || view.itemsize != t->itemsize || n > count || off > count - n) {
         PyBuffer_Release(&view);
         goto slow;
     }
@@ -185,10 +192,13 @@ slow:
     return PyObject_Vectorcall(t->fallback, args, nargsf, kwnames);
 }
 
+/* Near's arrays come from libc, not from Python's allocator: under HYBRIDMPI_SANITIZE, ASan
+ * puts redzones around them and LeakSanitizer reports them with this file's frames (pymalloc
+ * serves small blocks from its arenas, where neither sees them). */
 static void near_release(Near *t)
 {
-    PyMem_Free(t->base);
-    PyMem_Free(t->count);
+    free(t->base);
+    free(t->count);
     t->base = NULL;
     t->count = NULL;
 }
@@ -200,6 +210,10 @@ static PyObject *near_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     int get;
     if (!PyArg_ParseTuple(args, "OOOOOnp", &nd, &dt, &fb, &bases, &counts, &itemsize, &get))
         return NULL;
+    if (itemsize < 1) {
+        PyErr_Format(PyExc_ValueError, "Near: itemsize must be >= 1, got %zd", itemsize);
+        return NULL;
+    }
     Py_ssize_t n = PySequence_Size(bases);
     if (n < 0 || PySequence_Size(counts) != n) {
         PyErr_SetString(PyExc_ValueError, "Near: bases and counts differ in length");
@@ -208,27 +222,33 @@ static PyObject *near_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     Near *t = (Near *)type->tp_alloc(type, 0);
     if (t == NULL)
         return NULL;
-    t->base = PyMem_Calloc((size_t)n + 1, sizeof(char *));
-    t->count = PyMem_Calloc((size_t)n + 1, sizeof(int64_t));
+    t->base = calloc((size_t)n + 1, sizeof(char *));
+    t->count = calloc((size_t)n + 1, sizeof(int64_t));
     if (t->base == NULL || t->count == NULL) {
         Py_DECREF(t);
         return PyErr_NoMemory();
     }
-    unsigned long long *words = PyMem_Calloc((size_t)n + 1, 2 * sizeof(unsigned long long));
+    unsigned long long *words = calloc((size_t)n + 1, 2 * sizeof(unsigned long long));
     if (words == NULL) {
         Py_DECREF(t);
         return PyErr_NoMemory();
     }
     if (read_words(bases, n, words) < 0 || read_words(counts, n, words + n) < 0) {
-        PyMem_Free(words);
+        free(words);
         Py_DECREF(t);
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (words[n + i] > (unsigned long long)(INT64_MAX / itemsize)) {
+            PyErr_Format(PyExc_ValueError, "Near: count %llu of rank %zd is too large", words[n + i], i);
+            free(words);
+            Py_DECREF(t);
+            return NULL;
+        }
         t->base[i] = (char *)(uintptr_t)words[i];
         t->count[i] = (int64_t)words[n + i];
     }
-    PyMem_Free(words);
+    free(words);
     t->ndarray = ref(nd);
     t->dtype = ref(dt);
     t->fallback = ref(fb);
@@ -271,11 +291,140 @@ static PyTypeObject NearType = {
 
 /* ------------------------------------------------------------------ Halo hot paths */
 
-typedef int (*xchg_update_fn)(void *, void *, void *, uint64_t);
-typedef int (*xchg_both_fn)(void *, void *, void *, uint64_t, int, int);
-typedef int (*zc_update_fn)(void *, void *, void *, void *, int64_t, void *, uint64_t);
+/* The C core's calls, passed by address (they live in hybridmpi._core), typed by its header. */
+typedef __typeof__(hm_xchg_update) *xchg_update_fn;
+typedef __typeof__(hm_xchg_both) *xchg_both_fn;
+typedef __typeof__(hm_zc_update) *zc_update_fn;
 
 enum { HOT_UPDATE = 0, HOT_ZC = 1, HOT_REVERSE = 2 };
+
+/* State(): the one owner of a Halo's per-call state: the epoch of each direction, the
+ * direction of the current call, the pending begin and what broke it.  The Halo's Python
+ * code, its hot paths (Hot), the profile and the error paths all go through it. */
+typedef struct {
+    PyObject_HEAD
+    uint64_t epoch[2];
+    int current;
+    PyObject *pending;   /* NULL: no begin pending; else what the Halo keeps of it */
+    PyObject *broken;    /* NULL: usable; else what made it unusable (a str) */
+} State;
+
+static PyTypeObject StateType;
+
+static int direction(PyObject *o)
+{
+    long d = PyLong_AsLong(o);
+    if (d == -1 && PyErr_Occurred())
+        return -1;
+    if (d != 0 && d != 1) {
+        PyErr_SetString(PyExc_ValueError, "State: direction 0 or 1");
+        return -1;
+    }
+    return (int)d;
+}
+
+/* start(d): the next call of direction d begins: its epoch (stored), and d is current. */
+static PyObject *state_start(State *st, PyObject *o)
+{
+    int d = direction(o);
+    if (d < 0)
+        return NULL;
+    st->current = d;
+    return PyLong_FromUnsignedLongLong(++st->epoch[d]);
+}
+
+/* epoch(d): the last call of direction d. */
+static PyObject *state_epoch(State *st, PyObject *o)
+{
+    int d = direction(o);
+    return d < 0 ? NULL : PyLong_FromUnsignedLongLong(st->epoch[d]);
+}
+
+static PyObject *state_epochs(State *st, void *closure)
+{
+    return Py_BuildValue("(KK)", (unsigned long long)st->epoch[0], (unsigned long long)st->epoch[1]);
+}
+
+static PyObject *state_current(State *st, void *closure) { return PyLong_FromLong(st->current); }
+
+static PyObject *state_get(PyObject **field) { return ref_or_none(*field); }
+
+static int state_put(PyObject **field, PyObject *v)
+{
+    PyObject *old = *field;
+    *field = (v == NULL || v == Py_None) ? NULL : ref(v);
+    Py_XDECREF(old);
+    return 0;
+}
+
+static PyObject *state_pending(State *st, void *c) { return state_get(&st->pending); }
+static int state_set_pending(State *st, PyObject *v, void *c) { return state_put(&st->pending, v); }
+static PyObject *state_broken(State *st, void *c) { return state_get(&st->broken); }
+
+static int state_set_broken(State *st, PyObject *v, void *c)
+{
+    if (v != NULL && v != Py_None && !PyUnicode_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "State.broken: a str or None");
+        return -1;
+    }
+    return state_put(&st->broken, v);
+}
+
+static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    if (!PyArg_ParseTuple(args, ":State"))
+        return NULL;
+    return type->tp_alloc(type, 0);
+}
+
+static int state_traverse(State *st, visitproc visit, void *arg)
+{
+    Py_VISIT(st->pending);
+    Py_VISIT(st->broken);
+    return 0;
+}
+
+static int state_clear(State *st)
+{
+    Py_CLEAR(st->pending);
+    Py_CLEAR(st->broken);
+    return 0;
+}
+
+static void state_dealloc(State *st)
+{
+    PyObject_GC_UnTrack(st);
+    state_clear(st);
+    Py_TYPE(st)->tp_free((PyObject *)st);
+}
+
+static PyMethodDef state_methods[] = {
+    {"start", (PyCFunction)state_start, METH_O, "start(d): the epoch of a new call of direction d"},
+    {"epoch", (PyCFunction)state_epoch, METH_O, "epoch(d): the last call of direction d"},
+    {NULL}
+};
+
+static PyGetSetDef state_getset[] = {
+    {"epochs", (getter)state_epochs, NULL, "(forward, reverse): the last call of each", NULL},
+    {"current", (getter)state_current, NULL, "the direction of the current (or last) call", NULL},
+    {"pending", (getter)state_pending, (setter)state_set_pending, "the pending begin, or None", NULL},
+    {"broken", (getter)state_broken, (setter)state_set_broken, "what made it unusable, or None",
+     NULL},
+    {NULL}
+};
+
+static PyTypeObject StateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._timed.State",
+    .tp_basicsize = sizeof(State),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "State(): a Halo's epochs, current direction, pending begin and broken state",
+    .tp_new = state_new,
+    .tp_dealloc = (destructor)state_dealloc,
+    .tp_traverse = (traverseproc)state_traverse,
+    .tp_clear = (inquiry)state_clear,
+    .tp_methods = state_methods,
+    .tp_getset = state_getset,
+};
 
 /* The arrays a hot path serves (a program that alternates a few vectors keeps all of them
  * hot), each with what its buffer looked like when it was added. */
@@ -292,6 +441,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *halo;
+    State *state;         /* the Halo's State */
     hot_array arr[HOT_ARRAYS];
     int narr, next;       /* arrays held; the slot the next one replaces */
     PyObject *fallback;   /* Halo.update or Halo.reverse (the function) */
@@ -299,10 +449,10 @@ typedef struct {
     PyObject *op;         /* reverse: the op string of the hot call */
     PyObject *keep;       /* what owns the profile log's memory, or None */
     int kind, d, opcode, closed, default_op, bound;
-    void (*pbegin)(void);      /* a profile records the hot calls (hybridmpi.profile): */
-    int (*pend)(void *);       /* hm_prof_begin, hm_prof_end, hm_prof_abort and the log */
-    void (*pabort)(void);
-    void *plog;
+    begin_fn pbegin;      /* a profile records the hot calls (hybridmpi.profile): */
+    end_fn pend;          /* hm_prof_begin, hm_prof_end, hm_prof_abort and the log */
+    begin_fn pabort;
+    hm_prof_log *plog;
     void *fn;
     void *a[4];
     int64_t tagval;
@@ -312,20 +462,6 @@ typedef struct {
     char format[8];
     vectorcallfunc vectorcall;
 } Hot;
-
-static PyObject *s_pending, *s_broken, *s_epoch, *s_current, *small_int[2];
-
-static int attr_is_none(PyObject *o, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int none = v == Py_None;
-    Py_DECREF(v);
-    return none;
-}
 
 /* Fill slot i with array x (a new reference; the slot's old array released): 0, or -1 with
  * an error when x is not a writeable C-contiguous buffer of 1 or 2 dimensions. */
@@ -368,7 +504,7 @@ static int hot_ok(Hot *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     } else if (nargs != 1) {
         return -1;
     }
-    if (!attr_is_none(t->halo, s_pending) || !attr_is_none(t->halo, s_broken))
+    if (t->state->pending != NULL || t->state->broken != NULL)
         return -1;
     Py_buffer v;
     if (PyObject_GetBuffer(args[0], &v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
@@ -393,30 +529,10 @@ static PyObject *hot_vectorcall(PyObject *self, PyObject *const *args, size_t na
     if (slot < 0)
         goto slow;
     char *buf = t->arr[slot].buf;
-    /* e = halo._epoch[d] + 1 (stored back), halo._current = d */
-    PyObject *ep = PyObject_GetAttr(t->halo, s_epoch);
-    if (ep == NULL || !PyList_CheckExact(ep) || PyList_GET_SIZE(ep) != 2) {
-        Py_XDECREF(ep);
-        PyErr_Clear();
-        goto slow;
-    }
     if (t->plog)
         t->pbegin();
-    uint64_t e = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(ep, t->d)) + 1;
-    PyObject *ne = PyErr_Occurred() ? NULL : PyLong_FromUnsignedLongLong(e);
-    if (ne == NULL) {
-        Py_DECREF(ep);
-        if (t->plog)
-            t->pabort();
-        return NULL;
-    }
-    PyList_SetItem(ep, t->d, ne);
-    Py_DECREF(ep);
-    if (PyObject_SetAttr(t->halo, s_current, small_int[t->d]) < 0) {
-        if (t->plog)
-            t->pabort();
-        return NULL;
-    }
+    uint64_t e = ++t->state->epoch[t->d];
+    t->state->current = t->d;
     int rc;
     if (t->kind == HOT_UPDATE)
         rc = ((xchg_update_fn)t->fn)(t->a[0], t->a[1], buf, e);
@@ -455,12 +571,12 @@ slow:;
 
 static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    PyObject *halo, *x, *fb, *err, *op, *addrs, *prof = Py_None;
+    PyObject *halo, *state, *x, *fb, *err, *op, *addrs, *prof = Py_None;
     int kind, d, opcode;
     unsigned long long fn, buf;
     long long tagval;
-    if (!PyArg_ParseTuple(args, "OOOOOiiiKOKL|O", &halo, &x, &fb, &err, &op, &kind, &d, &opcode,
-                          &fn, &addrs, &buf, &tagval, &prof))
+    if (!PyArg_ParseTuple(args, "OO!OOOOiiiKOKL|O", &halo, &StateType, &state, &x, &fb, &err, &op,
+                          &kind, &d, &opcode, &fn, &addrs, &buf, &tagval, &prof))
         return NULL;
     unsigned long long pa[4] = {0, 0, 0, 0};
     PyObject *keep = Py_None;
@@ -493,6 +609,7 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
         t->a[i] = (void *)(uintptr_t)a[i];
     t->keep = ref(keep);
     t->halo = ref(halo);
+    t->state = (State *)ref(state);
     t->fallback = ref(fb);
     t->error = ref(err);
     t->op = ref(op);
@@ -504,16 +621,16 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     t->tagval = tagval;
     /* with a profile: the fallback is its (bound) wrapper, and the hot calls are recorded */
     t->bound = prof != Py_None;
-    t->pbegin = (void (*)(void))(uintptr_t)pa[0];
-    t->pend = (int (*)(void *))(uintptr_t)pa[1];
-    t->pabort = (void (*)(void))(uintptr_t)pa[2];
-    t->plog = (void *)(uintptr_t)pa[3];
+    t->pbegin = (begin_fn)(uintptr_t)pa[0];
+    t->pend = (end_fn)(uintptr_t)pa[1];
+    t->pabort = (begin_fn)(uintptr_t)pa[2];
+    t->plog = (hm_prof_log *)(uintptr_t)pa[3];
     t->vectorcall = hot_vectorcall;
     return (PyObject *)t;
 }
 
 /* The object references a Hot holds besides its arrays (for the collector). */
-#define HOT_REFS(DO) DO(t->halo); DO(t->fallback); DO(t->error); DO(t->op); DO(t->keep)
+#define HOT_REFS(DO) DO(t->halo); DO(t->state); DO(t->fallback); DO(t->error); DO(t->op); DO(t->keep)
 
 static int hot_traverse(Hot *t, visitproc visit, void *arg)
 {
@@ -583,7 +700,7 @@ static PyGetSetDef hot_getset[] = {
 
 static PyTypeObject HotType = {
     CALLABLE(Hot, hot, "Hot",
-             "Hot(halo, x, fallback, error, op, kind, d, opcode, fn, addrs, buf, tag[, prof]): "
+             "Hot(halo, state, x, fallback, error, op, kind, d, opcode, fn, addrs, buf, tag[, prof]): "
               "Halo.update or reverse of one array, as one C call; prof = (begin, end, abort, "
               "log) records each hot call for a profile, whose wrapper is then the fallback"),
     .tp_traverse = (traverseproc)hot_traverse,
@@ -597,24 +714,18 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._timed",
 PyMODINIT_FUNC PyInit__timed(void)
 {
     HotType.tp_flags |= Py_TPFLAGS_HAVE_GC;
-    if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&NearType) < 0 || PyType_Ready(&HotType) < 0)
+    if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&NearType) < 0 || PyType_Ready(&HotType) < 0 ||
+        PyType_Ready(&StateType) < 0)
         return NULL;
     dtype_name = PyUnicode_InternFromString("dtype");
-    s_pending = PyUnicode_InternFromString("_pending");
-    s_broken = PyUnicode_InternFromString("_broken");
-    s_epoch = PyUnicode_InternFromString("_epoch");
-    s_current = PyUnicode_InternFromString("_current");
-    small_int[0] = PyLong_FromLong(0);
-    small_int[1] = PyLong_FromLong(1);
-    if (!dtype_name || !s_pending || !s_broken || !s_epoch || !s_current || !small_int[0] ||
-        !small_int[1])
+    if (!dtype_name)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyTypeObject *types[] = {&TimedType, &NearType, &HotType};
-    const char *names[] = {"Timed", "Near", "Hot"};
-    for (int i = 0; i < 3; i++) {
+    PyTypeObject *types[] = {&TimedType, &NearType, &HotType, &StateType};
+    const char *names[] = {"Timed", "Near", "Hot", "State"};
+    for (int i = 0; i < 4; i++) {
         if (PyModule_AddObject(m, names[i], ref((PyObject *)types[i])) < 0) {
             Py_DECREF(types[i]);
             Py_DECREF(m);

@@ -44,14 +44,19 @@ void hm_prof_abort(void)
 int hm_prof_end_bytes(hm_prof_log *log, int64_t nbytes)
 {
     int64_t t1 = now_ns(), a = hm_prof[0], b = hm_prof[1];
-    int64_t t0 = prof_t0[prof_depth > HM_PROF_DEPTH ? HM_PROF_DEPTH - 1 : prof_depth - 1];
+    /* an end without its begin (depth 0) times nothing, never reads prof_t0[-1]; calls nested
+     * deeper than HM_PROF_DEPTH share the deepest stamp */
+    int deepest = prof_depth > HM_PROF_DEPTH ? HM_PROF_DEPTH : prof_depth;
+    int64_t t0 = deepest > 0 ? prof_t0[deepest - 1] : t1;
     if (prof_depth > 0)
         prof_depth--;
     if (log->n == log->cap && log->n < log->limit) {
         int64_t cap = log->cap ? 2 * log->cap : 1024;
         if (cap > log->limit)
             cap = log->limit;
-        int64_t *rec = realloc(log->rec, (size_t)cap * 6 * sizeof(int64_t));
+        /* cap records of 6 words: a limit past what size_t holds fails as out of memory */
+        int64_t *rec = (uint64_t)cap > SIZE_MAX / (6 * sizeof(int64_t))
+                           ? NULL : realloc(log->rec, (size_t)cap * 6 * sizeof(int64_t));
         if (rec != NULL) {
             log->rec = rec;
             log->cap = cap;

@@ -1,17 +1,39 @@
 """hybridmpi: ghost updates, barriers and reductions over MPI-3 shared memory.
 
-Importing this package does not initialize MPI; the first HybridComm does.
+Importing this package imports nothing but the standard library and does not initialize
+MPI: each public name is loaded on first use (the first HybridComm starts MPI).  So a
+program can enter :func:`abort_on_error` before any import that could fail on one rank
+(numpy, mpi4py, meshio...), as the ``hybridmpi`` command and the examples do.
 """
 
-from .comm import HybridComm
-from .dropin import allreduce, barrier, hybrid
-from .errors import FreedError, PatternError, PeerError, SyncTimeout, abort_on_error
-from .globalmem import Coarray, GlobalMemory, Request, waitall
-from .halo import Halo
-from .pattern import GhostPattern
-from .profile import profile
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_HOME = {
+    "Coarray": "globalmem", "GlobalMemory": "globalmem", "Request": "globalmem",
+    "waitall": "globalmem",
+    "FreedError": "errors", "PatternError": "errors", "PeerArgumentError": "errors",
+    "PeerError": "errors", "SyncTimeout": "errors", "abort_on_error": "errors",
+    "GhostPattern": "pattern", "Halo": "halo", "HybridComm": "comm",
+    "allreduce": "dropin", "barrier": "dropin", "hybrid": "dropin",
+    "profile": "profile",
+}
+
+if TYPE_CHECKING:
+    from .comm import HybridComm
+    from .dropin import allreduce, barrier, hybrid
+    from .errors import FreedError, PatternError, PeerArgumentError, PeerError, SyncTimeout, abort_on_error
+    from .globalmem import Coarray, GlobalMemory, Request, waitall
+    from .halo import Halo
+    from .pattern import GhostPattern
+    from .profile import profile
 
 __all__ = [
            "Coarray",
@@ -22,6 +44,7 @@ __all__ = [
            "Halo",
            "HybridComm",
            "PatternError",
+           "PeerArgumentError",
            "PeerError",
            "SyncTimeout",
            "__version__",
@@ -32,3 +55,28 @@ __all__ = [
            "profile",
            "waitall",
 ]
+
+
+class _Package(types.ModuleType):
+    """The package module: public names load on first use (PEP 562 semantics), and
+    ``hybridmpi.profile`` stays the class when the submodule of the same name is imported
+    (the import system sets a submodule as an attribute of its package)."""
+
+    def __getattr__(self, name: str) -> Any:
+        home = _HOME.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{home}", __name__), name)
+        self.__dict__[name] = value
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _HOME and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(_HOME))
+
+
+sys.modules[__name__].__class__ = _Package

@@ -1,8 +1,11 @@
-"""What every collective object with a ``free()`` shares: the ``with`` statement frees it."""
+"""What every collective object with a ``free()`` shares: the ``with`` statement frees it
+(unless an exception that ends the job leaves it: see :func:`~hybridmpi.abort_on_error`)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from .errors import _ends_job
 
 
 class Freed:
@@ -15,4 +18,6 @@ class Freed:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if exc[1] is not None and _ends_job(exc[1]):
+            return  # abort_on_error ends the job: no collective free for a peer to miss
         self.free()

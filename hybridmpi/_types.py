@@ -3,6 +3,7 @@ operations as the C core codes them."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,17 @@ def mpi() -> Any:
 
         _MPI.append(MPI)
     return _MPI[0]
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as a Python int when it is an integer (a Python or numpy integer, anything
+    with ``__index__``) and not a bool; else None."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(value)
+    except Exception:  # noqa: BLE001 - whatever __index__ raised, it is not an integer
+        return None
 
 
 def op_code(op: Any, MPI: Any = None) -> int:

@@ -13,6 +13,7 @@ they agree without talking when a chunk's last block goes and its windows
 are freed.  Each rank's part of a block may have its own size (0 included).
 """
 
+import operator
 import os
 
 from ._agree import agree, create_agreed
@@ -24,6 +25,9 @@ _R = lib.HM_REGION
 SHM_DIR = os.environ.get("HYBRIDMPI_SHM_DIR", "/dev/shm")
 #: bytes per rank of a new chunk (larger blocks get a chunk of their own size)
 CHUNK_BYTES = 4 * 2**20
+#: the largest block a rank may ask for: its bytes, offsets and MPI displacements (MPI_Aint)
+#: stay far from 2**63 in every sum made with them
+MAX_BYTES = 2**62
 
 
 def round_up(nbytes):
@@ -230,13 +234,27 @@ class Arena:
             hint: words added to a MemoryError.
 
         Raises:
+            TypeError, ValueError: on every rank, when a rank's ``nbytes`` is not
+                an int in [0, MAX_BYTES] (nothing is allocated).
             MemoryError: on every rank, when a new chunk would not fit in
                 /dev/shm (or ``HYBRIDMPI_SHM_LIMIT``) or MPI cannot allocate it.
         """
         hc = self.hc
-        nb = round_up(int(nbytes))
+        problem = None
+        try:
+            nb = operator.index(nbytes) if not isinstance(nbytes, bool) else None
+        except TypeError:
+            nb = None
+        if nb is None:
+            problem = TypeError, f"rank {hc.rank}: {what} needs an int of bytes, got {type(nbytes).__name__}"
+        elif not 0 <= nb <= MAX_BYTES:
+            problem = ValueError, f"rank {hc.rank}: {what} asked for {nb} bytes, outside [0, {MAX_BYTES}]"
+        nb = round_up(nb) if problem is None else 0
         fits = [c.fit(nb) for c in self.chunks]
-        views = hc.comm.allgather((nb, fits))
+        views = hc.comm.allgather((nb, fits, problem))
+        bad = [v[2] for v in views if v[2] is not None]
+        if bad:
+            raise bad[0][0](f"hybridmpi: arena: {bad[0][1]}")
         sizes = [v[0] for v in views]
         chosen = None
         for i in range(len(self.chunks)):

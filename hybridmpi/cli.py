@@ -1,6 +1,8 @@
 """The ``hybridmpi`` command (also ``python -m hybridmpi``).
 
-Bad arguments give one line on stderr and exit code 2, never a traceback.
+Bad arguments give one line on stderr and exit code 2, never a traceback.  An error on any
+rank of an MPI job ends the whole job (``MPI_Abort``), whenever it happens: the guard is in
+place before anything that can fail, imports and argument parsing included.
 """
 
 import argparse
@@ -10,7 +12,13 @@ import time
 import traceback
 
 from . import __version__
-from .errors import _abort_job
+from .errors import _abort_job, _world, launched
+
+#: seconds a rank other than 0 waits before printing an argument error and aborting: when
+#: every rank got the same arguments, rank 0 ends the job meanwhile and the line shows once
+_ONCE_S = 1.0
+#: errors in the input of a command (a missing file, a bad value): one line, no traceback
+_INPUT_ERRORS = (ValueError, FileNotFoundError, OSError)
 
 _STATS = [
     ("owned", "owned points"),
@@ -26,9 +34,13 @@ _STATS = [
 ]
 
 
+class _BadArguments(Exception):
+    """An argument error: its one line, for :func:`main` to print."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        raise _BadArguments(f"{self.prog}: error: {message}\n")
 
 
 def _positive_float(text):
@@ -235,27 +247,38 @@ def parser():
     return p
 
 
-def _rank():
-    if "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
-
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            return MPI.COMM_WORLD.Get_rank()
-    return 0
+def _quit(code, text, wait=0.0):
+    """Print ``text`` and end the job with ``code`` (MPI_Abort when several ranks run)."""
+    _abort_job(code, None, message=text, wait=wait)
+    sys.stderr.write(text)  # alone: no job to abort
+    return code
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    """Run the command ``hybridmpi ARGV`` (default ``sys.argv[1:]``); return the exit code.
+
+    Under a launcher with several ranks, MPI is started first (every rank gets there: this
+    module imports only the standard library), so that an error on one rank, in an import or
+    in the arguments too, prints and aborts the job instead of leaving the others waiting.
+    """
+    args = None
     try:
+        if launched()[1] > 1:
+            from mpi4py import MPI  # noqa: F401 -- starts MPI before anything can fail
+        args = parser().parse_args(argv)
         args.func(args)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"hybridmpi {args.command}: error on rank {_rank()}: {e}", file=sys.stderr)
-        _abort_job(2, None)
-        return 2
-    except BaseException:
-        # the failing rank's traceback, then the job ends within seconds
-        print(f"hybridmpi {args.command}: rank {_rank()} failed:", file=sys.stderr)
-        traceback.print_exc()
-        _abort_job(1, None)
+    except _BadArguments as e:
+        return _quit(2, str(e), wait=_ONCE_S)
+    except SystemExit as e:  # --help and --version (0), or a command's own exit
+        if e.code not in (None, 0):
+            _abort_job(e.code if isinstance(e.code, int) else 1, None)
+        raise
+    except BaseException as e:
+        if args is not None and isinstance(e, _INPUT_ERRORS):
+            rank = (_world() or (0, 1))[0]
+            return _quit(2, f"hybridmpi {args.command}: error on rank {rank}: {e}\n")
+        # the failing rank's traceback, then the job ends within seconds (alone: Python
+        # prints the traceback)
+        _abort_job(1, traceback.format_exc())
         raise
     return 0

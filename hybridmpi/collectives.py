@@ -17,6 +17,7 @@ import numpy as np
 from ._clib import ERRBIT, ffi, lib
 from ._types import DTYPE_NAMES, DTYPES, OP_NAMES, OPS, op_code
 from ._waits import wait_requests
+from .errors import PeerArgumentError
 
 _F64, _I64, _C128 = lib.HM_F64, lib.HM_I64, lib.HM_C128
 # The tables' lookups bound once: a name imported with "from" is called as a module
@@ -184,6 +185,10 @@ class Collectives:
         self._other_node_failed(sig, f"barrier({method})")
         if self._sig_differs(sig):
             self._break("ValueError")
+            if sig[1] == lib.HM_K_BAD:  # the largest kind: a rank of another node's call was invalid
+                raise PeerArgumentError(f"hybridmpi: rank {self.rank}: barrier({method}): a rank of "
+                                        "another node passed invalid arguments to this call (see "
+                                        "its error)", rank=self.rank)
             raise ValueError(f"hybridmpi: rank {self.rank}: barrier({method}): the ranks of another node "
                              "failed or are in a different collective call")
         lib.hm_barrier(st, m, lib.HM_RELEASE)
@@ -320,7 +325,7 @@ class Collectives:
             else:
                 raise TypeError(f"hybridmpi: allreduce: unsupported type {tx.__name__}; pass an int, "
                                 "float, complex, numpy scalar or numpy array")
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the peers must hear of it
             self._bad_call(exc)
         if tx is float and not self._leader_multi:
             r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
@@ -388,7 +393,7 @@ class Collectives:
                                  f"and recvbuf ({recvbuf.dtype}, {recvbuf.size}) differ")
             elif not sendbuf.flags.c_contiguous:
                 raise ValueError("hybridmpi: Allreduce: sendbuf must be C-contiguous")
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the peers must hear of it
             self._bad_call(exc)
         self._reduce_array(sendbuf, recvbuf, dt, opc)
 

@@ -12,9 +12,11 @@ import numpy as np
 from ._agree import agree
 from ._clib import MISBIT, ffi, lib
 from ._resource import Freed
+from ._timed import Hot as _Hot
+from ._timed import State as _State
 from ._types import DTYPES, mpi
-from .errors import FreedError, PeerError, SyncTimeout
 from .comm import TAG_SLOTS
+from .errors import FreedError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV, Exchange, Fault
@@ -25,10 +27,7 @@ _WHAT = {FWD: "update", REV: "reverse"}
 _COLD: tuple[Any, ...] = (None, None, None, None, None)  # no hot array yet (Halo.update)
 _xchg_both = lib.hm_xchg_both
 _xchg_update = lib.hm_xchg_update
-try:  # the hot paths as C objects (Halo._install)
-    from ._timed import Hot as _Hot
-except ImportError:
-    _Hot = None
+
 _FN = {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
        for name in ("hm_xchg_update", "hm_zc_update", "hm_xchg_both")}
 # Two MPI tags per Halo (one per direction), from an identifier no other live Halo on the
@@ -140,11 +139,9 @@ class Halo(Freed):
         # store blocked vectors: u.x.array, vec.array)
         self._shapes = (((pattern.size, block), (pattern.size * block,)) if block > 1
                         else ((pattern.size,), (pattern.size, 1)))
-        self._epoch = [0, 0]
-        self._pending: Any = None
-        self._current = FWD
+        #: the one owner of the per-call state: epochs, current direction, pending begin, broken
+        self._state = _State()
         self._view = (None, None)
-        self._broken = None
         self._vectors: list[Any] = []   # (array, arena block, ZeroCopy or None) of vector()
         self.zero_copy = False  # whether vector()s are updated without staging buffers
         self._theirs = None  # per direction: each node peer's ids of its channel to this rank
@@ -270,7 +267,7 @@ class Halo(Freed):
 
     def _mismatch_error(self, peer, tag=None):
         """The error of ranks that passed non-corresponding vectors (the Halo becomes unusable)."""
-        self._broken = "ValueError"
+        self._state.broken = "ValueError"
         if tag == lib.HM_TAG_BAD:
             return ValueError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed invalid "
                               "arguments to this call (see its error)")
@@ -282,8 +279,9 @@ class Halo(Freed):
         """The error of a rank whose neighbor-collective message from ``peer`` belongs to
         another call (``tag``, ``call``, direction ``d``) than the one it completes, or (tag
         None) did not fit: MPI's ``detail``."""
-        self._broken = "ValueError"
-        mine = f"call {self._epoch[self._current]} of {_WHAT[self._current]} on Halo #{self.tag}"
+        self._state.broken = "ValueError"
+        d = self._state.current
+        mine = f"call {self._state.epoch(d)} of {_WHAT[d]} on Halo #{self.tag}"
         if tag is None:
             theirs = f"a neighbor's message of another size ({detail})"
         else:
@@ -316,7 +314,7 @@ class Halo(Freed):
         if rc == lib.HM_EPEER:
             return self._peer_error(int(err.peer), int(err.seen))
         if rc == lib.HM_ECMA:
-            self._broken = "RuntimeError"
+            self._state.broken = "RuntimeError"
             why = f" ({os.strerror(int(err.errnum))})" if err.errnum else ""
             return RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.update: a cross-memory read "
                                 f"between this rank and rank {int(err.peer)} failed{why}; set "
@@ -333,19 +331,19 @@ class Halo(Freed):
 
     def _peer_error(self, peer, seen):
         """The error of a rank that found a node peer's error bits in a word it waited on."""
-        what = f"Halo.{_WHAT[self._pending[0] if self._pending else self._current]}"
+        what = f"Halo.{_WHAT[self._state.pending[0] if self._state.pending else self._state.current]}"
         if seen & MISBIT:
-            self._broken = "ValueError"
+            self._state.broken = "ValueError"
             return ValueError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} found that ranks "
                               "passed non-corresponding or invalid arguments (see its error)")
-        self._broken = "PeerError"
+        self._state.broken = "PeerError"
         return PeerError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} failed in this Halo's "
                          "call (see its error); this rank stops too", rank=self.hc.rank, peer=peer)
 
     def _peer_failed(self, peer):
         """The error of a rank that got a failure notice from a message peer."""
-        self._broken = "PeerError"
-        return PeerError(f"hybridmpi: rank {self.hc.rank}: Halo.{_WHAT[self._current]}: rank {peer} "
+        self._state.broken = "PeerError"
+        return PeerError(f"hybridmpi: rank {self.hc.rank}: Halo.{_WHAT[self._state.current]}: rank {peer} "
                          "failed in this Halo's call (see its error); this rank stops too",
                          rank=self.hc.rank, peer=peer)
 
@@ -357,8 +355,8 @@ class Halo(Freed):
         Fault becomes the Halo's exception)."""
         if isinstance(exc, Fault):
             exc = self._exception(exc)
-        if self._broken is None:
-            self._broken = type(exc).__name__
+        if self._state.broken is None:
+            self._state.broken = type(exc).__name__
         hc = self.hc
         if self._transport is not None and hc._st is not None and not mpi().Is_finalized():
             why = ("ValueError" if isinstance(exc, ValueError)
@@ -373,8 +371,8 @@ class Halo(Freed):
         if found is None:
             return None
         counter, peer = found
-        d = self._pending[0] if self._pending else self._current
-        e = self._epoch[d]
+        d = self._state.pending[0] if self._state.pending else self._state.current
+        e = self._state.epoch(d)
         return (f"Halo #{self.tag} (method {self.method!r}) {_WHAT[d]} call {e}, waiting "
                 f"for the {counter} word of rank {peer}; ranks of this node that have not "
                 f"entered the call: {self._transport.missing(d, e)}")
@@ -382,8 +380,8 @@ class Halo(Freed):
     def _poison(self, bits):
         """Its HybridComm broke: error bits in the words this rank writes that its node peers
         wait on, and every later call raises (it never stores a plain epoch over the bits)."""
-        if self._broken is None:
-            self._broken = "error on its HybridComm"
+        if self._state.broken is None:
+            self._state.broken = "error on its HybridComm"
         words = self._transport.words() if self._transport is not None else []
         if words:
             lib.hm_poison(len(words), [ffi.cast("void *", w) for w in words], bits)
@@ -403,8 +401,7 @@ class Halo(Freed):
                                  and not t.node_collective):
             raise exc
         bad = t.bad_call
-        e = self._epoch[d] = self._epoch[d] + 1
-        self._current = d
+        e = self._state.start(d)
         try:
             rc = bad(d, e)
         except Exception as err:   # a peer's notice or a timeout: this rank's own error stays
@@ -416,8 +413,8 @@ class Halo(Freed):
 
     def _timeout_error(self, detail, peer, counter, epoch):
         """A SyncTimeout for this Halo, which becomes unusable."""
-        self._broken = "SyncTimeout"
-        d = self._pending[0] if self._pending else self._current
+        self._state.broken = "SyncTimeout"
+        d = self._state.pending[0] if self._state.pending else self._state.current
         missing = self._transport.missing(d, epoch) if self._transport is not None else []
         msg = (f"hybridmpi: rank {self.hc.rank} timed out after {self.timeout:g} s in "
                f"Halo.{_WHAT[d]} (method {self.method!r}): {detail}")
@@ -429,16 +426,16 @@ class Halo(Freed):
     def _usable(self):
         if self._transport is None:
             raise FreedError(f"hybridmpi: rank {self.hc.rank}: Halo used after free()")
-        if self._broken:
+        if self._state.broken:
             raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: this Halo is unusable after an "
-                               f"earlier {self._broken}; free it")
+                               f"earlier {self._state.broken}; free it")
 
     def _arg(self, x, what, d=None, op=None):
         """A cffi view of ``x`` after checking it (nothing is touched on failure), and the code
         of ``op``.  With ``d``, the call starts direction ``d``: invalid arguments are made
         known to the peers (:meth:`_bad_call`)."""
         self._usable()
-        if d is not None and self._pending:   # before the checks: a bad call never takes the
+        if d is not None and self._state.pending:   # before the checks: a bad call never takes the
             raise self._state_error(what)      # pending call's epoch
         try:
             return self._check_arg(x, what), (op if op is None else self._op(op, self.dtype))
@@ -506,18 +503,16 @@ class Halo(Freed):
         """When ``x`` is the hot array ``hot[0]`` of direction ``d`` and nothing changed
         (no pending begin, not broken, same dtype, shape and writeable), start the call:
         return its epoch; else 0.  (The C object of ``_install`` makes the same checks.)"""
-        if (x is hot[0] and self._pending is None and self._broken is None
+        if (x is hot[0] and self._state.pending is None and self._state.broken is None
                 and x.dtype is self.dtype and x.shape == hot[2] and x.flags.writeable):
-            e = self._epoch[d] = self._epoch[d] + 1
-            self._current = d
+            e = self._state.start(d)
             return e
         return 0
 
     def _update(self, x):
         """The checked, general path of :meth:`update`."""
         buf, _ = self._arg(x, "update", FWD)
-        e = self._epoch[FWD] = self._epoch[FWD] + 1
-        self._current = FWD
+        e = self._state.start(FWD)
         try:
             zc = (self._vectors and self._zero_copy(x, FWD)) or self._cma
             if zc:
@@ -569,8 +564,7 @@ class Halo(Freed):
     def _reverse(self, x, op):
         """The checked, general path of :meth:`reverse`."""
         buf, code = self._arg(x, "reverse", REV, op)
-        e = self._epoch[REV] = self._epoch[REV] + 1
-        self._current = REV
+        e = self._state.start(REV)
         try:
             zc = self._vectors and self._zero_copy(x, REV)
             if zc:
@@ -604,8 +598,6 @@ class Halo(Freed):
         checks of the hot path and the C call without Python in between; any other call goes
         to the method (while a profile records this Halo: to the profile's wrapper, and the hot
         calls are recorded by the C object itself)."""
-        if _Hot is None:
-            return
         fallback, prof = getattr(Halo, name), None
         if self.hc._profile is not None:   # recorded by the profile, its wrapper the fallback
             got = self.hc._profile._hot_recording(self, name)
@@ -620,7 +612,8 @@ class Halo(Freed):
                 hot.add(x)   # the same call for another array: both stay hot (alternating vectors)
                 return
             self._cool(name)
-            self.__dict__[name] = _Hot(self, x, fallback, error, op, kind, d, opcode, _FN[fn], addrs,
+            self.__dict__[name] = _Hot(self, self._state, x, fallback, error, op, kind, d, opcode,
+                                       _FN[fn], addrs,
                                        int(ffi.cast("uintptr_t", buf)), tag, prof)
             self._hot_sig[name] = sig
         except (ValueError, BufferError):
@@ -661,17 +654,17 @@ class Halo(Freed):
     def _begin(self, d, x, buf, code, what):
         """Start direction ``d`` on ``x`` (checked: ``buf``, ``code``): the values sent are copied
         (or, for a shared vector, published) now; ``_finish`` completes it."""
-        e = self._epoch[d] = self._epoch[d] + 1
+        e = self._state.start(d)
         try:
             zc = self._vectors and self._zero_copy(x, d)
-            self._pending = (d, x, code, zc)
+            self._state.pending = (d, x, code, zc)
             (zc or self._transport).begin(d, buf, e)
         except BaseException as exc:
             raise self._failed(exc) from None
 
     def _finish(self, d, x, what):
         buf, _ = self._arg(x, what)
-        pending = self._pending
+        pending = self._state.pending
         if pending is None or pending[0] != d:
             start = "update_begin" if d == FWD else "reverse_begin"
             raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() without {start}()")
@@ -679,14 +672,14 @@ class Halo(Freed):
             raise ValueError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() got another array "
                              f"than {'update' if d == FWD else 'reverse'}_begin()")
         try:
-            (pending[3] or self._transport).end(d, buf, self._epoch[d], pending[2])
+            (pending[3] or self._transport).end(d, buf, self._state.epoch(d), pending[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
-            self._pending = None
+            self._state.pending = None
 
     def _state_error(self, what):
-        started = "update_begin" if self._pending[0] == FWD else "reverse_begin"
+        started = "update_begin" if self._state.pending[0] == FWD else "reverse_begin"
         ended = started.replace("begin", "end")
         return RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() while {started}() "
                             f"is pending; call {ended}() first")
@@ -696,15 +689,14 @@ class Halo(Freed):
     def free(self) -> None:
         """Release the shared window and MPI objects (collective).  Idempotent."""
         self.hc._children.pop(id(self), None)
-        if _Hot is not None:
-            self._cool()
+        self._cool()
         t, self._transport = self._transport, None
         self._view = (None, None)
         self._hot_f = self._hot_r = _COLD
         vectors, self._vectors = self._vectors, []
         if t is None or mpi().Is_finalized():
             return
-        if self._broken is None:   # else messages of the failed call may still come: kept
+        if self._state.broken is None:   # else messages of the failed call may still come: kept
             self.hc._release_id(self._ident)
         t.free()
         for _, block, _ in vectors:

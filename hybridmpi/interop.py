@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._types import mpi
+from ._types import as_int, mpi
 from .pattern import GhostPattern, _agree, _alltoallv
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def from_index_map(hc: HybridComm, index_map: Any) -> GhostPattern:
         elif owners.size != ghosts.size:
             problem = (f"rank {rank}: the IndexMap has {ghosts.size} ghosts but {owners.size} "
                        "owners")
-    except (AttributeError, TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever it raised, every rank must agree
         problem = (f"rank {rank}: from_index_map needs a DOLFINx IndexMap (size_local, "
                    f"local_range, ghosts, owners, size_global), got {type(index_map).__name__}: {e}")
     views = comm.allgather((problem, lo, n, size_global))
@@ -119,6 +119,11 @@ def from_sf(hc: HybridComm, sf: Any, size: int | None = None) -> GhostPattern:
     local: Any = None
     owner: Any = None
     remote: Any = None
+    if size is not None:
+        n = as_int(size)
+        if n is None or n < 0:
+            problem = f"rank {rank}: size must be an int >= 0 or None, got {size!r}"
+        size = n
     try:
         from mpi4py import MPI
 
@@ -132,19 +137,17 @@ def from_sf(hc: HybridComm, sf: Any, size: int | None = None) -> GhostPattern:
         nroots = int(nroots)
         if nroots < 0:  # no graph set: no leaves (a DMPlex's point SF on one rank)
             nroots, ilocal, iremote = (-1 if size is None else size), None, []
-        if size is not None and nroots != size:
+        if problem is None and size is not None and nroots != size:
             problem = f"rank {rank}: size={size} but the star forest has {nroots} roots"
-        elif nroots < 0:
+        elif problem is None and nroots < 0:
             problem = (f"rank {rank}: the star forest has no graph (a DMPlex's point SF on one "
                        "rank): pass size=, the length of the local array")
         iremote = np.asarray(iremote, dtype=np.int64).reshape(-1, 2)
         local = (np.arange(len(iremote), dtype=np.int64) if ilocal is None
                  else np.asarray(ilocal, dtype=np.int64).reshape(-1))
         owner, remote = iremote[:, 0], iremote[:, 1]
-    except (AttributeError, TypeError, ValueError) as e:
-        problem = f"rank {rank}: from_sf needs a petsc4py SF, got {type(sf).__name__}: {e}"
-    if problem is None and size is not None and (type(size) is not int or size < 0):
-        problem = f"rank {rank}: size must be an int >= 0 or None, got {size!r}"
+    except Exception as e:  # noqa: BLE001 - whatever it raised, every rank must agree
+        problem = problem or f"rank {rank}: from_sf needs a petsc4py SF, got {type(sf).__name__}: {e}"
     if problem is None:
         bad = np.flatnonzero((local < 0) | (local >= nroots))
         selfish = np.flatnonzero((owner == rank) & (remote != local))

@@ -14,22 +14,36 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._agree import agree, create_agreed
-from ._types import mpi
+from ._types import as_int, mpi
 from .errors import FreedError, PatternError
 
 if TYPE_CHECKING:
     from .comm import HybridComm
 
 _HASH = np.uint64(0x9E3779B97F4A7C15)
+_MAX_ID = np.iinfo(np.int64).max
 
 
 def _ids(value, what, rank):
-    """A 1-D int64 copy of an integer array-like, or a PatternError message."""
-    arr = np.asarray(value)
+    """A 1-D int64 copy of an integer array-like, or a PatternError message.  Whatever the
+    conversion raises becomes the message: the rank still has to reach the agreement."""
+    try:
+        arr = np.asarray(value)
+    except Exception as e:  # noqa: BLE001 - a ragged list, a failing __array__...
+        return None, (f"rank {rank}: {what} must be a 1-D integer array, and numpy cannot "
+                      f"convert it: {type(e).__name__}: {e}")
     if arr.ndim != 1 or not (arr.dtype.kind in "iu" or arr.size == 0):
         return None, (f"rank {rank}: {what} must be a 1-D integer array, got "
                       f"shape {arr.shape} dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and arr.max() > _MAX_ID:
+        return None, f"rank {rank}: {what} holds {int(arr.max())}, which does not fit in int64"
     return arr.astype(np.int64), None
+
+
+def _problem(e, rank):
+    """The message of an unexpected exception while a rank checked its own arguments (it
+    is agreed on like any other problem, so no rank is left waiting)."""
+    return f"rank {rank}: invalid arguments ({type(e).__name__}: {e})"
 
 
 def _first_duplicate(ids):
@@ -96,11 +110,25 @@ class GhostPattern:
     def __init__(self, hc: HybridComm, *, send: Mapping[int, Any], recv: Mapping[int, Any],
                  size: int) -> None:
         comm = self._comm_of(hc)
-        rank, nranks = hc.rank, hc.size
-        problem = None
+        rank = hc.rank
         lists: dict[str, dict[int, Any]] = {"send": {}, "recv": {}}
-        if type(size) is not int or size < 0:
-            problem = f"rank {rank}: size must be an int >= 0, got {size!r}"
+        try:
+            problem = self._check_lists(rank, hc.size, send, recv, size, lists)
+        except Exception as e:  # noqa: BLE001 - agreed on like any other problem
+            problem = _problem(e, rank)
+        _agree(comm, problem)
+        self._set(hc, lists["send"], lists["recv"], as_int(size))
+        self._check_counts(comm)
+
+    @classmethod
+    def _check_lists(cls, rank, nranks, send, recv, size, lists):
+        """This rank's problem with the arguments of the constructor (None if none); fills
+        ``lists`` with the int64 id arrays."""
+        n = as_int(size)
+        if n is None or not 0 <= n <= _MAX_ID:
+            return f"rank {rank}: size must be an int >= 0, got {size!r}"
+        size = n
+        problem = None
         for name, table in (("send", send), ("recv", recv)):
             if problem:
                 break
@@ -109,9 +137,10 @@ class GhostPattern:
                            f"got {type(table).__name__}")
                 break
             clean = {}
-            for peer, ids in table.items():
-                if type(peer) is not int and not isinstance(peer, np.integer):
-                    problem = f"rank {rank}: {name} peer {peer!r} is not an int"
+            for key, ids in table.items():
+                peer = as_int(key)
+                if peer is None:
+                    problem = f"rank {rank}: {name} peer {key!r} is not an int"
                 elif not 0 <= peer < nranks:
                     problem = f"rank {rank}: {name} peer {peer} out of range [0, {nranks})"
                 elif peer == rank:
@@ -131,13 +160,9 @@ class GhostPattern:
                     problem = f"rank {rank}: {name} to/from peer {peer} lists local id {dup} twice"
                     break
                 if arr.size:
-                    clean[int(peer)] = arr
+                    clean[peer] = arr
             lists[name] = clean
-        if not problem:
-            problem = self._check_ghosts(rank, lists["send"], lists["recv"])
-        _agree(comm, problem)
-        self._set(hc, lists["send"], lists["recv"], size)
-        self._check_counts(comm)
+        return problem or cls._check_ghosts(rank, lists["send"], lists["recv"])
 
     @staticmethod
     def _comm_of(hc):
@@ -243,27 +268,17 @@ class GhostPattern:
 
         Raises:
             PatternError: a ghost owned by no rank or by this rank, a ghost
-                listed twice, an id owned twice (by one or two ranks), or
-                ids that are not 1-D integer arrays.
+                listed twice, an id owned twice (by one or two ranks), a
+                negative id, or ids that are not 1-D integer arrays (every
+                rank, also when one rank's ids are not even an array).
         """
         comm = cls._comm_of(hc)
         MPI = mpi()
         rank, nranks = hc.rank, hc.size
-        own, problem = _ids(owned, "owned", rank)
-        if not problem:
-            gh, problem = _ids(ghosts, "ghosts", rank)
-        if not problem:
-            dup = _first_duplicate(own)
-            if dup is not None:
-                problem = f"rank {rank} lists owned global id {dup} twice"
-        if not problem:
-            dup = _first_duplicate(gh)
-            if dup is not None:
-                problem = f"rank {rank}: duplicate ghost id {dup}"
-        if not problem:
-            mine = gh[np.isin(gh, own)]
-            if mine.size:
-                problem = f"rank {rank}: ghost id {int(mine[0])} is owned by the same rank {rank}"
+        try:
+            own, gh, problem = cls._check_global(rank, owned, ghosts)
+        except Exception as e:  # noqa: BLE001 - agreed on like any other problem
+            problem = _problem(e, rank)
         _agree(comm, problem)
 
         # 1. Owners register their ids at the directory ranks.
@@ -318,6 +333,29 @@ class GhostPattern:
         pattern = cls.__new__(cls)
         pattern._set(hc, send, recv, n_owned + gh.size, n_owned)
         return pattern
+
+    @staticmethod
+    def _check_global(rank, owned, ghosts):
+        """(owned ids, ghost ids, this rank's problem with them or None) for from_global."""
+        own, problem = _ids(owned, "owned", rank)
+        gh = None
+        if not problem:
+            gh, problem = _ids(ghosts, "ghosts", rank)
+        if problem:
+            return own, gh, problem
+        for ids, what in ((own, "owned"), (gh, "ghost")):
+            if ids.size and ids.min() < 0:
+                return own, gh, f"rank {rank}: {what} global id {int(ids.min())} is negative"
+        dup = _first_duplicate(own)
+        if dup is not None:
+            return own, gh, f"rank {rank} lists owned global id {dup} twice"
+        dup = _first_duplicate(gh)
+        if dup is not None:
+            return own, gh, f"rank {rank}: duplicate ghost id {dup}"
+        mine = gh[np.isin(gh, own)]
+        if mine.size:
+            return own, gh, f"rank {rank}: ghost id {int(mine[0])} is owned by the same rank {rank}"
+        return own, gh, None
 
     @classmethod
     def from_index_map(cls, hc: HybridComm, index_map: Any) -> GhostPattern:

@@ -253,7 +253,7 @@ class profile:
 
         if isinstance(obj, Halo):
             ops, label = _HALO_OPS, f"Halo #{obj.tag} ({obj.method})"
-            self._epochs.append((obj, list(obj._epoch)))
+            self._epochs.append((obj, list(obj._state.epochs)))
         elif isinstance(obj, HybridComm):
             ops, label = _COMM_OPS, "HybridComm"
         elif isinstance(obj, Coarray):

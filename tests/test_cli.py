@@ -1,12 +1,16 @@
-"""The hybridmpi command: every subcommand briefly, JSON against the schema, plots, bad arguments."""
+"""The hybridmpi command: every subcommand briefly, JSON against the schema, plots, bad arguments;
+an error on one rank (an import, an argument) ends the job, in the command, the benchmark runners
+and the examples."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
-from conftest import mpirun
+from conftest import launch, mpirun
 
 from hybridmpi.bench import KINDS, validate
 
@@ -195,3 +199,122 @@ def test_demo(tmp_path):
     assert {r["x"] for r in doc["results"]} == {"barrier", "allreduce", "ghost update"}
     for png in ("demo-time.png", "demo-ratio.png"):
         assert (folder / png).stat().st_size > 5000
+
+
+# ------------------------------------------------------------------ a failing rank ends the job
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the launcher's limit in these tests; a job that ends must end well before it
+LIMIT = 60
+QUICK = 20
+BROKEN = """\
+import importlib, os, sys
+rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+if rank == os.environ["BROKEN_RANK"]:
+    raise ImportError(f"{__name__} is broken on rank {rank} (test)")
+here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+del sys.modules[__name__]
+sys.modules[__name__] = importlib.import_module(__name__)
+"""
+
+
+def broken(tmp_path, module, rank=1):
+    """Environment in which importing ``module`` fails on ``rank`` only (a package of that name
+    on PYTHONPATH that raises there and loads the real one elsewhere): the library is untouched."""
+    (tmp_path / "broken" / module).mkdir(parents=True)
+    (tmp_path / "broken" / module / "__init__.py").write_text(BROKEN)
+    path = os.pathsep.join(filter(None, [str(tmp_path / "broken"), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "BROKEN_RANK": str(rank)}
+
+
+def ends_quickly(n, argv, **kw):
+    """Launch; assert the job failed well before the launcher's limit; return its output."""
+    t0 = time.monotonic()
+    rc, out = launch(n, argv, timeout=LIMIT, check=False, **kw)
+    took = time.monotonic() - t0
+    assert rc != 0 and took < QUICK, f"rc={rc} after {took:.1f} s (the job hung until the limit?):\n{out}"
+    return out
+
+
+COMMANDS = {"module": ["-m", "hybridmpi"], "script": [shutil.which("hybridmpi", path=os.path.dirname(
+    sys.executable)) or "hybridmpi"], "runner": [os.path.join(ROOT, "bench", "barrier.py")]}
+
+
+@pytest.mark.parametrize("abort", [True, False], ids=["mpi4py", "plain"])
+@pytest.mark.parametrize("how", list(COMMANDS))
+def test_import_failing_on_one_rank_ends_the_job(how, abort, tmp_path):
+    """meshio (imported while the arguments are parsed) fails to import on rank 1 only.  Before
+    the guard came first, rank 1 exited before starting MPI and rank 0 waited in MPI_Init until
+    the launcher's limit (also under ``python -m mpi4py``, which aborts only once MPI is
+    imported).  Now: rank 1's traceback once, MPI_Abort, the job ends within seconds."""
+    argv = COMMANDS[how] + (["demo", "--iters", "5", "--reps", "1"] if how != "runner"
+                            else ["--iters", "5", "--reps", "1", "--json", ""])
+    out = ends_quickly(2, argv, env=broken(tmp_path, "meshio"), abort=abort, cwd=tmp_path)
+    assert out.count("ImportError: meshio is broken on rank 1 (test)") == 1, out
+    assert "hybridmpi: rank 1 failed; aborting the job" in out, out
+
+
+@pytest.mark.parametrize("abort", [True, False], ids=["mpi4py", "plain"])
+def test_bad_argument_on_one_rank_ends_the_job(abort, tmp_path):
+    """Rank 1 alone gets a bad argument (MPMD launch): its one line, exit code 2, no traceback,
+    and the job ends at once (before, rank 0 waited for it in MPI_Init until the limit)."""
+    head = ["-m", "mpi4py"] if abort else []
+    argv = ["-m", "hybridmpi", "demo", "--iters", "5", "--reps", "1",
+            ":", "-n", "1", sys.executable, *head, "-m", "hybridmpi", "demo", "--iters", "0"]
+    out = ends_quickly(1, argv, abort=abort, cwd=tmp_path)
+    assert out.count("hybridmpi demo: error: argument --iters: must be >= 1, got 0") == 1, out
+    assert "Traceback" not in out, out
+
+
+def test_bad_argument_on_every_rank_ends_the_job(tmp_path):
+    """Every rank finds the same bad argument: exit code 2 at once, no traceback (ranks other
+    than 0 wait a second before printing, so rank 0's abort usually leaves one line)."""
+    out = ends_quickly(3, ["-m", "hybridmpi", "bench", "barrier", "--iters", "x"], abort=False,
+                       cwd=tmp_path)
+    assert "hybridmpi bench barrier: error: argument --iters: invalid int value: 'x'" in out, out
+    assert "Traceback" not in out, out
+
+
+def test_import_failing_on_one_rank_ends_an_example(tmp_path):
+    """examples/quickstart.py enters abort_on_error before importing numpy: numpy failing on
+    rank 1 only ends the job (before, the other ranks waited in MPI_Init)."""
+    out = ends_quickly(3, [os.path.join(ROOT, "examples", "quickstart.py")],
+                       env=broken(tmp_path, "numpy"), abort=False)
+    assert out.count("ImportError: numpy is broken on rank 1 (test)") == 1, out
+
+
+GUARD_AROUND_WITH = """\
+import hybridmpi
+
+with hybridmpi.abort_on_error():
+    from mpi4py import MPI
+
+    with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc:
+        if hc.rank == 1:
+            raise RuntimeError("injected fault on rank 1")
+        MPI.COMM_WORLD.allgather(0)  # rank 0 waits in MPI, where no error bits reach it
+"""
+
+
+def test_guard_around_a_with_block_ends_the_job(tmp_path):
+    """abort_on_error entered first, a HybridComm block inside it: the block that the exception
+    leaves is not freed (before, rank 1 waited in the collective free for rank 0, which waited in
+    its allgather: the job hung until the limit)."""
+    (tmp_path / "prog.py").write_text(GUARD_AROUND_WITH)
+    out = ends_quickly(2, [str(tmp_path / "prog.py")], abort=False)
+    assert out.count("RuntimeError: injected fault on rank 1") == 1, out
+
+
+def test_import_hybridmpi_imports_nothing_else():
+    """The guard can only come first if importing the package cannot fail on one rank: it loads
+    the standard library only, and no MPI."""
+    code = ("import sys, hybridmpi, hybridmpi.cli\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'mpi4py', 'cffi'))\n"
+            "assert not bad, bad\n"
+            "assert hybridmpi.profile.__name__ == 'profile' and hybridmpi.HybridComm.__name__ == "
+            "'HybridComm'\n"
+            "import hybridmpi.profile as p\n"
+            "assert isinstance(p, type) and set(hybridmpi.__all__) <= set(dir(hybridmpi))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -15,4 +15,7 @@ from conftest import mpi_flavor, run_mpi
 def test_nothing_silently_wrong(ranks, args, env):
     if "MPIR_CVAR_NUM_CLIQUES" in env and mpi_flavor() != "mpich":
         pytest.skip("cliques are an MPICH feature")
-    run_mpi("silent_cases.py", ranks, *args, env={"HYBRIDMPI_TIMEOUT": "30", **env}, timeout=240)
+    # the 16,000 Halos of the tag case once (at 2 ranks): the other layouts skip it
+    halos = "16000" if ranks == 2 else "0"
+    run_mpi("silent_cases.py", ranks, "--halos", halos, *args, env={"HYBRIDMPI_TIMEOUT": "30", **env},
+            timeout=300)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,9 +44,11 @@ class _Section:
             idx = idx + (Ellipsis,)
         try:
             view = local[idx]
-        except IndexError as e:
+        except (IndexError, OverflowError) as e:  # OverflowError: an int beyond an int64
             raise IndexError(f"hybridmpi: rank {rank}: Coarray: index {index!r} is outside the shape "
                              f"{local.shape}: {e}") from None
+        except (TypeError, ValueError) as e:  # slice(0.5, 2), a step of 0
+            raise type(e)(f"hybridmpi: rank {rank}: Coarray: bad index {index!r}: {e}") from None
         self.start = view.__array_interface__["data"][0] - local.__array_interface__["data"][0]
         self.shape, self.strides, self.idx = view.shape, view.strides, idx
         self.nbytes = view.nbytes
@@ -83,13 +86,13 @@ class Coarray(Freed):
             shape = tuple(int_arg(n, "a Coarray extent", hc.rank) for n in shape)
             if any(n < 0 for n in shape):
                 problem = ValueError, f"rank {hc.rank}: extents must be >= 0, got {shape}"
-        except TypeError:
+        except Exception:   # a shape that cannot even be iterated: agreed, never raised alone
             problem = TypeError, f"rank {hc.rank}: shape must be an int or a tuple of ints, got {shape!r}"
         shapes = agree(hc.comm, problem, "Coarray()", data=shape)
         if len(set(shapes)) != 1:
             raise ValueError(f"hybridmpi: Coarray(): ranks passed different shapes: {shapes}")
         self.shape = shape
-        self.mem = GlobalMemory(hc, int(np.prod(shape, dtype=np.int64)), dtype)
+        self.mem = GlobalMemory(hc, math.prod(shape), dtype)  # a Python int: no wrap
         hc._children.pop(id(self.mem), None)
         if hc._profile is not None:
             hc._profile._forget(self.mem)  # recorded as the Coarray's

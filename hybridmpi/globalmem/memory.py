@@ -12,10 +12,11 @@ from .._agree import agree
 from .._clib import ffi, lib
 from .._resource import Freed
 from .._types import mpi
+from ..arena import MAX_BYTES
 from ..comm import HybridComm
 from ..errors import FreedError
 from .requests import Request, get_flush, put_flush
-from .sync import int_arg, sync_state
+from .sync import int64_arg, int_arg, sync_state
 
 try:
     from .._timed import Near as _Near
@@ -47,7 +48,8 @@ class GlobalMemory(Freed):
 
     Raises:
         TypeError: not a HybridComm, count not an int, non-numeric dtype.
-        ValueError: negative count, ranks with different dtypes.
+        ValueError: negative count, one of more than ``arena.MAX_BYTES`` bytes, ranks with
+            different dtypes.
         MemoryError: the parts do not fit in /dev/shm (every rank).
         FreedError: the HybridComm was freed.
     """
@@ -60,7 +62,7 @@ class GlobalMemory(Freed):
         problem: tuple[type[Exception], str] | None = None
         try:
             dt = np.dtype(dtype)
-        except TypeError:
+        except Exception:   # anything numpy refuses is a problem to agree on, not a raise here
             dt = None
         if dt is None or dt.kind not in "biufc":
             problem = TypeError, f"dtype must be a numeric numpy dtype, got {dtype!r}"
@@ -68,6 +70,9 @@ class GlobalMemory(Freed):
             problem = TypeError, f"count must be an int, got {type(count).__name__}"
         elif count < 0:
             problem = ValueError, f"count must be >= 0, got {count}"
+        elif int(count) * dt.itemsize > MAX_BYTES:
+            problem = ValueError, (f"count {count} of {dt.name} is {int(count) * dt.itemsize} bytes, "
+                                   f"more than the {MAX_BYTES} an arena block may hold")
         if problem is not None:
             problem = problem[0], f"rank {hc.rank}: {problem[1]}"
         dtypes = agree(hc.comm, problem, "GlobalMemory()", data=dt.str if dt is not None else None)
@@ -136,7 +141,7 @@ class GlobalMemory(Freed):
             raise ValueError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what}: rank {rank} is out of "
                              f"range (the communicator has {self.size} ranks)")
         if type(offset) is not int:
-            offset = int_arg(offset, f"GlobalMemory.{what}: offset", self.rank)
+            offset = int_arg(offset, f"GlobalMemory.{what}: the offset into rank {rank}'s part", self.rank)
         part = self.counts[rank]
         if offset < 0 or offset + n > part:
             raise IndexError(f"hybridmpi: rank {self.rank}: GlobalMemory.{what}: offset {offset} and "
@@ -261,9 +266,14 @@ class GlobalMemory(Freed):
         Atomic with respect to every other fetch_add and compare_swap on this
         memory (inside one node C11 atomics, across nodes MPI's: when the
         memory spans several nodes, every atomic goes through MPI).
+
+        Raises:
+            TypeError: not an int64 memory; rank, offset or value not an int.
+            ValueError: rank out of range, value outside an int64.
+            IndexError: offset outside the target's part.
         """
         rank, offset = self._atomic(rank, offset, "fetch_add")
-        value = int_arg(value, "GlobalMemory.fetch_add: value", self.rank)
+        value = int64_arg(value, "GlobalMemory.fetch_add: value", self.rank)
         if self._win is None:
             return int(lib.hm_fetch_add(ffi.cast("void *", self._addrs[rank] + 8 * offset), value))
         MPI = mpi()
@@ -275,10 +285,10 @@ class GlobalMemory(Freed):
 
     def compare_swap(self, rank: int, offset: int, expected: int, value: int) -> int:
         """Atomically set element ``offset`` of ``rank``'s part to ``value`` if it equals
-        ``expected``; return the old value (atomic as :meth:`fetch_add`)."""
+        ``expected``; return the old value (atomic as :meth:`fetch_add`; raises as it does)."""
         rank, offset = self._atomic(rank, offset, "compare_swap")
-        expected = int_arg(expected, "GlobalMemory.compare_swap: expected", self.rank)
-        value = int_arg(value, "GlobalMemory.compare_swap: value", self.rank)
+        expected = int64_arg(expected, "GlobalMemory.compare_swap: expected", self.rank)
+        value = int64_arg(value, "GlobalMemory.compare_swap: value", self.rank)
         if self._win is None or (rank == self.rank and self._self_cas):
             return int(lib.hm_compare_swap(ffi.cast("void *", self._addrs[rank] + 8 * offset),
                                            expected, value))

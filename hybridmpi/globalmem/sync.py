@@ -29,8 +29,17 @@ def hm_py_progress():
 def int_arg(value, what, rank):
     """``value`` as an int; TypeError for bools and non-integers."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"hybridmpi: rank {rank}: {what} must be an int, got {type(value).__name__}")
+        raise TypeError(f"hybridmpi: rank {rank}: {what} must be an int, got {type(value).__name__} "
+                        f"{value!r:.40}")
     return int(value)
+
+
+def int64_arg(value, what, rank):
+    """``value`` as an int that fits an int64; TypeError as :func:`int_arg`, ValueError outside."""
+    value = int_arg(value, what, rank)
+    if not -2**63 <= value < 2**63:
+        raise ValueError(f"hybridmpi: rank {rank}: {what} must fit in an int64, got {value}")
+    return value
 
 
 class Sync:
@@ -182,7 +191,10 @@ class Sync:
         return None
 
     def _poison(self, bits):
-        """Error bits in the sync_images counters this rank writes (its HybridComm broke)."""
+        """Error bits in the sync_images counters this rank writes (its HybridComm broke); every
+        later sync_images raises (it never counts a call over the bits)."""
+        if self.broken is None:
+            self.broken = "error on its HybridComm"
         if self.block.chunk is None:
             return
         hc, me = self.hc, self.node_rank[self.hc.rank]

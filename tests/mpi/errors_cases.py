@@ -274,6 +274,11 @@ def write_markdown(path, rows):
              "before anything is touched) and checks that this file is up to date. Messages as rank 0",
              "of 2 sees them; `PatternError` is a `ValueError`, `SyncTimeout` and `FreedError` are",
              "`RuntimeError`s.", "",
+             "When only one rank passes a bad argument, every rank still raises within a poll or two:",
+             "that rank the exception below, the others the same class or `PeerError`",
+             "(`PeerArgumentError` is a `PeerError` and a `ValueError`); `tests/test_onerank.py`",
+             "checks it for every constructor and collective (see",
+             "[reliability](guide/reliability.md)).", "",
              "| # | API | call | exception | message |", "| --- | --- | --- | --- | --- |"]
     for i, area, shown, exc, msg in rows:
         cell = msg.replace("|", "\\|").replace("\n", " ")

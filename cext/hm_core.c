@@ -168,7 +168,7 @@ static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, 
     uint64_t v;
     for (int64_t i = 0;; i++) {
         v = load_acq(p, pol->order);
-        if (v >= value)
+        if ((v & ~HM_BADBIT) >= value)
             goto got;
         if (i >= pol->spin)
             break;
@@ -178,7 +178,7 @@ static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, 
     slow_start(&w, pol);
     for (;;) {
         v = load_acq(p, pol->order);
-        if (v >= value)
+        if ((v & ~HM_BADBIT) >= value)
             goto got;
         for (int r = peer < 0 ? 0 : peer; r < (peer < 0 ? c->size : peer + 1); r++)
             if (r != c->rank && other_call(c, r))
@@ -189,6 +189,8 @@ static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, 
 got:
     if (v & HM_FLAGS)
         return peer_failed(c, peer, cnt, v);
+    if ((v & HM_BADBIT) && !c->mark)   /* the peer's arguments were invalid, not this rank's */
+        return peer_failed(c, peer, cnt, v | HM_ERRBIT | HM_MISBIT);
     return HM_OK;
 }
 
@@ -258,7 +260,7 @@ static int barrier_dissemination(hm_coll *c, uint64_t e)
     int n = c->size, r = c->rank, ord = c->policy.order, rc;
     for (int k = 0, d = 1; d < n; k++, d <<= 1) {
         CHAOS();
-        store_rel(diss(c, (r + d) % n, k), e, ord);
+        store_rel(diss(c, (r + d) % n, k), e | c->mark, ord);
         if ((rc = wait_round(c, diss(c, r, k), (r - d + n) % n, e)))
             return rc;
     }
@@ -306,7 +308,12 @@ int hm_coll_bad(hm_coll *c)
     uint64_t e = ++c->epoch;
     enter(c, e, HM_K_BAD, 0, 0, 0);
     c->err.code = HM_OK;
-    return c->size == 1 ? HM_OK : barrier_dissemination(c, e);
+    if (c->size == 1)
+        return HM_OK;
+    c->mark = HM_BADBIT;
+    int rc = barrier_dissemination(c, e);
+    c->mark = 0;
+    return rc;
 }
 
 size_t hm_dtype_size(int dtype)

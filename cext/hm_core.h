@@ -117,6 +117,7 @@ typedef struct hm_coll {
     uint64_t extra;           /* offset of the dissemination and recursive-doubling regions */
     uint64_t epoch;           /* collective calls made so far */
     uint64_t linear_calls;    /* linear barriers made so far */
+    uint64_t mark;            /* 0, or HM_BADBIT in a call with invalid arguments (hm_coll_bad) */
     hm_wait_policy policy;
     hm_error err;
 } hm_coll;

@@ -18,6 +18,11 @@ typedef _Atomic uint64_t hm_counter;
 #define HM_ERRBIT (1ULL << 62)
 #define HM_MISBIT (1ULL << 63)
 #define HM_FLAGS (HM_ERRBIT | HM_MISBIT)
+/* The mark of a collective call made with invalid arguments (hm_coll_bad): its signals
+ * carry it beside the epoch, so that a peer in a valid call, even of the same algorithm,
+ * fails as for a mismatch, and a peer in an invalid call too goes on.  Epochs are compared
+ * without it. */
+#define HM_BADBIT (1ULL << 61)
 
 /* The chaos hook (hm_set_chaos): random delays at protocol points, for the
  * drift tests.  Off, it is one predictable branch on a global. */

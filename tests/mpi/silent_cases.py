@@ -252,6 +252,34 @@ def case_collective_kinds_free_running(comm, rng, node_size, **_):
                 assert buf[0] == i * hc.size
 
 
+def case_one_rank_bad_barrier_same_algorithm(comm, rng, node_size, **_):
+    """One rank's barrier with a bad method while the others call a valid one, whichever
+    algorithm they use (dissemination, the one the invalid call runs, included): every rank
+    raises, never a silent return on the valid ranks; when every rank is invalid, the comm
+    stays usable."""
+    if comm.size < 2:
+        return
+    for method in ("dissemination", "tree", "linear"):
+        for _ in range(5):
+            hc = HybridComm(comm, node_size=node_size)
+            bad = hc.rank == hc.size - 1
+            if rng.random() < 0.5:
+                time.sleep(rng.random() * 1e-3)
+            got, secs = outcome(hc.barrier, method="butterfly" if bad else method)
+            views = comm.allgather((got, secs))
+            assert views[-1][0] == "ValueError", (method, views)
+            assert all(v[0] in ("ValueError", "PeerError", "PeerArgumentError") for v in views), \
+                (method, views)
+            assert max(v[1] for v in views) < PROMPT_S, (method, views)
+            hc.free()
+    with HybridComm(comm, node_size=node_size) as hc:
+        got, _ = outcome(hc.barrier, method="butterfly")
+        agree(comm, got)
+        assert got == "ValueError"
+        for method in ("dissemination", "tree", "linear"):
+            hc.barrier(method=method)
+
+
 def case_program_goes_on_after_errors(comm, rng, node_size, **_):
     """PeerError is the only other class a good rank may see; after freeing a broken comm a
     new one works on every rank."""
@@ -274,7 +302,8 @@ def case_program_goes_on_after_errors(comm, rng, node_size, **_):
 CASES = [case_tags_never_collide_after_16000_halos, case_bad_call_while_begin_pending,
          case_one_rank_bad_argument_every_method, case_neighbor_opposite_orders_then_consistent,
          case_calls_after_comm_broke_raise_everywhere, case_missing_names_only_absent_ranks,
-         case_collective_kinds_free_running, case_program_goes_on_after_errors]
+         case_collective_kinds_free_running, case_one_rank_bad_barrier_same_algorithm,
+         case_program_goes_on_after_errors]
 
 if __name__ == "__main__":
     MPI.COMM_WORLD.Barrier()

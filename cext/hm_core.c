@@ -189,7 +189,9 @@ static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, 
 got:
     if (v & HM_FLAGS)
         return peer_failed(c, peer, cnt, v);
-    if ((v & HM_BADBIT) && !c->mark)   /* the peer's arguments were invalid, not this rank's */
+    /* In the same call (a peer already in a later one has finished this one): the peer's
+     * arguments were invalid and not this rank's, or the other way round. */
+    if ((v & ~HM_BADBIT) == value && (v & HM_BADBIT) != c->mark)
         return peer_failed(c, peer, cnt, v | HM_ERRBIT | HM_MISBIT);
     return HM_OK;
 }

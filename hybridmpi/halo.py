@@ -16,7 +16,7 @@ from ._timed import Hot as _Hot
 from ._timed import State as _State
 from ._types import DTYPES, mpi
 from .comm import TAG_SLOTS
-from .errors import FreedError, PeerError, SyncTimeout
+from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV, Exchange, Fault
@@ -24,6 +24,7 @@ from .transport.atomic import cma_pids
 
 _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _WHAT = {FWD: "update", REV: "reverse"}
+_NO_OP = object()   # Halo._arg: the call takes no op (None is an invalid op)
 _COLD: tuple[Any, ...] = (None, None, None, None, None)  # no hot array yet (Halo.update)
 _xchg_both = lib.hm_xchg_both
 _xchg_update = lib.hm_xchg_update
@@ -268,9 +269,10 @@ class Halo(Freed):
     def _mismatch_error(self, peer, tag=None):
         """The error of ranks that passed non-corresponding vectors (the Halo becomes unusable)."""
         self._state.broken = "ValueError"
-        if tag == lib.HM_TAG_BAD:
-            return ValueError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed invalid "
-                              "arguments to this call (see its error)")
+        if tag == lib.HM_TAG_BAD:   # the peer raises its own error (TypeError, ValueError)
+            return PeerArgumentError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed "
+                                     "invalid arguments to this call (see its error)",
+                                     rank=self.hc.rank, peer=peer)
         return ValueError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed another vector "
                           "than this rank (each rank must pass its own Halo.vector() of the same "
                           "call, or every rank a private array)")
@@ -303,6 +305,8 @@ class Halo(Freed):
             return self._timeout_error(fault.detail, fault.peer, fault.counter, fault.epoch)
         if k == "notice":
             return self._peer_failed(fault.peer)
+        if k == "peer":
+            return self._peer_error(fault.peer, fault.seen)
         if k == "mismatch":
             return self._mismatch_error(fault.peer, fault.tag)
         return self._order_error(fault.peer, fault.tag, fault.call, fault.direction, fault.detail)
@@ -334,8 +338,9 @@ class Halo(Freed):
         what = f"Halo.{_WHAT[self._state.pending[0] if self._state.pending else self._state.current]}"
         if seen & MISBIT:
             self._state.broken = "ValueError"
-            return ValueError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} found that ranks "
-                              "passed non-corresponding or invalid arguments (see its error)")
+            return PeerArgumentError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} found "
+                                     "that ranks passed non-corresponding or invalid arguments "
+                                     "(see its error)", rank=self.hc.rank, peer=peer)
         self._state.broken = "PeerError"
         return PeerError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} failed in this Halo's "
                          "call (see its error); this rank stops too", rank=self.hc.rank, peer=peer)
@@ -430,7 +435,7 @@ class Halo(Freed):
             raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: this Halo is unusable after an "
                                f"earlier {self._state.broken}; free it")
 
-    def _arg(self, x, what, d=None, op=None):
+    def _arg(self, x, what, d=None, op=_NO_OP):
         """A cffi view of ``x`` after checking it (nothing is touched on failure), and the code
         of ``op``.  With ``d``, the call starts direction ``d``: invalid arguments are made
         known to the peers (:meth:`_bad_call`)."""
@@ -438,7 +443,7 @@ class Halo(Freed):
         if d is not None and self._state.pending:   # before the checks: a bad call never takes the
             raise self._state_error(what)      # pending call's epoch
         try:
-            return self._check_arg(x, what), (op if op is None else self._op(op, self.dtype))
+            return self._check_arg(x, what), (None if op is _NO_OP else self._op(op, self.dtype))
         except (TypeError, ValueError) as exc:
             if d is None:
                 raise
@@ -514,7 +519,7 @@ class Halo(Freed):
         buf, _ = self._arg(x, "update", FWD)
         e = self._state.start(FWD)
         try:
-            zc = (self._vectors and self._zero_copy(x, FWD)) or self._cma
+            zc = (self._zero_copy(x, FWD) if self._vectors else None) or self._cma
             if zc:
                 zc.update(buf, e)
             else:
@@ -566,7 +571,7 @@ class Halo(Freed):
         buf, code = self._arg(x, "reverse", REV, op)
         e = self._state.start(REV)
         try:
-            zc = self._vectors and self._zero_copy(x, REV)
+            zc = self._zero_copy(x, REV) if self._vectors else None
             if zc:
                 zc.begin(REV, buf, e)
                 zc.end(REV, buf, e, code)
@@ -656,7 +661,7 @@ class Halo(Freed):
         (or, for a shared vector, published) now; ``_finish`` completes it."""
         e = self._state.start(d)
         try:
-            zc = self._vectors and self._zero_copy(x, d)
+            zc = self._zero_copy(x, d) if self._vectors else None
             self._state.pending = (d, x, code, zc)
             (zc or self._transport).begin(d, buf, e)
         except BaseException as exc:

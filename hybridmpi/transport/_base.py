@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from .._clib import copy_policy, ffi, lib
+from .._clib import ERRBIT, MISBIT, copy_policy, ffi, lib
 from .._waits import wait_requests
 from ..profile import mark as prof_mark
 from ..profile import mark_end as prof_mark_end
 
 FWD, REV = 0, 1
+_WORD = (1 << 64) - 1   # a counter as the unsigned 64-bit word it is
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Fault(Exception):
     - ``"core"``: ``rc`` and ``err``, what a C exchange call returned and its ``hm_error``;
     - ``"timeout"``: ``detail``, ``peer``, ``counter``, ``epoch``;
     - ``"notice"``: ``peer``, whose failure notice ended a wait;
+    - ``"peer"``: ``peer`` and ``seen``, a word that ``peer`` poisoned (its error bits);
     - ``"mismatch"``: ``peer`` and ``tag``, a peer that passed another vector or bad arguments;
     - ``"order"``: ``peer``, ``tag``, ``call``, ``direction``, ``detail``, a neighbor
       collective's message from another call.
@@ -176,13 +178,16 @@ def complete(ex, reqs, peers, what, e, statuses=None):
 
 
 def wait_until(ex, poll, value, peer, counter, what, e):
-    """Call ``poll()`` until it returns at least ``value``, yielding the CPU, under the deadline."""
+    """Call ``poll()`` until it returns at least ``value``, yielding the CPU, under the deadline;
+    a word with error bits (its writer's comm broke) raises Fault "peer"."""
     deadline = None if ex.timeout is None else time.monotonic() + ex.timeout
     prof_mark()
     while True:
-        seen = poll()
+        seen = poll() & _WORD
         if seen >= value:
             prof_mark_end()
+            if seen & (ERRBIT | MISBIT):
+                raise Fault("peer", peer=peer, seen=seen)
             return
         if deadline is not None and time.monotonic() > deadline:
             raise Fault("timeout", detail=f"{what}: rank {peer} did not set {counter} to {value} "

@@ -21,6 +21,8 @@ COUNTER, BUF0, BUF1 = 0, 1, 2
 
 
 _HINT = " (method 'flat' needs no shared memory; method 'auto' falls back to it)"
+#: the windows of transports freed after their HybridComm broke (ShmTransport.abandoned)
+_KEPT: list = []
 
 
 class SharedWindow:
@@ -95,6 +97,10 @@ class SharedWindow:
         ranks = sorted(self.node_rank, key=self.node_rank.get)
         return [r for r in ranks if r != self.me   # this rank is in the call it timed out in
                 and lib.hm_load(ffi.cast("void *", self.base[self.node_rank[r]] + 8 * d), 0) < epoch]
+
+    def counter(self, rank, key):
+        """Address of the counter of channel ``key`` in ``rank``'s segment."""
+        return self._at(rank, key, COUNTER)
 
     def _at(self, rank, key, field):
         nr = self.node_rank[rank]
@@ -225,4 +231,13 @@ class ShmTransport(Transport):
     def free(self):
         for s in self.dirs:
             s.msgs.free()
+        if self.abandoned():
+            _KEPT.append(self.shm.win)
+            return
         self.shm.free()
+
+    def abandoned(self):
+        """Whether this transport's own window must be kept rather than freed: its HybridComm
+        broke, so an RMA epoch of the failed call may still be open (a pscw post without its
+        wait), and MPI_Win_free, collective, could wait for it forever."""
+        return self.shm.win is not None and self.ex.hc._broken is not None

@@ -38,5 +38,6 @@ class Fence(ShmTransport):
         return lib.HM_OK if good == 0 else lib.HM_EMISMATCH
 
     def free(self):
-        self.shm.win.Fence()
+        if not self.abandoned():
+            self.shm.win.Fence()
         super().free()

@@ -37,6 +37,14 @@ class Lock(ShmTransport):
         self._NOCHECK = MPI.MODE_NOCHECK
         self._INT64 = MPI.INT64_T
 
+    def words(self):
+        """The counters this rank writes that its node peers poll: READY of each channel it
+        sends on (in the receiver's segment), DONE of each it receives on (in the sender's)."""
+        at, me = self.shm.counter, self.shm.me
+        return ([at(c.peer, (d, me, c.peer)) for d, s in enumerate(self.dirs) for c in s.send_chans]
+                + [at(c.peer, (d, c.peer, me)) for d, s in enumerate(self.dirs)
+                   for c in s.recv_chans])
+
     def _read(self, key):
         """Fetch_and_op(NO_OP) of one of this rank's counters."""
         me, win = self.shm.me, self.shm.win

@@ -25,9 +25,6 @@ from .transport.atomic import cma_pids
 _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _WHAT = {FWD: "update", REV: "reverse"}
 _NO_OP = object()   # Halo._arg: the call takes no op (None is an invalid op)
-_COLD: tuple[Any, ...] = (None, None, None, None, None)  # no hot array yet (Halo.update)
-_xchg_both = lib.hm_xchg_both
-_xchg_update = lib.hm_xchg_update
 
 _FN = {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
        for name in ("hm_xchg_update", "hm_zc_update", "hm_xchg_both")}
@@ -142,7 +139,6 @@ class Halo(Freed):
                         else ((pattern.size,), (pattern.size, 1)))
         #: the one owner of the per-call state: epochs, current direction, pending begin, broken
         self._state = _State()
-        self._view = (None, None)
         self._vectors: list[Any] = []   # (array, arena block, ZeroCopy or None) of vector()
         self.zero_copy = False  # whether vector()s are updated without staging buffers
         self._theirs = None  # per direction: each node peer's ids of its channel to this rank
@@ -180,7 +176,6 @@ class Halo(Freed):
         self._hot_sig: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
         if self.method == "atomic":
             self._fast = [self._transport.packed(FWD), self._transport.packed(REV)]
-        self._hot_f = self._hot_r = _COLD
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
         hc._adopt(self)
@@ -462,11 +457,8 @@ class Halo(Freed):
             raise ValueError(f"hybridmpi: Halo.{what}: x must be C-contiguous")
         if not flags.writeable:
             raise ValueError(f"hybridmpi: Halo.{what}: x is read-only")
-        arr, buf = self._view
-        if arr is not x:
-            buf = ffi.from_buffer("char[]", x)
-            self._view = (x, buf)
-        return buf
+        # a fresh view each call: an array resized in place keeps its identity, not its memory
+        return ffi.from_buffer("char[]", x)
 
     @staticmethod
     def _op(op, dtype):
@@ -495,24 +487,7 @@ class Halo(Freed):
             PeerError: a peer failed in this call.
             SyncTimeout: a peer did not take part within the timeout.
         """
-        hot = self._hot_f
-        e = self._hot_epoch(x, hot, FWD)
-        if e:
-            rc = hot[3](hot[1], e)
-            if rc:
-                hot[4](rc)
-            return
-        self._update(x)
-
-    def _hot_epoch(self, x, hot, d):
-        """When ``x`` is the hot array ``hot[0]`` of direction ``d`` and nothing changed
-        (no pending begin, not broken, same dtype, shape and writeable), start the call:
-        return its epoch; else 0.  (The C object of ``_install`` makes the same checks.)"""
-        if (x is hot[0] and self._state.pending is None and self._state.broken is None
-                and x.dtype is self.dtype and x.shape == hot[2] and x.flags.writeable):
-            e = self._state.start(d)
-            return e
-        return 0
+        self._update(x)   # (the C object of _install serves the hot array before this)
 
     def _update(self, x):
         """The checked, general path of :meth:`update`."""
@@ -556,15 +531,7 @@ class Halo(Freed):
             PeerError: a peer failed in this call.
             SyncTimeout: a peer did not take part within the timeout.
         """
-        hot = self._hot_r
-        code = self._rops.get(op) if type(op) is str else None
-        e = self._hot_epoch(x, hot, REV) if code is not None else 0
-        if e:
-            rc = _xchg_both(hot[3], hot[4], hot[1], e, code, REV)
-            if rc:
-                self._fast_error(REV, rc)
-            return
-        self._reverse(x, op)
+        self._reverse(x, op)   # (the C object of _install serves the hot array before this)
 
     def _reverse(self, x, op):
         """The checked, general path of :meth:`reverse`."""
@@ -580,7 +547,6 @@ class Halo(Freed):
         except BaseException as exc:
             raise self._failed(exc) from None
         if not zc and self._fast[REV] is not None:
-            self._hot_r = (x, buf, x.shape) + self._fast[REV]
             self._install("reverse", 2, REV, x, buf, "hm_xchg_both", self._fast[REV],
                           functools.partial(self._fast_error, REV), op, code)
 
@@ -588,15 +554,12 @@ class Halo(Freed):
         """After a blocking update of ``x`` (through ``zc``, or packed): make ``x`` the hot
         array if that path is one C call of (buf, epoch)."""
         if zc:
-            call = zc.whole_call()
-            if call is not None:
-                self._hot_f = (x, buf, x.shape, call, functools.partial(self._hot_error, zc.check))
+            if zc.whole_call() is not None:
                 self._install("update", 1, FWD, x, buf, "hm_zc_update", zc.whole_args(),
-                              self._hot_f[4], tag=zc.tag)
+                              functools.partial(self._hot_error, zc.check), tag=zc.tag)
         elif self._fast[FWD] is not None:
-            self._hot_f = (x, buf, x.shape, functools.partial(_xchg_update, *self._fast[FWD]),
-                           functools.partial(self._fast_error, FWD))
-            self._install("update", 0, FWD, x, buf, "hm_xchg_update", self._fast[FWD], self._hot_f[4])
+            self._install("update", 0, FWD, x, buf, "hm_xchg_update", self._fast[FWD],
+                          functools.partial(self._fast_error, FWD))
 
     def _install(self, name, kind, d, x, buf, fn, structs, error, op="add", opcode=0, tag=0):
         """Make ``self.update`` (or ``reverse``) of ``x`` one C object (hybridmpi._timed.Hot): the
@@ -696,8 +659,6 @@ class Halo(Freed):
         self.hc._children.pop(id(self), None)
         self._cool()
         t, self._transport = self._transport, None
-        self._view = (None, None)
-        self._hot_f = self._hot_r = _COLD
         vectors, self._vectors = self._vectors, []
         if t is None or mpi().Is_finalized():
             return

@@ -233,7 +233,6 @@ class profile:
                 for hot in saved.values():
                     hot.close()
                 saved = {}
-                obj._hot_f = obj._hot_r = (None,) * 5
             if getattr(obj, "closed", False) is False:
                 obj.__dict__.update(saved)   # the C fast paths of GlobalMemory.Put and Get
             else:
@@ -267,7 +266,6 @@ class profile:
         names = []
         if isinstance(obj, Halo):   # its C hot paths: made again, recording, by the next calls
             obj._cool()
-            obj._hot_f = obj._hot_r = (None,) * 5
         saved = {name: obj.__dict__[name] for name in ops if name in obj.__dict__}
         for name, (kind, key) in ops.items():
             # Coarray's a[r][index] put and get are its methods _put and _get

@@ -102,8 +102,9 @@ def case_bad_call_while_begin_pending(comm, rng, node_size, **_):
             h.free()
 
 
-def _one_rank_bad(hc, pat, method, op, block=1):
-    """Rank size-1 passes a too-short array to ``op``, the others good ones: returns this
+def _one_rank_bad(hc, pat, method, op, kind, block=1):
+    """Rank size-1 passes a bad array (``kind``: too short, None, a list) to ``op``, the others
+    good ones: returns this
     rank's (exception, seconds) and whether each of its ghost entries holds either its old
     value or the owner's new one (never anything else)."""
     h = Halo(pat, method=method, block=block)
@@ -112,7 +113,7 @@ def _one_rank_bad(hc, pat, method, op, block=1):
         want = x.copy()   # reverse: only the owned entries may change, checked below
     before = x.copy()
     bad = hc.rank == hc.size - 1
-    arg = x[:-1] if bad else x
+    arg = x if not bad else {"short": x[:-1], "none": None, "list": x.tolist()}[kind]
 
     def call():
         if op == "update":
@@ -139,15 +140,16 @@ def case_one_rank_bad_argument_every_method(comm, rng, node_size, **_):
     PeerError on a rank whose arguments were right), no ghost holds anything but the old or
     the new values, and afterwards every call on the comm raises on every rank."""
     for method in METHODS:
-        for op in ("update", "reverse", "update_split", "reverse_split"):
+        for op, kind in [(op, k) for op in ("update", "reverse", "update_split", "reverse_split")
+                         for k in ("short", "none", "list")]:
             hc = HybridComm(comm, node_size=node_size)
             pat = ring(hc)
-            (exc, secs), ok = _one_rank_bad(hc, pat, method, op)
+            (exc, secs), ok = _one_rank_bad(hc, pat, method, op, kind)
             views = comm.allgather((exc, secs, ok))
             assert all(v[2] for v in views), (method, op, "ghosts neither old nor new", views)
             excs = [v[0] for v in views]
-            assert excs[-1] == "ValueError", (method, op, views)
-            assert all(e in ("ValueError", "PeerError", "PeerArgumentError") for e in excs), \
+            assert excs[-1] == ("ValueError" if kind == "short" else "TypeError"), (method, op, views)
+            assert all(e in (excs[-1], "PeerError", "PeerArgumentError") for e in excs), \
                 (method, op, views)
             assert max(v[1] for v in views) < PROMPT_S, (method, op, "slow", views)
             # every later call raises on every rank, none hangs
@@ -158,6 +160,22 @@ def case_one_rank_bad_argument_every_method(comm, rng, node_size, **_):
             agree(comm, got is not None)
             hc.free()
             comm.Barrier()
+
+
+def case_array_resized_in_place(comm, rng, node_size, **_):
+    """An array resized in place (same object, new memory) after it was updated: the next update
+    and reverse use its new memory, never the freed one."""
+    with HybridComm(comm, node_size=node_size) as hc:
+        pat = ring(hc)
+        for method in ("atomic", "flat"):
+            with Halo(pat, method=method) as h:
+                x = fill(pat, hc, 14)[0].copy()   # owns its data: resizable
+                h.update(x)
+                x.resize((1 << 20,), refcheck=False)   # moves the data
+                x.resize((pat.size,), refcheck=False)
+                x[:], want2 = fill(pat, hc, 15)
+                h.update(x)
+                assert np.array_equal(x, want2), method
 
 
 def case_neighbor_opposite_orders_then_consistent(comm, rng, node_size, **_):
@@ -301,7 +319,8 @@ def case_program_goes_on_after_errors(comm, rng, node_size, **_):
 
 
 CASES = [case_tags_never_collide_after_16000_halos, case_bad_call_while_begin_pending,
-         case_one_rank_bad_argument_every_method, case_neighbor_opposite_orders_then_consistent,
+         case_one_rank_bad_argument_every_method, case_array_resized_in_place,
+         case_neighbor_opposite_orders_then_consistent,
          case_calls_after_comm_broke_raise_everywhere, case_missing_names_only_absent_ranks,
          case_collective_kinds_free_running, case_one_rank_bad_barrier_same_algorithm,
          case_program_goes_on_after_errors]

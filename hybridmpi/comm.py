@@ -477,7 +477,9 @@ class HybridComm(Collectives):
         st = self._st
         err = st.err
         if rc == lib.HM_EMISMATCH and err.bad_rank == lib.HM_BAD_ELSEWHERE:
-            # the ranks of this node agree; another node's passed other or invalid arguments
+            # the ranks of this node agree; another node's passed other or invalid arguments:
+            # its ranks break their comm, so this one breaks too (every later call raises)
+            self._break("ValueError", notify=False)
             raise PeerArgumentError(f"hybridmpi: {what}: ranks on different nodes passed different "
                                     "arguments (count, dtype or op), or invalid ones",
                                     rank=self.rank)
@@ -557,7 +559,9 @@ class HybridComm(Collectives):
             poison = getattr(obj, "_poison", None)
             if poison is not None:
                 poison(bits)
-        if notify and self.size > 1:
+        # across nodes a notice passed on is needed too: a rank on another node may wait on this
+        # one alone, and the peer whose error this rank passes on may not be its neighbour
+        if (notify or self.num_nodes > 1) and self.size > 1:
             from .transport._base import ERROR_TAG
 
             note = np.array([self._nonce], dtype=np.int64)

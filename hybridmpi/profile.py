@@ -106,7 +106,9 @@ class _Op:
 
     def __init__(self, label, op, kind, key, obj):
         self.label, self.op, self.kind, self.key, self.obj = label, op, kind, key, obj
-        self.log = ffi.new("hm_prof_log *")
+        # the records are C memory (hm_prof_end grows them): freed with the op, whichever way
+        # its profile ended (an exception in the block, a broken comm), or at release()
+        self.log = ffi.gc(ffi.new("hm_prof_log *"), lib.hm_prof_free)
         self.log.limit = SPLIT_CALLS if kind in ("whole", "begin", "end", "one") else 2**40
         self.named = []
 

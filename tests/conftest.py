@@ -13,6 +13,20 @@ MPIEXEC = os.environ.get("HYBRIDMPI_MPIEXEC") or shutil.which("mpiexec",
                                                                + os.pathsep + os.environ["PATH"])
 
 
+#: Under the sanitizers (.ci/sanitize sets HYBRIDMPI_SANITIZE=1) these files are skipped: they spend
+#: their time in Python, numpy, gmsh and plotting, and the C paths they reach are the ones
+#: test_halo, test_collectives and test_globalmem exercise (the leg stays within CI's time).
+SKIPPED_UNDER_SANITIZERS = ("test_cli.py", "test_apps.py", "test_fem.py", "test_mesh.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("HYBRIDMPI_SANITIZE") == "1":
+        skip = pytest.mark.skip(reason="HYBRIDMPI_SANITIZE: C paths covered by the other files")
+        for item in items:
+            if item.path.name in SKIPPED_UNDER_SANITIZERS:
+                item.add_marker(skip)
+
+
 def mpi_flavor():
     """'openmpi' or 'mpich', from the launcher's own words."""
     out = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout

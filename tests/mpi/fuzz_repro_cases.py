@@ -203,6 +203,176 @@ def case_valid_barrier_next_to_an_invalid_one(comm, rng, node_size):
             assert got == "ValueError", (i, got)
 
 
+def case_one_rank_bad_collective_argument_leaves_every_rank_alike(comm, rng, node_size):
+    """One rank passes op='avg' to allreduce, the others 'sum': every rank raises (ValueError /
+    PeerArgumentError); afterwards the objects are usable on every rank or raise on every
+    rank.  Found: only the bad rank's HybridComm breaks; the others raised PeerArgumentError but
+    their objects stay usable, so the next call (here the end of an update begun before)
+    returns on the good ranks and raises RuntimeError ('unusable') on the bad one.  Fuzzer:
+    misuse kinds coll-op / coll-type / coll-Allreduce, mode one (campaign seeds 998562,
+    397814, 716752, 717055)."""
+    if comm.size < 2:
+        return
+    with HybridComm(comm, node_size=node_size) as hc:
+        pat, owned, ghosts = ring(hc)
+        h = Halo(pat, method="atomic")
+        x, want = filled(pat, owned, ghosts, 6)
+        h.update_begin(x)
+        got, _ = outcome(lambda: hc.allreduce(1.0, op="avg" if hc.rank == 1 else "sum"))
+        assert got is not None, got
+        got, secs = with_deadline(comm, 30, lambda: outcome(lambda: h.update_end(x)))
+        views = comm.allgather((got, secs))
+        assert len({v[0] is None for v in views}) == 1, ("some ranks returned, some raised", views)
+        assert all(v[1] < PROMPT_S for v in views), views
+        got, secs = with_deadline(comm, 30, lambda: outcome(hc.barrier))
+        views = comm.allgather((got, secs))
+        assert len({v[0] is None for v in views}) == 1, ("barrier: some returned, some raised", views)
+
+
+def case_peers_across_nodes_raise_promptly_after_a_break(comm, rng, node_size):
+    """Across (virtual) nodes (run with --node-size 1): rank 0 owns nothing and ghosts two
+    points of rank 1; rank 0 passes a read-only array to a flat Halo's reverse (invalid), the
+    others valid ones: rank 1, which reads from rank 0, raises PeerArgumentError and its comm
+    breaks; rank 0's own comm stays intact (nobody sends to it).  Then every rank calls
+    allreduce with op='avg' (invalid on every rank): every rank must raise within 2 s.
+    Found: rank 1 raises at once (RuntimeError, unusable), rank 0 waits for it in the leaders'
+    allreduce until SyncTimeout after 10 s -- a rank whose comm broke on a PeerError sends no
+    failure notice (notify=False), so a rank whose comm is intact on another node is never told.
+    Minimized by scripts/fuzz_minimize.py from HYBRIDMPI_CHAOS=8734:200 fuzz.py --seed 8741
+    --steps 100 --node-size 1 --same-order fence,pscw (2 ranks) to these 4 steps."""
+    if comm.size < 2:
+        return
+    with HybridComm(comm, node_size=node_size) as hc:
+        owned = np.zeros(0, np.int64) if hc.rank == 0 else np.arange(2 * hc.rank, 2 * hc.rank + 2)
+        ghosts = np.array([2, 3], np.int64) if hc.rank == 0 else np.zeros(0, np.int64)
+        pat = GhostPattern.from_global(hc, owned, ghosts)
+        h = Halo(pat, method="flat", block=3)
+        x = np.ones((pat.size, 3))
+        if hc.rank == 0:
+            x.flags.writeable = False
+        outcome(lambda: h.reverse(x, "min"))
+        got, secs = outcome(lambda: hc.allreduce(1.0, op="avg"))
+        views = comm.allgather((got, secs))
+        for r, (cls, s) in enumerate(views):
+            assert cls not in (None, "SyncTimeout") and s < PROMPT_S, (r, views)
+
+
+def case_pscw_first_update_after_creation(comm, rng, node_size):
+    """A new pscw Halo's first update gives the owners' values, however the ranks drift (run
+    with HYBRIDMPI_CHAOS).  Seen once (3 ranks, one node, HYBRIDMPI_CHAOS=642560:200, program
+    seed 642566 step 6): every rank returned and rank 2's four ghosts were 0.0 -- the zeros of
+    a sender's buffer read before it was packed (MPI_Win_start need not wait for the post when
+    the data is then read with loads); not reproduced in 40 later runs."""
+    with HybridComm(comm, node_size=node_size) as hc:
+        pat, owned, ghosts = ring(hc)
+        for i in range(100):
+            h = Halo(pat, method="pscw", dtype=np.float32, block=2)
+            x = np.empty((pat.size, 2), np.float32)
+            n = len(owned)
+            x[:n] = (owned * 10.0 + i)[:, None]
+            x[n:] = -1.0
+            if hc.rank == i % hc.size:
+                time.sleep(rng.uniform(0, 300e-6))
+            h.update(x)
+            assert np.array_equal(x[n:], np.repeat((ghosts * 10.0 + i)[:, None], 2, 1).astype(np.float32)), i
+            h.free()
+
+
+def case_fence_and_pscw_halos_interleaved_in_different_orders(comm, rng, node_size):
+    """The guide: 'calls on different Halos may interleave differently on different ranks'
+    (every method).  Two fence Halos begun in opposite orders on even and odd ranks, and a
+    pscw Halo ended before a flat one's begin on rank 0 but after its end on rank 1, must
+    complete.  Found: both deadlock (a fence begin is MPI_Win_fence, collective over the node;
+    a pscw end waits in MPI_Win_wait for the peer's end); the fuzzer's groups hang unless run
+    with --same-order fence,pscw.  Fuzzer: campaign seeds 549629 (pscw + flat), 482131 (fence),
+    3 ranks.  (A hang here aborts the job after 20 s; this case runs last.)"""
+    if comm.size < 2:
+        return
+    with HybridComm(comm, node_size=node_size) as hc:
+        pat, owned, ghosts = ring(hc)
+        a, b = Halo(pat, method="pscw"), Halo(pat, method="flat")
+        xa, wa = filled(pat, owned, ghosts, 8)
+        xb, wb = filled(pat, owned, ghosts, 9)
+        if hc.rank % 2 == 0:
+            order = [(a.update_begin, xa), (a.update_end, xa), (b.update_begin, xb), (b.update_end, xb)]
+        else:
+            order = [(a.update_begin, xa), (b.update_begin, xb), (b.update_end, xb), (a.update_end, xa)]
+
+        def run():
+            for f, x in order:
+                f(x)
+
+        with_deadline(comm, 20, run)
+        assert np.array_equal(xa, wa) and np.array_equal(xb, wb)
+        a.free()
+        b.free()
+        a, b = Halo(pat, method="fence"), Halo(pat, method="fence")
+        xa, wa = filled(pat, owned, ghosts, 10)
+        xb, wb = filled(pat, owned, ghosts, 11)
+        pairs = [(a, xa), (b, xb)] if hc.rank % 2 == 0 else [(b, xb), (a, xa)]
+
+        def run2():
+            for h, x in pairs:
+                h.update_begin(x)
+            for h, x in pairs:
+                h.update_end(x)
+
+        with_deadline(comm, 20, run2)
+        assert np.array_equal(xa, wa) and np.array_equal(xb, wb)
+        a.free()
+        b.free()
+
+
+def case_sync_images_invalid_on_every_rank_stays_usable(comm, rng, node_size):
+    """Every rank passes an out-of-range rank to sync_images: each raises ValueError and,
+    nothing having been signalled, the next sync_images and sync_all work (as a Halo call
+    whose arguments were invalid on every rank).  Found after the fix of 16:39 (451dd87):
+    every later sync_images/sync_all raises RuntimeError ('global memory synchronization is
+    unusable after an earlier invalid sync_images arguments') on every rank.  Fuzzer: misuse
+    kind sync-images-bad, mode all (test_fuzz seeds 202, 302)."""
+    from hybridmpi import GlobalMemory
+
+    with HybridComm(comm, node_size=node_size) as hc:
+        mem = GlobalMemory(hc, 4)
+        got, _ = outcome(lambda: mem.sync_images([hc.size]))
+        agree(comm, got)
+        assert got == "ValueError", got
+        peers = [r for r in range(hc.size) if r != hc.rank]
+        got, _ = outcome(lambda: mem.sync_images(peers))
+        agree(comm, got)
+        assert got is None, got
+        got, _ = outcome(mem.sync_all)
+        agree(comm, got)
+        assert got is None, got
+
+
+def case_halo_after_a_break_on_another_rank(comm, rng, node_size):
+    """One node: rank 0 owns nothing and ghosts two of rank 1's points; rank 0 passes a wrong
+    shape to a Halo's reverse, rank 1 a right array: rank 1 (which reads from rank 0) raises
+    PeerArgumentError and its comm breaks, rank 0's stays intact (nobody sends to it).  Then
+    both call update on another Halo of the same method: each raises within 2 s (or both
+    complete) -- never waits.  Found: rank 1 raises at once (unusable) without taking part;
+    rank 0 then waits: flat: SyncTimeout after 10 s (rank 1 broke on a PeerError and sent no
+    failure notice); pscw and fence: for ever inside MPI_Win_wait / MPI_Win_fence (no timeout
+    there).  atomic, neighbor and lock: both raise at once.  Fuzzer: HYBRIDMPI_CHAOS=23132:200
+    fuzz.py --seed 23137 --steps 100 --same-order fence,pscw (3 ranks), steps 12-13.  (A hang
+    aborts the job after 20 s; the methods that hang come last.)"""
+    if comm.size < 2:
+        return
+    for method in ("atomic", "neighbor", "lock", "flat", "pscw", "fence"):
+        with HybridComm(comm, node_size=node_size) as hc:
+            owned = np.zeros(0, np.int64) if hc.rank == 0 else np.arange(2 * hc.rank, 2 * hc.rank + 2)
+            ghosts = np.array([2, 3], np.int64) if hc.rank == 0 else np.zeros(0, np.int64)
+            pat = GhostPattern.from_global(hc, owned, ghosts)
+            a, b = Halo(pat, method=method), Halo(pat, method=method)
+            x = np.ones(pat.size)
+            outcome(lambda a=a, x=x, pat=pat, hc=hc: a.reverse(np.ones(pat.size + 1) if hc.rank == 0 else x))
+            got, secs = with_deadline(comm, 20, lambda b=b, x=x: outcome(lambda: b.update(x)))
+            views = comm.allgather((got, secs))
+            assert len({v[0] is None for v in views}) == 1, (method, views)
+            assert all(v[1] < PROMPT_S for v in views), (method, views)
+
+
 CASES = [
     case_vector_while_begin_pending,
     case_reverse_op_none_is_invalid,
@@ -211,6 +381,12 @@ CASES = [
     case_free_after_break_with_pscw_begin_pending,
     case_lock_peers_raise_promptly_after_a_break,
     case_valid_barrier_next_to_an_invalid_one,
+    case_sync_images_invalid_on_every_rank_stays_usable,
+    case_one_rank_bad_collective_argument_leaves_every_rank_alike,
+    case_peers_across_nodes_raise_promptly_after_a_break,
+    case_pscw_first_update_after_creation,
+    case_halo_after_a_break_on_another_rank,
+    case_fence_and_pscw_halos_interleaved_in_different_orders,
 ]
 
 if __name__ == "__main__":

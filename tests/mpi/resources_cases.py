@@ -47,7 +47,8 @@ def case_thousand_halos(comm, rng, **cfg):
         comm.Barrier()
         grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
         assert shm_mappings() == before, (shm_mappings(), before)
-        assert grown_mb < 64, grown_mb
+        if not os.environ.get("HYBRIDMPI_SANITIZE"):  # ASan's quarantine keeps freed memory
+            assert grown_mb < 64, grown_mb
         assert not hc._children
 
 

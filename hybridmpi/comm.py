@@ -477,9 +477,7 @@ class HybridComm(Collectives):
         st = self._st
         err = st.err
         if rc == lib.HM_EMISMATCH and err.bad_rank == lib.HM_BAD_ELSEWHERE:
-            # the ranks of this node agree; another node's passed other or invalid arguments:
-            # its ranks break their comm, so this one breaks too (every later call raises)
-            self._break("ValueError", notify=False)
+            # the ranks of this node agree; another node's passed other or invalid arguments
             raise PeerArgumentError(f"hybridmpi: {what}: ranks on different nodes passed different "
                                     "arguments (count, dtype or op), or invalid ones",
                                     rank=self.rank)

@@ -43,8 +43,9 @@ are skipped on every rank; scripts/fuzz_minimize.py shrinks a failing program wi
 ``--dump FILE`` writes the program as JSON, ``--program FILE`` runs one.
 
 Known bugs can be left out of the draws while they are open (never worked around in the
-checks): ``--methods``, ``--misuse-kinds=-KIND,-KIND:MODE``, ``--same-order fence,pscw``
-(those Halos' calls keep one order on every rank inside an interleaved group), ``--avoid``.
+checks): ``--methods``, ``--misuse-kinds=-KIND,-KIND:MODE``, ``--avoid``.  ``--same-order``
+(default ``fence,pscw``, as the guide requires) lists the methods whose Halos' calls keep one
+order on every rank inside an interleaved group; ``--same-order none`` interleaves them all.
 ``--plant KIND:STEP`` fakes a failure on the last rank, to test the fuzzer itself.
 Findings so far: tests/mpi/fuzz_findings.md; reproducers: tests/mpi/fuzz_repro_cases.py.
 
@@ -1598,8 +1599,7 @@ class Program:
         opts.append(f"--misuse {int(c.misuse)}")
         if c.kinds_arg:
             opts.append(f"--misuse-kinds={c.kinds_arg}")
-        if c.same_order:
-            opts.append(f"--same-order {','.join(c.same_order)}")
+        opts.append(f"--same-order {','.join(c.same_order) or 'none'}")
         if c.avoid:
             opts.append(f"--avoid {','.join(sorted(c.avoid))}")
         if c.check_every:
@@ -3293,9 +3293,10 @@ def parse(argv=None):
     ap.add_argument("--watchdog", type=float, default=30.0)
     ap.add_argument(
         "--same-order",
-        default="",
-        help="methods whose Halos' calls keep one order on "
-        "every rank inside an interleaved group (e.g. fence,pscw)",
+        default="fence,pscw",
+        help="methods whose Halos' calls keep one order on every rank inside an interleaved "
+        "group (default fence,pscw, as the guide requires: MPI_Win_fence and post/start/wait "
+        "cannot time out); 'none': every method interleaved",
     )
     ap.add_argument(
         "--strict",
@@ -3349,7 +3350,7 @@ def parse(argv=None):
     for k in a.kinds | {k.lstrip("-") for k in names} | {k for k, _ in a.no_modes}:
         if k not in MISUSE:
             ap.error(f"unknown misuse kind {k}; --list-kinds lists them")
-    a.same_order = [m for m in a.same_order.split(",") if m]
+    a.same_order = [m for m in a.same_order.split(",") if m and m != "none"]
     a.avoid = set(x for x in a.avoid.split(",") if x)
     a.keep_arg = a.keep
     if a.keep:

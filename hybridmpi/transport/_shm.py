@@ -83,14 +83,15 @@ class SharedWindow:
     def mark_bad(self, d, e):
         """Mark call ``e`` of direction ``d`` as made with invalid arguments on this rank (read by
         :meth:`bad_among` once the method's synchronization has made it visible)."""
-        lib.hm_store(ffi.cast("void *", self.base[self.node_rank[self.me]] + 16 + 8 * d), e,
-                     lib.HM_ACQ_REL)
+        lib.hm_store(self._bad_word(self.me, d), e, lib.HM_ACQ_REL)
 
     def bad_among(self, d, e, peers):
         """The ranks of ``peers`` (on this node) that marked call ``e`` of direction ``d``."""
-        return [p for p in peers
-                if lib.hm_load(ffi.cast("void *", self.base[self.node_rank[p]] + 16 + 8 * d),
-                               lib.HM_ACQ_REL) == e]
+        return [p for p in peers if lib.hm_load(self._bad_word(p, d), lib.HM_ACQ_REL) == e]
+
+    def _bad_word(self, rank, d):
+        """The word of ``rank``'s first region holding its last invalid call of direction ``d``."""
+        return ffi.cast("void *", self.base[self.node_rank[rank]] + 16 + 8 * d)
 
     def missing(self, d, epoch):
         """Ranks of this node whose last entered call of direction ``d`` is before ``epoch``."""
@@ -206,7 +207,7 @@ class ShmTransport(Transport):
         marked it invalid: then only the messages complete, and Fault "mismatch"."""
         bad = self.bad_senders(d, e)
         if not bad:
-            self.end_data(d, xbuf, e, op)
+            self.dirs[d].finish(d, xbuf, e, op)
             return
         msgs = self.dirs[d].msgs
         try:
@@ -215,10 +216,6 @@ class ShmTransport(Transport):
             if f.kind != "mismatch":
                 raise
         raise Fault("mismatch", peer=bad[0], tag=lib.HM_TAG_BAD)
-
-    def end_data(self, d, xbuf, e, op):
-        """Receive the data of call ``e`` (Direction.finish)."""
-        self.dirs[d].finish(d, xbuf, e, op)
 
     def describe_word(self, addr):
         for s in self.dirs:

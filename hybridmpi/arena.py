@@ -13,12 +13,11 @@ they agree without talking when a chunk's last block goes and its windows
 are freed.  Each rank's part of a block may have its own size (0 included).
 """
 
-import operator
 import os
 
 from ._agree import agree, create_agreed
 from ._clib import lib
-from ._types import mpi
+from ._types import as_int, mpi
 
 _R = lib.HM_REGION
 #: where MPI libraries map their shared segments on Linux
@@ -241,10 +240,7 @@ class Arena:
         """
         hc = self.hc
         problem = None
-        try:
-            nb = operator.index(nbytes) if not isinstance(nbytes, bool) else None
-        except TypeError:
-            nb = None
+        nb = as_int(nbytes)
         if nb is None:
             problem = TypeError, f"rank {hc.rank}: {what} needs an int of bytes, got {type(nbytes).__name__}"
         elif not 0 <= nb <= MAX_BYTES:

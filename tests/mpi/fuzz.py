@@ -3368,7 +3368,7 @@ def parse(argv=None):
 
 
 def main():
-    warnings.simplefilter("ignore", np.exceptions.ComplexWarning)  # misuse casts complex arrays
+    warnings.simplefilter("ignore", getattr(np, "exceptions", np).ComplexWarning)  # misuse casts complex
     cfg = parse()
     if cfg.list_kinds:
         if R == 0:

@@ -23,10 +23,11 @@ _HOME = {
     "PeerError": "errors", "SyncTimeout": "errors", "abort_on_error": "errors",
     "GhostPattern": "pattern", "Halo": "halo", "HybridComm": "comm",
     "allreduce": "dropin", "barrier": "dropin", "hybrid": "dropin",
-    "profile": "profile",
+    "profile": "profile", "MissingExtra": "_extras",
 }
 
 if TYPE_CHECKING:
+    from ._extras import MissingExtra
     from .comm import HybridComm
     from .dropin import allreduce, barrier, hybrid
     from .errors import FreedError, PatternError, PeerArgumentError, PeerError, SyncTimeout, abort_on_error
@@ -43,6 +44,7 @@ __all__ = [
            "GhostPattern",
            "Halo",
            "HybridComm",
+           "MissingExtra",
            "PatternError",
            "PeerArgumentError",
            "PeerError",

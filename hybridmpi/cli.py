@@ -1,6 +1,7 @@
 """The ``hybridmpi`` command (also ``python -m hybridmpi``).
 
-Bad arguments give one line on stderr and exit code 2, never a traceback.  An error on any
+Bad arguments give one line on stderr and exit code 2, never a traceback; a missing optional
+dependency gives one line naming the extra to install, and exit code 3.  An error on any
 rank of an MPI job ends the whole job (``MPI_Abort``), whenever it happens: the guard is in
 place before anything that can fail, imports and argument parsing included.
 """
@@ -12,6 +13,7 @@ import time
 import traceback
 
 from . import __version__
+from ._extras import MissingExtra, need
 from .errors import _abort_job, _world, launched
 
 #: seconds a rank other than 0 waits before printing an argument error and aborting: when
@@ -19,6 +21,14 @@ from .errors import _abort_job, _world, launched
 _ONCE_S = 1.0
 #: errors in the input of a command (a missing file, a bad value): one line, no traceback
 _INPUT_ERRORS = (ValueError, FileNotFoundError, OSError)
+#: exit code when an optional dependency is missing (the line names the extra to install)
+_MISSING_EXTRA = 3
+_MESH = ("meshio", "gmsh", "pymetis")
+#: the optional modules each command needs, checked on every rank before it starts (so
+#: that the demo does not find a missing matplotlib only after its measurements)
+_NEEDS = {"mesh": _MESH, "partition": _MESH, "solve": _MESH + ("scipy",),
+          "demo": _MESH + ("matplotlib",), "plot": ("matplotlib",),
+          "bench mesh": _MESH, "bench cg": _MESH + ("scipy",)}
 
 _STATS = [
     ("owned", "owned points"),
@@ -32,6 +42,27 @@ _STATS = [
     ("inter_neighbors", "internode neighbors"),
     ("inter_kb", "internode data (kB)"),
 ]
+
+
+#: MPI thread levels a benchmark may ask for (``--thread-level``; mpi4py's ``rc.thread_level``)
+_THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
+#: the benchmarks' default: each MPI at its fastest setting (MPICH turns its shared-memory barrier
+#: and allreduce off at "multiple", mpi4py's default; Open MPI and Intel MPI time the same)
+_BENCH_THREAD_LEVEL = "funneled"
+
+
+def _thread_level(argv):
+    """The thread level to start MPI with: ``--thread-level`` of a ``bench`` or ``demo``
+    command line (its default there), None otherwise (mpi4py's default).  Read before
+    argparse runs, since MPI starts first."""
+    if not argv or argv[0] not in ("bench", "demo"):
+        return None
+    for i, word in enumerate(argv):
+        value = argv[i + 1] if word == "--thread-level" and i + 1 < len(argv) else \
+            word.partition("=")[2] if word.startswith("--thread-level=") else None
+        if value is not None:
+            return value if value in _THREAD_LEVELS else None  # argparse reports a bad one
+    return _BENCH_THREAD_LEVEL
 
 
 class _BadArguments(Exception):
@@ -182,6 +213,11 @@ def parser():
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
+    def thread_level_argument(q):
+        q.add_argument("--thread-level", choices=_THREAD_LEVELS, default=_BENCH_THREAD_LEVEL,
+                       help="MPI thread level asked for (default funneled: each MPI at its fastest; "
+                       "mpi4py's own default, multiple, turns MPICH's shared-memory collectives off)")
+
     def mesh_args(q):
         src = q.add_mutually_exclusive_group()
         src.add_argument("--h", type=_positive_float, default=0.05,
@@ -213,6 +249,7 @@ def parser():
         k.add_argument("--node-size", type=_positive_int, help="ranks per virtual node")
         k.add_argument("--json", default=f"hybridmpi-results/bench-{kind}.json",
                        help="output file ('' for none)")
+        thread_level_argument(k)
         k.set_defaults(func=cmd_bench)
 
     from .transport import METHODS
@@ -243,6 +280,7 @@ def parser():
     q.add_argument("--reps", type=_positive_int, default=10, help="repetitions")
     q.add_argument("--node-size", type=_positive_int, help="ranks per virtual node")
     q.add_argument("-o", "--output", default="hybridmpi-results", help="output folder")
+    thread_level_argument(q)
     q.set_defaults(func=cmd_demo)
     return p
 
@@ -262,13 +300,24 @@ def main(argv=None):
     in the arguments too, prints and aborts the job instead of leaving the others waiting.
     """
     args = None
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        level = _thread_level(argv)
+        if level is not None:  # before MPI starts
+            import mpi4py
+
+            mpi4py.rc.thread_level = level
         if launched()[1] > 1:
             from mpi4py import MPI  # noqa: F401 -- starts MPI before anything can fail
         args = parser().parse_args(argv)
+        command = " ".join(filter(None, (args.command, getattr(args, "kind", None))))
+        for module in _NEEDS.get(command, ()):
+            need(module, f"'hybridmpi {command}'")
         args.func(args)
     except _BadArguments as e:
         return _quit(2, str(e), wait=_ONCE_S)
+    except MissingExtra as e:  # every rank lacks it, or this one alone: one line, no traceback
+        return _quit(_MISSING_EXTRA, f"{e}\n", wait=_ONCE_S)
     except SystemExit as e:  # --help and --version (0), or a command's own exit
         if e.code not in (None, 0):
             _abort_job(e.code if isinstance(e.code, int) else 1, None)

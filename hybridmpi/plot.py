@@ -6,6 +6,7 @@ import json
 import os
 from typing import Any
 
+from ._extras import need
 from .bench import validate
 
 
@@ -57,10 +58,9 @@ def plot(source: Any, outdir: str) -> list[str]:
     Raises:
         ValueError: the file is not a hybridmpi result document.
     """
-    import matplotlib
-
+    matplotlib = need("matplotlib", "plotting results")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = need("matplotlib.pyplot", "plotting results")
 
     doc = _load(source)
     os.makedirs(outdir, exist_ok=True)

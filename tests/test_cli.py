@@ -82,7 +82,8 @@ def test_bench_kind_json_and_plot(kind, tmp_path):
     out = mpirun(2, "bench", kind, *TINY[kind], "--json", str(path))
     assert "ratio" in out and f"# wrote {path}" in out
     doc = validate(json.loads(path.read_text()))
-    assert doc["benchmark"] == kind and doc["ranks"] == 2
+    assert doc["benchmark"] == kind and doc["ranks"] == 2 and doc["thread_level"] == "funneled"
+    assert "thread level funneled" in out
     base = [r for r in doc["results"] if r["baseline"]]
     assert base and all(r["ratio"] is not None for r in doc["results"] if not r["baseline"])
     assert all(len(r["samples"]) == int(TINY[kind][TINY[kind].index("--reps") + 1])
@@ -95,6 +96,18 @@ def test_bench_kind_json_and_plot(kind, tmp_path):
         with open(png, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         assert os.path.getsize(png) > 5000
+
+
+@pytest.mark.parametrize("level", ["single", "multiple"])
+def test_bench_thread_level(level, tmp_path):
+    """--thread-level starts MPI at that level (mpi4py.rc, before MPI starts); the table and the
+    document say which level MPI provided."""
+    path = tmp_path / "barrier.json"
+    out = mpirun(2, "bench", "barrier", *TINY["barrier"], f"--thread-level={level}", "--json", str(path))
+    assert f"thread level {level};" in out, out
+    assert json.loads(path.read_text())["thread_level"] == level
+    bad = cli("bench", "barrier", "--thread-level", "many")
+    assert bad.returncode == 2 and "invalid choice: 'many'" in bad.stderr, bad.stderr
 
 
 @pytest.mark.parametrize("layout", [["--node-size", "1"], ["--node-size", "2"]])
@@ -244,14 +257,14 @@ COMMANDS = {"module": ["-m", "hybridmpi"], "script": [shutil.which("hybridmpi", 
 @pytest.mark.parametrize("abort", [True, False], ids=["mpi4py", "plain"])
 @pytest.mark.parametrize("how", list(COMMANDS))
 def test_import_failing_on_one_rank_ends_the_job(how, abort, tmp_path):
-    """meshio (imported while the arguments are parsed) fails to import on rank 1 only.  Before
+    """numpy (imported while the arguments are parsed) fails to import on rank 1 only.  Before
     the guard came first, rank 1 exited before starting MPI and rank 0 waited in MPI_Init until
     the launcher's limit (also under ``python -m mpi4py``, which aborts only once MPI is
     imported).  Now: rank 1's traceback once, MPI_Abort, the job ends within seconds."""
     argv = COMMANDS[how] + (["demo", "--iters", "5", "--reps", "1"] if how != "runner"
                             else ["--iters", "5", "--reps", "1", "--json", ""])
-    out = ends_quickly(2, argv, env=broken(tmp_path, "meshio"), abort=abort, cwd=tmp_path)
-    assert out.count("ImportError: meshio is broken on rank 1 (test)") == 1, out
+    out = ends_quickly(2, argv, env=broken(tmp_path, "numpy"), abort=abort, cwd=tmp_path)
+    assert out.count("ImportError: numpy is broken on rank 1 (test)") == 1, out
     assert "hybridmpi: rank 1 failed; aborting the job" in out, out
 
 
@@ -318,3 +331,99 @@ def test_import_hybridmpi_imports_nothing_else():
             "assert isinstance(p, type) and set(hybridmpi.__all__) <= set(dir(hybridmpi))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+# ------------------------------------------------------------------ a lean install
+
+#: the optional modules, and the extra that installs each (pyproject.toml)
+OPTIONAL = {"meshio": "mesh", "pymetis": "mesh", "gmsh": "mesh", "scipy": "fem", "matplotlib": "plot"}
+ABSENT = 'raise ModuleNotFoundError(f"No module named {__name__!r}", name=__name__)\n'
+
+
+def without(tmp_path, *modules):
+    """Environment in which ``modules`` cannot be imported on any rank, as after
+    ``pip install hybridmpi`` without extras (packages of those names on PYTHONPATH that raise
+    ModuleNotFoundError)."""
+    for module in modules:
+        (tmp_path / "absent" / module).mkdir(parents=True)
+        (tmp_path / "absent" / module / "__init__.py").write_text(ABSENT)
+    path = os.pathsep.join(filter(None, [str(tmp_path / "absent"), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path}
+
+
+def test_the_library_needs_no_extra(tmp_path):
+    """The quickstart (HybridComm, GhostPattern, Halo, allreduce) at 2 ranks, every optional
+    module absent."""
+    out = launch(2, [os.path.join(ROOT, "examples", "quickstart.py")], env=without(tmp_path, *OPTIONAL))
+    assert "2 ranks on 1 node(s): sum" in out, out
+
+
+LEAN = [  # (command, the module it finds missing first, its extra)
+    (["demo", "--iters", "5", "--reps", "1"], "meshio", "mesh"),
+    (["mesh", "--h", "0.3"], "meshio", "mesh"),
+    (["partition", "--parts", "2", "--h", "0.3"], "meshio", "mesh"),
+    (["solve", "--h", "0.3"], "meshio", "mesh"),
+    (["bench", "mesh", "--reps", "1", "--h", "0.3"], "meshio", "mesh"),
+    (["bench", "ghost", "--reps", "1", "--iters", "2", "--h", "0.3", "--json", ""], "meshio", "mesh"),
+]
+
+
+@pytest.mark.parametrize("argv, module, extra", LEAN, ids=[" ".join(c[0][:2]) for c in LEAN])
+def test_a_command_names_the_missing_extra(argv, module, extra, tmp_path):
+    """Every optional module absent on every rank: one line naming the extra, no traceback,
+    the job ends at once (exit code 3 where the launcher passes it on)."""
+    out = ends_quickly(2, ["-m", "hybridmpi", *argv], env=without(tmp_path, *OPTIONAL), abort=False,
+                       cwd=tmp_path)
+    line = f"needs {module}, which cannot be imported (No module named '{module}'); " \
+           f"install it with: pip install 'hybridmpi[{extra}]'"
+    assert line in out, out
+    assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("module, argv, extra", [
+    ("matplotlib", ["plot", "x.json"], "plot"),
+    ("scipy", ["solve", "--h", "0.3"], "fem"),
+    ("gmsh", ["mesh", "--h", "0.3"], "mesh"),
+    ("pymetis", ["partition", "--parts", "2", "--h", "0.3"], "mesh"),
+])
+def test_each_optional_module_names_its_extra(module, argv, extra, tmp_path):
+    """One module absent at a time, the command alone: exit code 3, the extra named."""
+    out = subprocess.run([sys.executable, "-m", "hybridmpi", *argv], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env=dict(os.environ, **without(tmp_path, module)))
+    assert out.returncode == 3, (out.returncode, out.stdout, out.stderr)
+    assert f"pip install 'hybridmpi[{extra}]'" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_an_extra_missing_on_one_rank_ends_the_job(tmp_path):
+    """gmsh cannot be imported on rank 1 only: rank 1's line, no traceback, the job ends."""
+    out = ends_quickly(2, ["-m", "hybridmpi", "demo", "--iters", "5", "--reps", "1"],
+                       env=broken(tmp_path, "gmsh"), abort=False, cwd=tmp_path)
+    assert out.count("needs gmsh, which cannot be imported (gmsh is broken on rank 1 (test))") == 1, out
+    assert "Traceback" not in out, out
+
+
+LIBRARY_CALL = """\
+import hybridmpi
+from mpi4py import MPI
+from hybridmpi.mesh import distribute_cube
+
+with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc:
+    try:
+        distribute_cube(hc, 0.3)
+        verdict = "no error"
+    except hybridmpi.MissingExtra as e:
+        verdict = "MissingExtra: " + str(e)
+    verdicts = hc.comm.allgather(verdict)
+    assert len(set(verdicts)) == 1 and "hybridmpi[mesh]" in verdicts[0], verdicts
+    if hc.rank == 0:
+        print(f"{len(verdicts)} ranks agreed:", verdicts[0])
+"""
+
+
+def test_a_library_call_raises_missing_extra_on_every_rank(tmp_path):
+    """distribute_cube meshes on rank 0 only: every rank raises the same MissingExtra (before,
+    a failure on rank 0 left the others waiting in the scatter)."""
+    (tmp_path / "prog.py").write_text(LIBRARY_CALL)
+    env = dict(without(tmp_path, "gmsh"), HYBRIDMPI_CACHE=str(tmp_path / "cache"))  # no cached mesh
+    out = launch(3, [str(tmp_path / "prog.py")], env=env, cwd=tmp_path)
+    assert "3 ranks agreed: MissingExtra: hybridmpi: generating the cube mesh needs gmsh" in out, out

@@ -46,15 +46,21 @@ def describe_mpi():
     return MPI.Get_library_version().splitlines()[0].strip()
 
 
+#: MPI's thread levels by ``MPI.Query_thread()``'s value
+THREAD_LEVELS = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
+
+
 def document(name, title, x_label, hc, node_size, **extra):
     """A result document: what ran, where, and an empty list of results."""
     from mpi4py import MPI
 
+    provided = MPI.Query_thread()
     return {"schema": SCHEMA, "benchmark": name, "title": title, "unit": "us",
             "x_label": x_label, "machine": platform.machine(), "host": socket.gethostname(),
             "cpus": os.cpu_count(), "mpi_library": describe_mpi(),
             "mpi_version": "%d.%d" % MPI.Get_version(), "ranks": hc.size, "nodes": hc.num_nodes,
-            "node_size": node_size, "hybridmpi": __version__, **extra, "results": []}
+            "node_size": node_size, "hybridmpi": __version__,
+            "thread_level": THREAD_LEVELS.get(provided, str(provided)), **extra, "results": []}
 
 
 def add(doc, series, x, samples, *, baseline=False, **extra):
@@ -116,7 +122,8 @@ def validate(doc):
 def print_table(doc, extra=()):
     """OSU-style table of a document on stdout (rank 0 only calls it)."""
     print(f"# hybridmpi {doc['benchmark']} benchmark: {doc['title']}")
-    print(f"# {doc['mpi_library']}; {doc['ranks']} ranks, {doc['nodes']} node(s), "
+    level = f", thread level {doc['thread_level']}" if doc.get("thread_level") else ""
+    print(f"# {doc['mpi_library']}{level}; {doc['ranks']} ranks, {doc['nodes']} node(s), "
           f"node_size={doc['node_size']}; host {doc['host']}")
     for line in doc.get("notes", ()):
         print(f"# {line}")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._extras import need
 from ..halo import Halo
 
 if TYPE_CHECKING:
@@ -83,8 +84,7 @@ class Poisson:
     def __init__(self, hc: HybridComm, lm: LocalMesh, f: Callable[[np.ndarray], np.ndarray],
                  g: Callable[[np.ndarray], np.ndarray], *, boundary: np.ndarray | None = None,
                  method: str = "atomic") -> None:
-        import scipy.sparse as sp
-
+        sp = need("scipy.sparse", "the FEM assembly")
         self.hc, self.lm = hc, lm
         n, size = lm.n_owned, lm.size
         vol, grads = _cell_geometry(lm.points, lm.cells)

@@ -5,14 +5,14 @@ import time
 import numpy as np
 
 from .. import mesh
+from .._extras import need
 from .poisson import Poisson
 from .problems import exact, rhs
 
 
 def write_vtu(hc, m, lm, x, path):
     """Gather the owned values on rank 0 and write the solution with the mesh (meshio)."""
-    import meshio
-
+    meshio = need("meshio", "writing VTU files")
     parts = hc.comm.gather((lm.global_ids[:lm.n_owned], x[:lm.n_owned]), root=0)
     if hc.rank == 0:
         u = np.empty(len(m.points))

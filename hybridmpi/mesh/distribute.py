@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -91,16 +92,37 @@ def distribute_cube(hc: HybridComm, h: float) -> tuple[Any, LocalMesh]:
 
     Returns:
         (mesh on rank 0 and None elsewhere, this rank's LocalMesh)
+
+    Raises:
+        MissingExtra: gmsh, meshio or pymetis is not installed (every rank).
+        ValueError: ``h`` out of range (every rank).
     """
     from .generate import cube
     from .partition import partition
 
-    m = part = None
+    m = part = problem = None
     if hc.rank == 0:
-        m = cube(h)
-        two_level = hc.num_nodes > 1 and hc.size % hc.node_size == 0
-        part = partition(m, hc.size, node_size=hc.node_size if two_level else None)
+        try:
+            m = cube(h)
+            two_level = hc.num_nodes > 1 and hc.size % hc.node_size == 0
+            part = partition(m, hc.size, node_size=hc.node_size if two_level else None)
+        except Exception as e:  # every rank raises the same, none waits in the scatter
+            problem = e
+    agreed = hc.comm.bcast(_portable(problem), root=0)
+    if problem is not None:
+        raise problem  # rank 0: with its traceback
+    if agreed is not None:
+        raise agreed
     return m, distribute(hc, m, part)
+
+
+def _portable(e: Exception | None) -> Exception | None:
+    """``e``, or a RuntimeError with its text where ``e`` does not survive pickling."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - any exception that cannot travel
+        return RuntimeError(f"hybridmpi.mesh: rank 0 failed: {type(e).__name__}: {e}")
 
 
 def distribute_file(hc: HybridComm, path: str) -> tuple[Any, LocalMesh]:

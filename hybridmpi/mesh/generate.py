@@ -11,8 +11,13 @@ from typing import Any
 
 import numpy as np
 
-#: meshes shipped with the source tree (made by scripts/ship_meshes.py)
-SHIPPED = Path(__file__).resolve().parents[2] / "meshes"
+from .._extras import need
+
+#: the shipped cube meshes (made by scripts/ship_meshes.py): hybridmpi/meshes/ in an installed
+#: package, meshes/ in the source tree (an editable install)
+SHIPPED = next((p for p in (Path(__file__).resolve().parents[1] / "meshes",
+                            Path(__file__).resolve().parents[2] / "meshes") if p.is_dir()),
+               Path(__file__).resolve().parents[1] / "meshes")
 
 
 def _cache_dir(cache_dir):
@@ -31,8 +36,7 @@ def mesh_name(h: float) -> str:
 
 def tetrahedra(m: Any) -> Any:
     """A meshio.Mesh with only the tetrahedra of ``m`` and only their vertices, renumbered."""
-    import meshio
-
+    meshio = need("meshio", "the mesh pipeline")
     blocks = [c.data for c in m.cells if c.type == "tetra"]
     if not blocks:
         raise ValueError("hybridmpi.mesh: the mesh has no tetrahedra")
@@ -55,8 +59,7 @@ def load(path: str | os.PathLike[str]) -> Any:
         FileNotFoundError: no such file.
         ValueError: the mesh has no tetrahedra.
     """
-    import meshio
-
+    meshio = need("meshio", "reading a mesh file")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"hybridmpi.mesh.load: no such file: {path}")
@@ -65,9 +68,8 @@ def load(path: str | os.PathLike[str]) -> Any:
 
 def _generate(h):
     """Mesh the unit cube with gmsh's HXT algorithm at characteristic length ``h``."""
-    import gmsh
-    import meshio
-
+    gmsh = need("gmsh", "generating the cube mesh")
+    meshio = need("meshio", "the mesh pipeline")
     gmsh.initialize(interruptible=False)
     try:
         gmsh.option.setNumber("General.Terminal", 0)
@@ -110,8 +112,7 @@ def cube(h: float, *, cache_dir: str | None = None) -> Any:
     Raises:
         ValueError: ``h`` out of range.
     """
-    import meshio
-
+    meshio = need("meshio", "the cube mesh")
     if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 < h <= 1:
         raise ValueError(f"hybridmpi.mesh.cube: h must be a number in (0, 1], got {h!r}")
     name = mesh_name(h)

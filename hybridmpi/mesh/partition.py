@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from .._extras import need
+
 # The six edges of a tetrahedron, as pairs of its vertex slots.
 _EDGES = np.array([(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)])
 
@@ -67,6 +69,7 @@ def _foreign_metis():
 def _metis(n, i, j, nparts, seed):
     if nparts == 1:
         return np.zeros(n, dtype=np.int64)
+    need("pymetis", "partitioning a mesh (METIS)")
     xadj, adjncy = _csr(n, i, j)
     if _foreign_metis():
         return _metis_apart(xadj, adjncy, nparts, seed)
@@ -92,8 +95,7 @@ def _metis_apart(xadj, adjncy, nparts, seed):
 
 
 def _part_graph(xadj, adjncy, nparts, seed):
-    import pymetis
-
+    pymetis = need("pymetis", "partitioning a mesh (METIS)")
     opts = pymetis.Options(seed=seed)
     if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025.2
         res = pymetis.part_graph(nparts, adjacency=pymetis.CSRAdjacency(xadj, adjncy), options=opts)

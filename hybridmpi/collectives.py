@@ -25,6 +25,8 @@ _F64, _I64, _C128 = lib.HM_F64, lib.HM_I64, lib.HM_C128
 _op_of = OPS.get
 _dtype_of = DTYPES.get
 _barrier = lib.hm_barrier
+_store = lib.hm_store
+_ACQ_REL = lib.HM_ACQ_REL
 _barrier_tree = lib.hm_barrier_tree
 _barrier_diss = lib.hm_barrier_dissemination
 _barrier_linear = lib.hm_barrier_linear
@@ -38,6 +40,10 @@ SLOT_BYTES = 256 * 1024
 # cffi views of arrays up to this size are cached between calls
 _CACHE_BYTES = 64 * 1024
 _CACHE_ENTRIES = 16
+#: offset of the word in which a node's leader publishes the collective call whose internode
+#: part it waits on (the second cache line of its ENTERED region; written by the leader alone,
+#: read by a rank of its node that timed out waiting on it, which then names the other nodes)
+LEADER_WAIT = lib.HM_OFF_ENTERED + 64
 # the "failed" entry of the leaders' signatures when a node's call failed (1: a mismatch)
 _FAILED = 2
 _KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: "barrier(linear)",
@@ -62,8 +68,13 @@ class Collectives:
     _scalar: dict[int, Any]
     _f64: Any
 
+    _segs: Any          # the node's collective segments, by node rank
+    _leaders: list[tuple[int, str]]  # each node's leader and host, by node id
+    node_index: dict[int, int]
+
     # the errors, methods of HybridComm (comm.py)
     _fail: Callable[[int, str], None]
+    _other_leaders: Callable[[], str]
     _break: Callable[..., None]
     _unusable: Callable[[], Exception]
 
@@ -120,16 +131,21 @@ class Collectives:
         """Complete an internode request, under the deadline if there is one.  A failure
         notice from a rank of another node (a Halo call failed there, so that rank will not
         join) ends the wait with PeerError."""
+        st = self._st
+        _store(self._segs[0] + LEADER_WAIT, st.epoch, _ACQ_REL)  # for a timed-out rank of the node
         stop = wait_requests(self, [req], self.timeout)
         if stop is None:
             return
         if stop.notice is not None:
-            raise self._peer_error(what, stop.notice, ERRBIT)
-        others = [r for r in range(self.leader_comm.Get_size()) if r != self.leader_comm.Get_rank()]
+            also = ""
+            if stop.notice in self.node_index:  # a rank of this node gave up waiting on this one
+                also = (f"; this rank, the node's leader, was waiting on the leaders of the other "
+                        f"nodes, which had not all joined: {self._other_leaders()}")
+            raise self._peer_error(what, stop.notice, ERRBIT, also)
         raise self._timeout(
             f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
-            f"the leaders of other nodes (node ids {others}) did not all join",
-            None, "internode", int(self._st.epoch), [])
+            f"the leaders of the other nodes did not all join: {self._other_leaders()}",
+            None, "internode", int(st.epoch), [])
 
     def barrier(self, *, method: str = "dissemination") -> None:
         """Block until every rank of the communicator has called it.

@@ -289,6 +289,157 @@ static PyTypeObject NearType = {
     .tp_methods = near_methods,
 };
 
+/* ------------------------------------------------------------------ collectives */
+
+/* Coll(kind, st, fn, fallback, fail, ops): HybridComm.barrier() or allreduce(x[, op]) of one
+ * float on one node, as one C call instead of a Python method and a cffi call.  kind 0:
+ * fn = hm_barrier_dissemination, called with no arguments; kind 1: fn = hm_allreduce_rd_f64,
+ * called with a float and optionally an op name (a key of `ops`, the names' codes).  Any
+ * other call (keywords, another type, an unknown op) goes to `fallback`, the Python method,
+ * which checks and raises; a call the C core failed goes to fail(code), which raises its
+ * error.  close() sends every later call to the fallback (the comm freed or broken). */
+typedef __typeof__(hm_barrier_dissemination) *barrier_fn;
+typedef __typeof__(hm_allreduce_rd_f64) *allreduce_fn;
+
+typedef struct {
+    PyObject_HEAD
+    hm_coll *st;          /* NULL once closed */
+    void *fn;
+    int kind;
+    PyObject *fallback;
+    PyObject *fail;
+    PyObject *ops;        /* dict: op name -> code */
+    vectorcallfunc vectorcall;
+} Coll;
+
+static PyObject *coll_failed(Coll *t, int code)
+{
+    PyObject *rc = PyLong_FromLong(code);
+    if (rc == NULL)
+        return NULL;
+    PyObject *out = PyObject_CallOneArg(t->fail, rc);
+    Py_DECREF(rc);
+    return out;  /* fail raises: NULL */
+}
+
+static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames)
+{
+    Coll *t = (Coll *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (t->fallback == NULL) {  /* cleared by the garbage collector */
+        PyErr_SetString(PyExc_RuntimeError, "hybridmpi: the HybridComm of this call is gone");
+        return NULL;
+    }
+    if (t->st == NULL || kwnames != NULL)
+        goto slow;
+    if (t->kind == 0) {
+        if (nargs != 0)
+            goto slow;
+        int rc = ((barrier_fn)t->fn)(t->st);
+        if (rc)
+            return coll_failed(t, rc);
+        Py_RETURN_NONE;
+    }
+    if (nargs < 1 || nargs > 2 || !PyFloat_CheckExact(args[0]))
+        goto slow;
+    int op = HM_SUM;
+    if (nargs == 2) {
+        if (!PyUnicode_CheckExact(args[1]))
+            goto slow;
+        PyObject *code = PyDict_GetItemWithError(t->ops, args[1]);
+        if (code == NULL) {
+            PyErr_Clear();
+            goto slow;
+        }
+        op = (int)PyLong_AsLong(code);
+    }
+    double r = ((allreduce_fn)t->fn)(t->st, PyFloat_AS_DOUBLE(args[0]), op);
+    if (r != r && t->st->err.code)
+        return coll_failed(t, t->st->err.code);
+    return PyFloat_FromDouble(r);
+slow:
+    return PyObject_Vectorcall(t->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *coll_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    int kind;
+    unsigned long long st, fn;
+    PyObject *fallback, *fail, *ops;
+    if (!PyArg_ParseTuple(args, "iKKOOO!", &kind, &st, &fn, &fallback, &fail, &PyDict_Type, &ops))
+        return NULL;
+    if (kind != 0 && kind != 1) {
+        PyErr_Format(PyExc_ValueError, "Coll: kind must be 0 (barrier) or 1 (allreduce), got %d", kind);
+        return NULL;
+    }
+    if (st == 0 || fn == 0) {
+        PyErr_SetString(PyExc_ValueError, "Coll: st and fn must be addresses");
+        return NULL;
+    }
+    Coll *t = (Coll *)type->tp_alloc(type, 0);
+    if (t == NULL)
+        return NULL;
+    t->st = (hm_coll *)(uintptr_t)st;
+    t->fn = (void *)(uintptr_t)fn;
+    t->kind = kind;
+    t->fallback = ref(fallback);
+    t->fail = ref(fail);
+    t->ops = ref(ops);
+    t->vectorcall = coll_vectorcall;
+    return (PyObject *)t;
+}
+
+/* The fallback is a method bound to the HybridComm, whose __dict__ holds this object: a
+ * cycle, which the garbage collector sees through these. */
+static int coll_traverse(Coll *t, visitproc visit, void *arg)
+{
+    Py_VISIT(t->fallback);
+    Py_VISIT(t->fail);
+    Py_VISIT(t->ops);
+    return 0;
+}
+
+static int coll_clear(Coll *t)
+{
+    t->st = NULL;
+    Py_CLEAR(t->fallback);
+    Py_CLEAR(t->fail);
+    Py_CLEAR(t->ops);
+    return 0;
+}
+
+static void coll_dealloc(Coll *t)
+{
+    PyObject_GC_UnTrack(t);
+    coll_clear(t);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyObject *coll_close(Coll *t, PyObject *unused)
+{
+    t->st = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *coll_wrapped(Coll *t, void *closure) { return ref_or_none(t->fallback); }
+
+static PyMethodDef coll_methods[] = {
+    {"close", (PyCFunction)coll_close, METH_NOARGS, "send every later call to the fallback"},
+    {NULL}
+};
+
+WRAPPED_ONLY(coll, "the Python method");
+
+static PyTypeObject CollType = {
+    CALLABLE(Coll, coll, "Coll",
+             "Coll(kind, st, fn, fallback, fail, ops): barrier() or allreduce(x[, op]) of a float "
+             "on one node as one C call"),
+    .tp_methods = coll_methods,
+    .tp_traverse = (traverseproc)coll_traverse,
+    .tp_clear = (inquiry)coll_clear,
+};
+
 /* ------------------------------------------------------------------ Halo hot paths */
 
 /* The C core's calls, passed by address (they live in hybridmpi._core), typed by its header. */
@@ -714,8 +865,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._timed",
 PyMODINIT_FUNC PyInit__timed(void)
 {
     HotType.tp_flags |= Py_TPFLAGS_HAVE_GC;
+    CollType.tp_flags |= Py_TPFLAGS_HAVE_GC;
     if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&NearType) < 0 || PyType_Ready(&HotType) < 0 ||
-        PyType_Ready(&StateType) < 0)
+        PyType_Ready(&StateType) < 0 || PyType_Ready(&CollType) < 0)
         return NULL;
     dtype_name = PyUnicode_InternFromString("dtype");
     if (!dtype_name)
@@ -723,9 +875,9 @@ PyMODINIT_FUNC PyInit__timed(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyTypeObject *types[] = {&TimedType, &NearType, &HotType, &StateType};
-    const char *names[] = {"Timed", "Near", "Hot", "State"};
-    for (int i = 0; i < 4; i++) {
+    PyTypeObject *types[] = {&TimedType, &NearType, &HotType, &StateType, &CollType};
+    const char *names[] = {"Timed", "Near", "Hot", "State", "Coll"};
+    for (int i = 0; i < 5; i++) {
         if (PyModule_AddObject(m, names[i], ref((PyObject *)types[i])) < 0) {
             Py_DECREF(types[i]);
             Py_DECREF(m);

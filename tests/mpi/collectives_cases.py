@@ -228,6 +228,62 @@ def case_bad_input(comm, rng, **cfg):
         raise AssertionError("COMM_NULL accepted")
 
 
+def case_c_fast_paths(comm, rng, **cfg):
+    """barrier() and allreduce(float[, op name]) on one node are C calls (hybridmpi._timed.Coll);
+    every other form (keywords, numpy floats, MPI ops, op names built at run
+    time, bad ops) goes to the methods, with the same results and errors; after free(), a
+    kept reference raises FreedError.  Free-running: the forms drawn at random, in the same
+    order on every rank, with random short sleeps between calls."""
+    with hc_of(comm, cfg) as hc:
+        fast = {name for name in ("barrier", "allreduce") if type(vars(hc).get(name)).__name__ == "Coll"}
+        want = {"barrier"} if hc.num_nodes == 1 else set()
+        if hc.num_nodes == 1 and hc.size > 1 and cfg["allreduce"] == "recursive_doubling":
+            want.add("allreduce")
+        assert fast == want, (fast, want)
+        forms = [
+            lambda x, op: hc.allreduce(x, op),
+            lambda x, op: hc.allreduce(x, op=op),
+            lambda x, op: hc.allreduce(np.float64(x), op),
+            lambda x, op: hc.allreduce(x, OPS[op]),
+            lambda x, op: hc.allreduce(x, "".join(op)),     # an equal str, not the same object
+            lambda x, op: hc.allreduce(x) if op == "sum" else hc.allreduce(x, op),
+        ]
+        draws = np.random.default_rng(7)  # the same sequence on every rank
+        for i in range(400):
+            op = ("sum", "prod", "min", "max")[draws.integers(4)]
+            form = int(draws.integers(len(forms)))
+            x = float(rng.uniform(0.5, 1.5))
+            if rng.random() < 0.1:
+                time.sleep(float(rng.uniform(0, 0.002)))
+            got = forms[form](x, op)
+            assert close(np.array(float(got)), np.array(comm.allreduce(x, OPS[op])), np.float64), (form, op)
+            if draws.random() < 0.3:
+                hc.barrier() if draws.random() < 0.5 else hc.barrier(method=("tree", "linear")[i % 2])
+        for bad in ("bogus", "Sum", None, 3):
+            try:
+                hc.allreduce(1.0, bad)
+            except (ValueError, TypeError) as e:
+                assert "op" in str(e), e
+            else:
+                raise AssertionError(f"allreduce(1.0, {bad!r}) accepted")
+        try:
+            hc.barrier("tree")
+        except TypeError:
+            pass
+        else:
+            raise AssertionError("barrier('tree') accepted (method is keyword-only)")
+        assert hc.allreduce(2.0) == 2.0 * hc.size  # still usable after the rejected calls
+        barrier, allreduce = hc.barrier, hc.allreduce
+    for call in (barrier, lambda: allreduce(1.0), hc.barrier, lambda: hc.allreduce(1.0)):
+        try:
+            call()
+        except hybridmpi.FreedError:
+            pass
+        else:
+            raise AssertionError("a call after free() accepted")
+    assert "barrier" not in vars(hc) and "allreduce" not in vars(hc)
+
+
 def case_free_and_reuse(comm, rng, **cfg):
     hc = hc_of(comm, cfg)
     hc.free()
@@ -306,7 +362,7 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
 
 
 CASES = [case_layout, case_values_match_mpi4py, case_python_scalars, case_stress_interleaved,
-         case_barrier_orders_memory, case_bad_input, case_free_and_reuse, case_dropins,
+         case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_free_and_reuse, case_dropins,
          case_timeout_names_absent_rank]
 
 

@@ -36,6 +36,12 @@ def _consistent(r):
     assert abs(r["imbalance_s"] + r["transfer_s"] - r["wait_s"]) < 1e-9, r
 
 
+
+def unwrapped(obj, *names):
+    """No profile wrapper left on ``obj``: its methods are the class's, or the C fast paths
+    that were there before the profile (hybridmpi._timed.Coll of a HybridComm on one node)."""
+    return all(type(vars(obj).get(n)).__name__ in ("NoneType", "Coll") for n in names)
+
 def case_rows_for_every_object_and_op(comm, rng, node_size=None):
     """One row per object and op used, with the exact calls and bytes."""
     with HybridComm(comm, node_size=node_size) as hc:
@@ -172,14 +178,14 @@ def case_nothing_recorded_when_off(comm, rng, node_size=None):
         pat = _ring(hc)
         h = Halo(pat)
         x = np.zeros(pat.size)
-        assert lib.hm_prof[2] == 0 and "update" not in vars(h) and "barrier" not in vars(hc)
+        assert lib.hm_prof[2] == 0 and "update" not in vars(h) and unwrapped(hc, "barrier")
         with hybridmpi.profile(hc) as prof:
             assert lib.hm_prof[2] == 1 and "update" in vars(h)
             h.update(x)
             gone = Halo(pat)
             gone.update(x)
             gone.free()
-        assert lib.hm_prof[2] == 0 and "update" not in vars(h) and "barrier" not in vars(hc)
+        assert lib.hm_prof[2] == 0 and "update" not in vars(h) and unwrapped(hc, "barrier")
         rows = prof.rows()
         for _ in range(5):
             h.update(x)
@@ -221,7 +227,7 @@ def case_misuse_raises_on_every_rank(comm, rng, node_size=None):
                 raise KeyError("inside")
         except KeyError:
             pass
-        assert lib.hm_prof[2] == 0 and "barrier" not in vars(hc)
+        assert lib.hm_prof[2] == 0 and unwrapped(hc, "barrier")
         try:
             failed.rows()
             raise AssertionError("rows() after an exception did not raise")
@@ -268,7 +274,7 @@ def case_one_rank_raises_in_the_block(comm, rng, node_size=None):
             assert got == "own", got
         else:
             assert got in ("RuntimeError", "PeerError"), got
-        assert lib.hm_prof[2] == 0 and "barrier" not in vars(hc)
+        assert lib.hm_prof[2] == 0 and unwrapped(hc, "barrier")
         if not inside_comm_block:
             hc.free()
 

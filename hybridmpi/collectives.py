@@ -137,11 +137,9 @@ class Collectives:
         if stop is None:
             return
         if stop.notice is not None:
-            also = ""
-            if stop.notice in self.node_index:  # a rank of this node gave up waiting on this one
-                also = (f"; this rank, the node's leader, was waiting on the leaders of the other "
-                        f"nodes, which had not all joined: {self._other_leaders()}")
-            raise self._peer_error(what, stop.notice, ERRBIT, also)
+            raise self._peer_error(what, stop.notice, ERRBIT,
+                                   f"; this rank, the node's leader, was waiting on the leaders of "
+                                   f"the other nodes, which had not all joined: {self._other_leaders()}")
         raise self._timeout(
             f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
             f"the leaders of the other nodes did not all join: {self._other_leaders()}",

@@ -549,7 +549,7 @@ class HybridComm(Collectives):
             )
         if rc == lib.HM_EPEER:
             raise self._peer_error(what, None if err.peer < 0 else self.node_ranks[err.peer],
-                                   int(err.seen))
+                                   int(err.seen), self._leader_waits(int(st.epoch)))
         if rc == lib.HM_ETIMEOUT:
             missing = [self.node_ranks[r] for r in range(self.node_size)
                        if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
@@ -578,6 +578,15 @@ class HybridComm(Collectives):
                 msg += f"; ranks that have not entered call {call}: {missing}"
             raise self._timeout(msg, peer, counter, call, missing)
         raise RuntimeError(f"hybridmpi: {what}: C core returned {rc}")
+
+    def _leader_waits(self, call):
+        """What this node's leader waits on, when it waits on the other nodes in collective call
+        ``call`` and this rank is not the leader; else ''."""
+        if self.num_nodes == 1 or self.is_leader or \
+                lib.hm_load(self._segs[0] + LEADER_WAIT, lib.HM_ACQ_REL) != call:
+            return ""
+        return (f"; this node's leader, rank {self.node_ranks[0]}, was waiting since call {call} on "
+                f"the leaders of the other nodes, which had not all joined: {self._other_leaders()}")
 
     def _other_leaders(self):
         """The leaders of the other nodes and their hosts, in words."""

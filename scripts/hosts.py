@@ -394,8 +394,12 @@ class Hosts:
                    "-launcher", "ssh", "-launcher-exec", self.agent]
             full["MPIEXEC_TIMEOUT"] = str(timeout)
             if mpi == "mpich":
-                # ch4:ofi over libfabric's tcp provider, on the hosts' link only
-                full.update(FI_PROVIDER="tcp", FI_TCP_IFACE=IFACE, MPIR_CVAR_CH4_NETMOD="ofi")
+                # ch4:ucx over TCP on the hosts' link.  ch4:ofi (libfabric's tcp provider) runs
+                # too (env MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp), but its MPI_Finalize fails
+                # ("fabricclose failed: Device or resource busy") in a job that keeps the
+                # windows of a broken HybridComm, as the library does after a failed call
+                full.update(MPIR_CVAR_CH4_NETMOD="ucx", UCX_TLS="tcp,self,sm", UCX_NET_DEVICES=IFACE,
+                            UCX_LOG_LEVEL="error", FI_PROVIDER="tcp", FI_TCP_IFACE=IFACE)
                 cmd[1:1] = ["-iface", IFACE]
             else:
                 full.update(I_MPI_FABRICS="shm:ofi", FI_PROVIDER="tcp", FI_TCP_IFACE=IFACE,

@@ -21,11 +21,24 @@ SANITIZED = ("test_core.py", "test_bounds.py", "test_collectives.py", "test_glob
              "test_halo.py", "test_silent.py", "test_onerank.py", "test_profile.py", "test_errors.py")
 
 
+#: HYBRIDMPI_TEST_MAX_RANKS=K skips the runs of more than K ranks (a CI leg that repeats what
+#: another MPI's leg already ran at 8 ranks: oversubscribed four to a core, those take about a
+#: third of a leg's time)
+MAX_RANKS = int(os.environ.get("HYBRIDMPI_TEST_MAX_RANKS") or 0)
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("HYBRIDMPI_SANITIZE") == "1":
         skip = pytest.mark.skip(reason="HYBRIDMPI_SANITIZE: only the files of the C paths run")
         for item in items:
             if item.path.name not in SANITIZED:
+                item.add_marker(skip)
+    if MAX_RANKS:
+        skip = pytest.mark.skip(reason=f"HYBRIDMPI_TEST_MAX_RANKS={MAX_RANKS}")
+        for item in items:
+            spec = getattr(item, "callspec", None)
+            ranks = spec.params.get("ranks") if spec is not None else None
+            if isinstance(ranks, int) and ranks > MAX_RANKS:
                 item.add_marker(skip)
 
 

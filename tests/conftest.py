@@ -43,9 +43,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def mpi_flavor():
-    """'openmpi' or 'mpich', from the launcher's own words."""
+    """'openmpi', 'impi' (Intel MPI: MPICH's launcher and flags, but no cliques) or 'mpich',
+    from the launcher's own words."""
     out = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
-    return "openmpi" if "Open MPI" in out or "OpenRTE" in out else "mpich"
+    if "Open MPI" in out or "OpenRTE" in out:
+        return "openmpi"
+    return "impi" if "Intel(R) MPI" in out else "mpich"
 
 
 def run_mpi(script, n, *args, env=None, timeout=240):

@@ -374,12 +374,12 @@ class HybridComm(Collectives):
                 fn_address = int(ffi.cast("uintptr_t", ffi.addressof(lib, fn)))
                 self.__dict__[name] = c = _Coll(kind, address, fn_address,
                                                 getattr(Collectives, name).__get__(self), fail, OPS)
-                fast.append(c)
+                fast.append((name, c))
         return fast
 
     def _close_fast(self) -> None:
         """Send every later barrier() and allreduce() to the methods (freed or broken)."""
-        for c in self._fast:
+        for _, c in self._fast:
             c.close()
 
     @staticmethod
@@ -422,9 +422,9 @@ class HybridComm(Collectives):
                 free()
         self.arena.free()
         self._close_fast()
-        for c in self._fast:  # the methods again, which raise FreedError (and no cycle is left)
-            if self.__dict__.get(c.__wrapped__.__name__) is c:
-                del self.__dict__[c.__wrapped__.__name__]
+        for name, c in self._fast:  # the methods again, which raise FreedError (no cycle is left)
+            if self.__dict__.get(name) is c:
+                del self.__dict__[name]
         self._fast = []
         self._st = self._live = self._one_node_st = self._rd_st = None
         self._bufs = {}

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._clib import lib
-from ._types import OPS
 from ._types import mpi as _mpi
 from .comm import HybridComm
-
-_op_of = OPS.get  # bound once (see collectives.py)
 
 _KEYVAL: list[int] = []
 _WORLD: list[Any] = []
@@ -21,8 +17,6 @@ _FAST: dict[Any, Any] = {}  # id(communicator) -> (communicator, HybridComm)
 # The communicator of the last call and its HybridComm: one identity test on the hot path
 # (a placeholder communicator until the first call).
 _LAST: list[Any] = [object(), None]
-_barrier_dissemination = lib.hm_barrier_dissemination
-_allreduce_rd_f64 = lib.hm_allreduce_rd_f64
 
 
 def _delete_attr(_comm, _keyval, hc):
@@ -77,12 +71,9 @@ def barrier(comm: Any = None) -> None:
     """
     last = _LAST
     if comm is last[0]:
-        st = last[1]._one_node_st
-        if st is not None:
-            rc = _barrier_dissemination(st)
-            if rc:
-                last[1]._fail(rc, "barrier(dissemination)")
-            return
+        hc = last[1]
+        if hc._st is not None:  # one C call on one node (HybridComm's fast path)
+            return hc.barrier()
     _cached(comm).barrier()
 
 
@@ -100,14 +91,6 @@ def allreduce(x: Any, op: Any = "sum", comm: Any = None) -> Any:
     last = _LAST
     if comm is last[0]:
         hc = last[1]
-        st = hc._rd_st
-        if st is not None and type(x) is float and type(op) is str:
-            opc = _op_of(op)
-            if opc is not None:
-                r = _allreduce_rd_f64(st, x, opc)
-                if r != r and st.err.code:
-                    hc._fail(st.err.code, "allreduce")
-                return r
-        if hc._st is not None:
+        if hc._st is not None:  # a float on one node: one C call (HybridComm's fast path)
             return hc.allreduce(x, op)
     return _cached(comm).allreduce(x, op)

@@ -207,8 +207,9 @@ class FlatRMA(GridExchange):
     def __init__(self, grid, dtype):
         super().__init__(grid, dtype)
         self.plan = []
-        MPI = mpi()
-        mpitype = MPI._typedict[self.dtype.char]
+        from mpi4py.util import dtlib
+
+        mpitype = dtlib.from_numpy_dtype(self.dtype)  # a new datatype, freed below
         self.types = []
         for axis, side, rank in grid.neighbors:
             shape = grid.shape_of(rank)
@@ -220,6 +221,8 @@ class FlatRMA(GridExchange):
             self.types.append(t)
             into = grid.plane(axis, side, True)
             self.plan.append((rank, t, into, np.empty(subs, self.dtype)))
+        if not mpitype.is_predefined:
+            mpitype.Free()
         self.wins = {}
 
     def arrays(self):

@@ -104,8 +104,14 @@ SUITE = [
                                      "case_bad_input,case_free_and_reuse,case_timeout_names_absent_rank"]),
     ("collectives_cases.py", "3x2-1-1", ["--only", "case_layout,case_values_match_mpi4py,case_bad_input,"
                                          "case_timeout_names_absent_rank"]),
-    ("halo_cases.py", "2x2", []),
-    ("globalmem_cases.py", "3x1", []),
+    ("halo_cases.py", "2x2", ["--only", "case_pattern_from_global,case_cross_memory_attach_failure,"
+                              "case_mismatched_vectors,case_neighbor_order,case_one_rank_bad_arguments,"
+                              "case_hot_path_edges,case_methods_identical,case_no_neighbors,"
+                              "case_bad_patterns"]),
+    ("globalmem_cases.py", "3x1", ["--only", "case_local_view,case_put_get_every_path,case_random_put_get,"
+                                   "case_overlapping_nonblocking,case_producer_consumer,"
+                                   "case_sync_images_subsets,case_fetch_add,case_coarray_sections,"
+                                   "case_sync_timeout"]),
 ]
 LAYOUTS = {"2x2": 2, "3x1": [1, 1, 1], "3x2-1-1": [2, 1, 1]}
 

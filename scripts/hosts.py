@@ -396,8 +396,8 @@ class Hosts:
             if mpi == "mpich":
                 # ch4:ucx over TCP on the hosts' link.  ch4:ofi (libfabric's tcp provider) runs
                 # too (env MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp), but its MPI_Finalize fails
-                # ("fabricclose failed: Device or resource busy") in a job that keeps the
-                # windows of a broken HybridComm, as the library does after a failed call
+                # ("fabricclose failed: Device or resource busy") at the end of jobs that used
+                # shared windows across hosts
                 full.update(MPIR_CVAR_CH4_NETMOD="ucx", UCX_TLS="tcp,self,sm", UCX_NET_DEVICES=IFACE,
                             UCX_LOG_LEVEL="error", FI_PROVIDER="tcp", FI_TCP_IFACE=IFACE)
                 cmd[1:1] = ["-iface", IFACE]

@@ -336,7 +336,11 @@ static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t n
     if (t->kind == 0) {
         if (nargs != 0)
             goto slow;
-        int rc = ((barrier_fn)t->fn)(t->st);
+        int rc;
+        hm_coll *st = t->st;  /* close() may clear t->st meanwhile */
+        Py_BEGIN_ALLOW_THREADS  /* other threads run while this one waits, as around cffi calls */
+        rc = ((barrier_fn)t->fn)(st);
+        Py_END_ALLOW_THREADS
         if (rc)
             return coll_failed(t, rc);
         Py_RETURN_NONE;
@@ -354,9 +358,13 @@ static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t n
         }
         op = (int)PyLong_AsLong(code);
     }
-    double r = ((allreduce_fn)t->fn)(t->st, PyFloat_AS_DOUBLE(args[0]), op);
-    if (r != r && t->st->err.code)
-        return coll_failed(t, t->st->err.code);
+    double x = PyFloat_AS_DOUBLE(args[0]), r;
+    hm_coll *st = t->st;  /* close() may clear t->st meanwhile */
+    Py_BEGIN_ALLOW_THREADS
+    r = ((allreduce_fn)t->fn)(st, x, op);
+    Py_END_ALLOW_THREADS
+    if (r != r && st->err.code)
+        return coll_failed(t, st->err.code);
     return PyFloat_FromDouble(r);
 slow:
     return PyObject_Vectorcall(t->fallback, args, nargsf, kwnames);
@@ -685,12 +693,16 @@ static PyObject *hot_vectorcall(PyObject *self, PyObject *const *args, size_t na
     uint64_t e = ++t->state->epoch[t->d];
     t->state->current = t->d;
     int rc;
+    /* other threads run while this one waits (one of them may be what a peer waits on), as
+     * around the cffi calls of the Python path; the array stays alive: arr[slot] holds it */
+    Py_BEGIN_ALLOW_THREADS
     if (t->kind == HOT_UPDATE)
         rc = ((xchg_update_fn)t->fn)(t->a[0], t->a[1], buf, e);
     else if (t->kind == HOT_ZC)
         rc = ((zc_update_fn)t->fn)(t->a[0], t->a[1], t->a[2], t->a[3], t->tagval, buf, e);
     else
         rc = ((xchg_both_fn)t->fn)(t->a[0], t->a[1], buf, e, t->opcode, t->d);
+    Py_END_ALLOW_THREADS
     if (t->plog) {
         if (rc == 0)
             t->pend(t->plog);

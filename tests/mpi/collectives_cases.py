@@ -284,6 +284,31 @@ def case_c_fast_paths(comm, rng, **cfg):
     assert "barrier" not in vars(hc) and "allreduce" not in vars(hc)
 
 
+def case_waits_let_other_threads_run(comm, rng, **cfg):
+    """A rank's other threads run while it waits in barrier() or allreduce(float) (the C fast
+    paths too): rank 0's worker thread sends the message that the last rank needs before it
+    enters the call; a wait that held the interpreter's lock would stop that thread, and the
+    ranks would wait on each other until the timeout."""
+    import threading
+
+    if comm.size < 2 or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        return
+    last = comm.size - 1
+    with hc_of(comm, cfg) as hc:
+        for name, call in (("barrier", hc.barrier), ("allreduce", lambda: hc.allreduce(1.0))):
+            if comm.rank == 0:
+                worker = threading.Thread(target=lambda name=name: (time.sleep(0.2),
+                                                                    comm.send(name, dest=last, tag=7)))
+                worker.start()
+                call()
+                worker.join()
+            else:
+                if comm.rank == last:
+                    assert comm.recv(source=0, tag=7) == name
+                call()
+            hc.barrier()
+
+
 def case_free_and_reuse(comm, rng, **cfg):
     hc = hc_of(comm, cfg)
     hc.free()
@@ -362,7 +387,8 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
 
 
 CASES = [case_layout, case_values_match_mpi4py, case_python_scalars, case_stress_interleaved,
-         case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_free_and_reuse, case_dropins,
+         case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_waits_let_other_threads_run,
+         case_free_and_reuse, case_dropins,
          case_timeout_names_absent_rank]
 
 

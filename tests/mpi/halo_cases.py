@@ -9,6 +9,7 @@ with mpi4py (allgather of global ids and values), bit for bit.
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -515,6 +516,37 @@ def case_hot_path_edges(comm, rng, **cfg):
                     pass
 
 
+def case_waits_let_other_threads_run(comm, rng, **cfg):
+    """A rank's other threads run while it waits in Halo.update (the C hot path too): rank 0's
+    worker thread sends the message that the last rank needs before it calls update."""
+    import threading
+
+    from mpi4py import MPI
+
+    if comm.size < 2 or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        return
+    last = comm.size - 1
+    with hc_of(comm, cfg) as hc:
+        lay = Layout(comm, 41, sorted_ids=True, empty_prob=0.0)
+        pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+        with Halo(pat) as h:
+            x = np.zeros(pat.size)
+            for i in range(4):  # the first calls heat the hot path, the later take it
+                x[:] = rand(rng, np.float64, pat.size)
+                want = ref_forward(comm, lay, x)
+                if comm.rank == 0:
+                    worker = threading.Thread(target=lambda i=i: (time.sleep(0.1),
+                                                                  comm.send(i, dest=last, tag=7)))
+                    worker.start()
+                    h.update(x)
+                    worker.join()
+                else:
+                    if comm.rank == last:
+                        assert comm.recv(source=0, tag=7) == i
+                    h.update(x)
+                assert same(x, want), i
+
+
 def case_methods_identical(comm, rng, **cfg):
     """Every method gives the same bits for reverse add (the order-sensitive op)."""
     with hc_of(comm, cfg) as hc:
@@ -723,7 +755,7 @@ CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_ve
          case_cross_memory_attach, case_cross_memory_attach_failure, case_mismatched_vectors,
          case_neighbor_order, case_one_rank_bad_arguments, case_consecutive_updates, case_hot_path_edges,
          case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
-         case_timeout_names_peer]
+         case_timeout_names_peer, case_waits_let_other_threads_run]
 
 
 if __name__ == "__main__":

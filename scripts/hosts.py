@@ -403,7 +403,7 @@ class Hosts:
                 cmd[1:1] = ["-iface", IFACE]
             else:
                 full.update(I_MPI_FABRICS="shm:ofi", FI_PROVIDER="tcp", FI_TCP_IFACE=IFACE,
-                            I_MPI_HYDRA_IFACE=IFACE, I_MPI_HYDRA_BOOTSTRAP="ssh",
+                            I_MPI_WAIT_MODE="1", I_MPI_HYDRA_IFACE=IFACE, I_MPI_HYDRA_BOOTSTRAP="ssh",
                             I_MPI_HYDRA_BOOTSTRAP_EXEC=self.agent)
         elif mpi in ("openmpi", "debian"):
             if mpi == "debian":

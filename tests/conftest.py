@@ -1,5 +1,6 @@
 """Launch MPI test programs under mpiexec with a timeout on the launcher too."""
 
+import functools
 import os
 import shutil
 import subprocess
@@ -42,8 +43,9 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@functools.lru_cache(maxsize=None)
 def mpi_flavor():
-    """'openmpi', 'impi' (Intel MPI: MPICH's launcher and flags, but no cliques) or 'mpich',
+    """'openmpi', 'impi'' (Intel MPI: MPICH's launcher and flags, but no cliques) or 'mpich',
     from the launcher's own words."""
     out = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
     if "Open MPI" in out or "OpenRTE" in out:
@@ -65,6 +67,8 @@ def run_mpi(script, n, *args, env=None, timeout=240):
     full_env["PYTHONUNBUFFERED"] = "1"
     full_env.update(env or {})
     cmd = [MPIEXEC, "-n", str(n)]
+    if mpi_flavor() == "impi":  # more ranks than cores: its waits yield (25x faster at 8 on 2)
+        full_env.setdefault("I_MPI_WAIT_MODE", "1")
     if mpi_flavor() == "openmpi":
         full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         full_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -93,6 +97,8 @@ def launch(n, argv, *, env=None, cwd=None, timeout=240, abort=True, check=True):
     full_env = dict(os.environ, HYBRIDMPI_TIMEOUT="60", OPENBLAS_NUM_THREADS="1")
     full_env.update(env or {})
     cmd = [MPIEXEC, "-n", str(n)]
+    if mpi_flavor() == "impi":
+        full_env.setdefault("I_MPI_WAIT_MODE", "1")
     if mpi_flavor() == "openmpi":
         full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         cmd += ["--oversubscribe", "--timeout", str(timeout)]

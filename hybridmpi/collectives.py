@@ -53,6 +53,10 @@ _KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: 
                lib.HM_K_BAD: "a collective with invalid arguments"}
 
 
+#: the default of a required argument, so that its absence is agreed as an invalid call
+_NO_ARG: Any = object()
+
+
 class Collectives:
     """barrier, allreduce and Allreduce (a base of HybridComm, which sets up what they use)."""
 
@@ -145,7 +149,7 @@ class Collectives:
             f"the leaders of the other nodes did not all join: {self._other_leaders()}",
             None, "internode", int(st.epoch), [])
 
-    def barrier(self, *, method: str = "dissemination") -> None:
+    def barrier(self, *args: Any, method: str = "dissemination", **kwargs: Any) -> None:
         """Block until every rank of the communicator has called it.
 
         Memory: every write that any rank made to shared memory before the
@@ -161,10 +165,14 @@ class Collectives:
 
         Raises:
             ValueError: unknown method.
+            TypeError: any other argument (on every rank: the call is agreed invalid).
             SyncTimeout: a peer did not arrive within the timeout.
         """
+        if args or kwargs:
+            self._bad_call(TypeError(f"hybridmpi: barrier() takes only the keyword 'method', got "
+                                     f"{len(args)} positional argument(s) and keywords {sorted(kwargs)}"))
         st = self._one_node_st
-        if st is not None and method == "dissemination":
+        if st is not None and type(method) is str and method == "dissemination":
             rc = _barrier_diss(st)
             if rc:
                 self._fail(rc, "barrier(dissemination)")
@@ -279,7 +287,7 @@ class Collectives:
             off = start * itemsize
             self._reduce(sbuf + off, rbuf + off, k, dt, opc, n)
 
-    def allreduce(self, x: Any, op: Any = "sum") -> Any:
+    def allreduce(self, x: Any = _NO_ARG, op: Any = "sum", *args: Any, **kwargs: Any) -> Any:
         """Combine ``x`` over all ranks and return the result on every rank.
 
         The combination order is fixed (a tree over each node, then MPI
@@ -299,7 +307,14 @@ class Collectives:
             ValueError: unknown op; ranks of a node passed different sizes,
                 dtypes or ops.
             SyncTimeout: a peer did not arrive within the timeout.
+
+        Any other argument (none, more than two, another keyword) raises TypeError on every
+        rank: the call is agreed invalid.
         """
+        if x is _NO_ARG or args or kwargs:
+            self._bad_call(TypeError(f"hybridmpi: allreduce(x, op='sum') got {len(args)} more "
+                                     f"argument(s), keywords {sorted(kwargs)}"
+                                     + (" and no x" if x is _NO_ARG else "")))
         st = self._rd_st
         if st is not None and type(x) is float and type(op) is str:
             opc = _op_of(op)
@@ -367,7 +382,8 @@ class Collectives:
             raise TypeError(f"hybridmpi: {what}: min and max are not defined for complex")
         return dt
 
-    def Allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Any = "sum") -> None:
+    def Allreduce(self, sendbuf: np.ndarray = _NO_ARG, recvbuf: np.ndarray = _NO_ARG, op: Any = "sum",
+                  *args: Any, **kwargs: Any) -> None:
         """Combine numpy buffers over all ranks into ``recvbuf`` (in place).
 
         Args:
@@ -383,6 +399,10 @@ class Collectives:
                 mismatch, unknown op, ranks that disagree.
             SyncTimeout: a peer did not arrive within the timeout.
         """
+        if sendbuf is _NO_ARG or recvbuf is _NO_ARG or args or kwargs:
+            self._bad_call(TypeError(f"hybridmpi: Allreduce(sendbuf, recvbuf, op='sum') got "
+                                     f"{len(args)} more argument(s), keywords {sorted(kwargs)}"
+                                     + (" and not both buffers" if recvbuf is _NO_ARG else "")))
         st = self._live
         if st is None:
             raise self._unusable()

@@ -369,7 +369,7 @@ class HybridComm(Collectives):
         for kind, name, on, fn, what in ((0, "barrier", self._one_node, "hm_barrier_dissemination",
                                           "barrier(dissemination)"),
                                          (1, "allreduce", self._rd, "hm_allreduce_rd_f64", "allreduce")):
-            if on:
+            if on and getattr(type(self), name) is getattr(Collectives, name):  # not overridden
                 fail = functools.partial(_failed_call, self, what)
                 fn_address = int(ffi.cast("uintptr_t", ffi.addressof(lib, fn)))
                 self.__dict__[name] = c = _Coll(kind, address, fn_address,
@@ -411,8 +411,9 @@ class HybridComm(Collectives):
 
             stop_env(self)
         elif self._profile is not None:
-            self._profile._stop()
-            self._profile._state = "failed"
+            profile = self._profile  # _stop() forgets it
+            profile._stop()
+            profile._state = "failed"
         for child in list(self._children.values()):
             child.free()
         services, self._services = self._services, {}

@@ -309,6 +309,48 @@ def case_waits_let_other_threads_run(comm, rng, **cfg):
             hc.barrier()
 
 
+def case_one_rank_bad_forms(comm, rng, **cfg):
+    """The last rank calls a collective with arguments Python itself rejects or a method that
+    cannot be compared, while the others call it right: every rank raises within seconds (the
+    bad rank TypeError or ValueError, the others PeerArgumentError or PeerError), none waits
+    for the timeout; with every rank bad, every rank raises the same and the comm stays
+    usable."""
+    bad_forms = {
+        "barrier('tree')": lambda hc: hc.barrier("tree"),
+        "barrier(bogus=1)": lambda hc: hc.barrier(bogus=1),
+        "barrier(method=array)": lambda hc: hc.barrier(method=np.array([1, 2])),
+        "allreduce()": lambda hc: hc.allreduce(),
+        "allreduce(1.5, 'sum', 3)": lambda hc: hc.allreduce(1.5, "sum", 3),
+        "allreduce(1.5, bogus=1)": lambda hc: hc.allreduce(1.5, bogus=1),
+        "Allreduce(ones)": lambda hc: hc.Allreduce(np.ones(2)),
+    }
+    good = {"b": lambda hc: hc.barrier(), "a": lambda hc: hc.allreduce(1.5),
+            "A": lambda hc: hc.Allreduce(np.ones(2), np.empty(2))}
+    for name, bad in bad_forms.items():
+        fine = good[name[0]]
+        with hc_of(comm, cfg) as hc:
+            t0 = time.perf_counter()
+            mine = bad if comm.rank == comm.size - 1 else fine
+            try:
+                mine(hc)
+                got = "returned"
+            except (TypeError, ValueError, hybridmpi.PeerError) as e:
+                got = type(e).__name__
+            took = time.perf_counter() - t0
+            verdicts = comm.allgather((got, took))
+            assert all(g != "returned" for g, _ in verdicts), (name, verdicts)
+            assert max(t for _, t in verdicts) < 10, (name, verdicts)
+        with hc_of(comm, cfg) as hc:  # every rank bad: the same error everywhere, still usable
+            try:
+                bad(hc)
+                got = "returned"
+            except (TypeError, ValueError) as e:
+                got = type(e).__name__
+            assert len(set(comm.allgather(got))) == 1 and got != "returned", (name, got)
+            hc.barrier()
+            assert hc.allreduce(1.0) == comm.size
+
+
 def case_free_and_reuse(comm, rng, **cfg):
     hc = hc_of(comm, cfg)
     hc.free()
@@ -388,8 +430,7 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
 
 CASES = [case_layout, case_values_match_mpi4py, case_python_scalars, case_stress_interleaved,
          case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_waits_let_other_threads_run,
-         case_free_and_reuse, case_dropins,
-         case_timeout_names_absent_rank]
+         case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank]
 
 
 if __name__ == "__main__":

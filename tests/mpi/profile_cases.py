@@ -305,7 +305,32 @@ def case_print_and_json(comm, rng, node_size=None, json_path=""):
             assert buf.getvalue() == ""
 
 
+def case_free_inside_the_block(comm, rng, node_size=None):
+    """free() of the profiled HybridComm inside the profile's block frees it (a `with hc`
+    nested in `with profile(hc)` too); every later call, through a reference kept from
+    before too, raises FreedError on every rank."""
+    for nested in (False, True):
+        hc = HybridComm(comm, node_size=node_size)
+        kept = hc.barrier
+        with hybridmpi.profile(hc):
+            hc.barrier()
+            if nested:
+                with hc:
+                    hc.allreduce(1.0)
+            else:
+                hc.free()
+            assert hc.closed
+        for call in (kept, hc.barrier, lambda: hc.allreduce(1.0)):
+            try:
+                call()
+            except FreedError:
+                pass
+            else:
+                raise AssertionError("a call after free() inside a profile accepted")
+        assert lib.hm_prof[2] == 0
+
+
 if __name__ == "__main__":
     main([case_rows_for_every_object_and_op, case_imbalance_charged_to_the_late_rank,
           case_sync_images_pairs, case_nothing_recorded_when_off, case_misuse_raises_on_every_rank,
-          case_one_rank_raises_in_the_block, case_print_and_json])
+          case_one_rank_raises_in_the_block, case_print_and_json, case_free_inside_the_block])

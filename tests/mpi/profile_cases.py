@@ -320,7 +320,7 @@ def case_free_inside_the_block(comm, rng, node_size=None):
             else:
                 hc.free()
             assert hc.closed
-        for call in (kept, hc.barrier, lambda: hc.allreduce(1.0)):
+        for call in (kept, hc.barrier, lambda hc=hc: hc.allreduce(1.0)):
             try:
                 call()
             except FreedError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 #: the extra of pyproject.toml that installs each optional module
 EXTRA = {"meshio": "mesh", "pymetis": "mesh", "gmsh": "mesh", "scipy": "fem", "matplotlib": "plot"}
@@ -35,3 +36,24 @@ def need(module: str, what: str) -> ModuleType:
         extra = EXTRA[top]
         raise MissingExtra(f"hybridmpi: {what} needs {top}, which cannot be imported ({e}); "
                            f"install it with: pip install 'hybridmpi[{extra}]'", name=top) from None
+
+
+def need_everywhere(comm: Any, module: str, what: str) -> ModuleType:
+    """:func:`need` on every rank of ``comm`` (collective): raises MissingExtra on every rank
+    when any rank lacks the module, naming those ranks, instead of leaving the others waiting in
+    the next collective call; returns the module."""
+    found: ModuleType | None = None
+    problem = None
+    try:
+        found = need(module, what)
+    except MissingExtra as e:
+        problem = str(e)
+    problems = comm.allgather(problem)
+    missing = [r for r, p in enumerate(problems) if p is not None]
+    if missing:
+        first = problems[missing[0]]
+        raise MissingExtra(f"{first} (rank{'s' if len(missing) > 1 else ''} "
+                           f"{', '.join(map(str, missing))} of {len(problems)})",
+                           name=module.partition(".")[0])
+    assert found is not None
+    return found

@@ -310,6 +310,11 @@ def main(argv=None):
         if launched()[1] > 1:
             from mpi4py import MPI  # noqa: F401 -- starts MPI before anything can fail
         args = parser().parse_args(argv)
+        if level is not None and getattr(args, "thread_level", level) != level:
+            # an abbreviation or a repeated option: MPI already started at another level
+            raise _BadArguments(f"hybridmpi {args.command}: error: give --thread-level once and in "
+                                f"full (MPI started at {level!r}, the arguments ask for "
+                                f"{args.thread_level!r})\n")
         command = " ".join(filter(None, (args.command, getattr(args, "kind", None))))
         for module in _NEEDS.get(command, ()):
             need(module, f"'hybridmpi {command}'")

@@ -108,6 +108,10 @@ def test_bench_thread_level(level, tmp_path):
     assert json.loads(path.read_text())["thread_level"] == level
     bad = cli("bench", "barrier", "--thread-level", "many")
     assert bad.returncode == 2 and "invalid choice: 'many'" in bad.stderr, bad.stderr
+    for words in (["--thread", level], [f"--thread-l={level}"], ["--thread-level", "single",
+                                                                  "--thread-level", "multiple"]):
+        bad = cli("bench", "barrier", *TINY["barrier"], *words, "--json", "")
+        assert bad.returncode == 2 and "give --thread-level once and in full" in bad.stderr, (words, bad)
 
 
 @pytest.mark.parametrize("layout", [["--node-size", "1"], ["--node-size", "2"]])
@@ -403,27 +407,45 @@ def test_an_extra_missing_on_one_rank_ends_the_job(tmp_path):
 
 
 LIBRARY_CALL = """\
+import sys
 import hybridmpi
 from mpi4py import MPI
-from hybridmpi.mesh import distribute_cube
+from hybridmpi.mesh import distribute_cube, distribute_file
 
 with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc:
     try:
-        distribute_cube(hc, 0.3)
+        if sys.argv[1] == "cube":
+            distribute_cube(hc, 0.3)
+        elif sys.argv[1] == "file":
+            distribute_file(hc, sys.argv[2])
+        else:
+            from hybridmpi.fem import Poisson
+            _, lm = distribute_cube(hc, 0.3)
+            Poisson(hc, lm, lambda p: p[:, 0], lambda p: p[:, 0])
         verdict = "no error"
     except hybridmpi.MissingExtra as e:
         verdict = "MissingExtra: " + str(e)
-    verdicts = hc.comm.allgather(verdict)
-    assert len(set(verdicts)) == 1 and "hybridmpi[mesh]" in verdicts[0], verdicts
+    except Exception as e:
+        verdict = type(e).__name__ + ": " + str(e)
+    verdicts = hc.comm.allgather(verdict.split(" (rank")[0])
+    assert len(set(verdicts)) == 1, verdicts
     if hc.rank == 0:
-        print(f"{len(verdicts)} ranks agreed:", verdicts[0])
+        print(f"{len(verdicts)} ranks agreed:", verdict)
 """
 
 
-def test_a_library_call_raises_missing_extra_on_every_rank(tmp_path):
-    """distribute_cube meshes on rank 0 only: every rank raises the same MissingExtra (before,
-    a failure on rank 0 left the others waiting in the scatter)."""
+@pytest.mark.parametrize("call, absent, on_rank, words", [
+    ("cube", "gmsh", None, "generating the cube mesh needs gmsh"),
+    ("file", "meshio", None, "reading a mesh file needs meshio"),
+    ("fem", "scipy", 1, "the FEM assembly needs scipy"),
+])
+def test_a_library_call_raises_missing_extra_on_every_rank(call, absent, on_rank, words, tmp_path):
+    """distribute_cube and distribute_file read and mesh on rank 0 only, Poisson assembles on
+    every rank: every rank raises the same MissingExtra (before, a failure on one rank left the
+    others waiting in the next collective), also when one rank alone lacks the module."""
     (tmp_path / "prog.py").write_text(LIBRARY_CALL)
-    env = dict(without(tmp_path, "gmsh"), HYBRIDMPI_CACHE=str(tmp_path / "cache"))  # no cached mesh
-    out = launch(3, [str(tmp_path / "prog.py")], env=env, cwd=tmp_path)
-    assert "3 ranks agreed: MissingExtra: hybridmpi: generating the cube mesh needs gmsh" in out, out
+    env = without(tmp_path, absent) if on_rank is None else broken(tmp_path, absent, on_rank)
+    env = dict(env, HYBRIDMPI_CACHE=str(tmp_path / "cache"))  # no cached mesh
+    mesh = os.path.join(ROOT, "meshes", "cube-h0.1.vtu")
+    out = launch(3, [str(tmp_path / "prog.py"), call, mesh], env=env, cwd=tmp_path)
+    assert f"3 ranks agreed: MissingExtra: hybridmpi: {words}" in out, out

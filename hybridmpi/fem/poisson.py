@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._extras import need
+from .._extras import need_everywhere
 from ..halo import Halo
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class Poisson:
     def __init__(self, hc: HybridComm, lm: LocalMesh, f: Callable[[np.ndarray], np.ndarray],
                  g: Callable[[np.ndarray], np.ndarray], *, boundary: np.ndarray | None = None,
                  method: str = "atomic") -> None:
-        sp = need("scipy.sparse", "the FEM assembly")
+        sp = need_everywhere(hc.comm, "scipy.sparse", "the FEM assembly")
         self.hc, self.lm = hc, lm
         n, size = lm.n_owned, lm.size
         vol, grads = _cell_geometry(lm.points, lm.cells)

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 import numpy as np
 
+from .._extras import MissingExtra
 from ..pattern import GhostPattern
 from .partition import _tets, ghost_pairs
 
@@ -134,6 +135,7 @@ def distribute_file(hc: HybridComm, path: str) -> tuple[Any, LocalMesh]:
 
     Raises:
         FileNotFoundError: no such file (every rank).
+        MissingExtra: meshio or pymetis is not installed on rank 0 (every rank).
         ValueError: the file cannot be read, has no tetrahedra, or has fewer points than
             ranks (every rank).
     """
@@ -150,12 +152,14 @@ def distribute_file(hc: HybridComm, path: str) -> tuple[Any, LocalMesh]:
             two_level = hc.num_nodes > 1 and hc.size % hc.node_size == 0
             part = partition(m, hc.size, node_size=hc.node_size if two_level else None)
         except Exception as e:  # every rank raises, none waits in the scatter
-            problem = (type(e) is FileNotFoundError, f"{e}")
+            problem = (type(e).__name__, f"{e}")
     problem = hc.comm.bcast(problem, root=0)
     if problem:
-        missing, msg = problem
-        if missing:
+        kind, msg = problem
+        if kind == "FileNotFoundError":
             raise FileNotFoundError(msg)
+        if kind == "MissingExtra":
+            raise MissingExtra(msg, name="meshio")
         raise ValueError(f"hybridmpi.mesh: cannot use mesh file {path}: {msg}")
     return m, distribute(hc, m, part)
 

@@ -503,7 +503,7 @@ class HybridComm(Collectives):
         return self._st is None
 
     def _unusable(self):
-        if self._broken is not None:
+        if self._broken is not None and self._st is not None:  # broken, not yet freed
             return RuntimeError(f"hybridmpi: rank {self.rank}: this HybridComm is unusable after "
                                 f"an earlier error ({self._broken}); free it")
         return FreedError(f"hybridmpi: rank {self.rank}: HybridComm used after free()")

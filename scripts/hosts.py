@@ -390,7 +390,13 @@ class Hosts:
                 full[k] = os.environ[k]
         if mpi in ("mpich", "impi"):
             hostlist = ",".join(f"{h}:{c}" for h, c in zip(names, counts))
-            cmd = [os.path.join(venv, "bin", "mpiexec"), "-hosts", hostlist, "-n", str(n),
+            where = ["-hosts", hostlist]
+            if mpi == "impi":  # Intel MPI's -hosts ignores ":count" (it fills each host's cores)
+                machines = os.path.join(STATE, f"machines-{'-'.join(map(str, counts))}")
+                with open(machines, "w") as f:
+                    f.write("".join(f"{h}:{c}\n" for h, c in zip(names, counts)))
+                where = ["-machinefile", machines]
+            cmd = [os.path.join(venv, "bin", "mpiexec"), *where, "-n", str(n),
                    "-launcher", "ssh", "-launcher-exec", self.agent]
             full["MPIEXEC_TIMEOUT"] = str(timeout)
             if mpi == "mpich":

@@ -43,6 +43,11 @@ class PSCW(ShmTransport):
         except Fault as f:
             if f.kind == "mismatch":   # every peer is in this call: its epochs end as usual
                 self._close(post, start)
+            elif f.kind in ("notice", "peer") and start is not None:
+                # a peer broke the comm: end this rank's access epoch, so that a target still
+                # in its MPI_Win_wait (a peer that saw nothing wrong) returns; waiting on the
+                # origins here could last forever (the one that failed may never complete)
+                self.shm.win.Complete()
             raise
         self._close(post, start)
 

@@ -568,8 +568,7 @@ class HybridComm(Collectives):
                 counter = "arrive" if err.counter == lib.HM_CNT_ARRIVE else "release"
                 waited = (f"rank {peer} did not {counter} at call {call} "
                           f"(its counter says: {_describe(int(err.seen))})")
-            if self.num_nodes > 1 and not self.is_leader and \
-                    lib.hm_load(self._segs[0] + LEADER_WAIT, lib.HM_ACQ_REL) == call:
+            if self._leader_waits_on_nodes(call):
                 # the node waits on its leader, and the leader on the other nodes: name those
                 waited = (f"this node's leader, rank {self.node_ranks[0]}, waits since call {call} on "
                           f"the leaders of the other nodes, which did not all join: "
@@ -580,11 +579,16 @@ class HybridComm(Collectives):
             raise self._timeout(msg, peer, counter, call, missing)
         raise RuntimeError(f"hybridmpi: {what}: C core returned {rc}")
 
+    def _leader_waits_on_nodes(self, call):
+        """Whether this rank is not its node's leader and the leader waits on the other nodes in
+        collective call ``call`` (the word it publishes before that wait)."""
+        return self.num_nodes > 1 and not self.is_leader and \
+            lib.hm_load(self._segs[0] + LEADER_WAIT, lib.HM_ACQ_REL) == call
+
     def _leader_waits(self, call):
         """What this node's leader waits on, when it waits on the other nodes in collective call
         ``call`` and this rank is not the leader; else ''."""
-        if self.num_nodes == 1 or self.is_leader or \
-                lib.hm_load(self._segs[0] + LEADER_WAIT, lib.HM_ACQ_REL) != call:
+        if not self._leader_waits_on_nodes(call):
             return ""
         return (f"; this node's leader, rank {self.node_ranks[0]}, was waiting since call {call} on "
                 f"the leaders of the other nodes, which had not all joined: {self._other_leaders()}")

@@ -10,7 +10,6 @@ committed file at 2 ranks).
 """
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -74,8 +73,7 @@ def end_other_array():
 
 
 def tiny_mesh():
-    return mesh.load(os.path.join(os.path.dirname(hybridmpi.mesh.generate.__file__), "..", "..",
-                                  "meshes", "cube-h0.1.vtu"))
+    return mesh.load(hybridmpi.mesh.generate.SHIPPED / "cube-h0.1.vtu")
 
 
 M = tiny_mesh()

@@ -12,9 +12,9 @@ import os
 import time
 from typing import Any, NamedTuple
 
+from ._marks import mark as prof_mark
+from ._marks import mark_end as prof_mark_end
 from ._types import mpi
-from .profile import mark as prof_mark
-from .profile import mark_end as prof_mark_end
 
 
 class Stopped(NamedTuple):
@@ -26,12 +26,13 @@ class Stopped(NamedTuple):
     late: list[int]
 
 
-def wait_requests(hc: Any, reqs: list[Any], timeout: float | None, *, notices: bool = True,
+def wait_requests(ctx: Any, reqs: list[Any], timeout: float | None, *, notices: bool = True,
                   statuses: list[Any] | None = None) -> Stopped | None:
     """Complete ``reqs`` (their statuses into ``statuses``, when given).
 
     Args:
-        hc: the HybridComm (its spin count, its failure notices).
+        ctx: the HybridComm's :class:`~hybridmpi._context.Context` (its spin count, its
+            failure notices).
         reqs: MPI requests.
         timeout: seconds, or None for no deadline.
         notices: poll for failure notices (requests that a peer must match).
@@ -44,11 +45,11 @@ def wait_requests(hc: Any, reqs: list[Any], timeout: float | None, *, notices: b
         return None
     prof_mark()
     deadline = None if timeout is None else time.monotonic() + timeout
-    polls, spin = 0, hc._st.policy.spin
+    polls, spin = 0, ctx.spin
     while not MPI.Request.Testall(reqs, statuses):
         polls += 1
         if notices and polls % 64 == 0:
-            peer = hc._failure_notice()
+            peer = ctx.notices.poll()
             if peer is not None:
                 return Stopped(peer, [])
         if deadline is not None and time.monotonic() > deadline:

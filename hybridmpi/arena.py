@@ -98,7 +98,7 @@ class Block:
     @property
     def local(self):
         """Address of this rank's part."""
-        return self.chunk.base[self.arena.hc.node_rank] + self.offsets[self.rank]
+        return self.chunk.base[self.arena.ctx.node_rank] + self.offsets[self.rank]
 
     @property
     def rma(self):
@@ -108,7 +108,7 @@ class Block:
     def free(self):
         """Give the block back (collective, in the same order on every rank)."""
         if self.chunk is not None:
-            self.arena._release(self)
+            self.arena.release(self)
             self.chunk = None
 
 
@@ -140,7 +140,7 @@ def allocate_shared(hc, nbytes):
 
 class _Chunk:
     def __init__(self, arena, nbytes):
-        hc = arena.hc
+        hc = arena.ctx
         MPI = mpi()
         win, self.base, _ = create_agreed(
             hc, lambda: allocate_shared(hc, nbytes), failed=f"MPI_Win_allocate_shared of {nbytes} bytes",
@@ -211,8 +211,8 @@ class _Chunk:
 class Arena:
     """Shared memory of one HybridComm, in chunks (see the module docstring)."""
 
-    def __init__(self, hc):
-        self.hc = hc
+    def __init__(self, ctx):
+        self.ctx = ctx   # the HybridComm's Context
         self.chunks = []
 
     @property
@@ -238,7 +238,7 @@ class Arena:
             MemoryError: on every rank, when a new chunk would not fit in
                 /dev/shm (or ``HYBRIDMPI_SHM_LIMIT``) or MPI cannot allocate it.
         """
-        hc = self.hc
+        hc = self.ctx
         problem = None
         nb = as_int(nbytes)
         if nb is None:
@@ -269,7 +269,7 @@ class Arena:
         return Block(self, chunk, offsets, sizes, hc.rank)
 
     def _new_chunk(self, nb, what, hint):
-        node = check_room(self.hc, nb, what, hint)
+        node = check_room(self.ctx, nb, what, hint)
         room, _ = shm_room()
         size = max(nb, CHUNK_BYTES)
         # A full chunk when it fits, else just what was asked for.
@@ -277,9 +277,10 @@ class Arena:
             size = nb
         return _Chunk(self, size)
 
-    def _release(self, block):
+    def release(self, block):
+        """Give ``block`` back (:meth:`Block.free`); a chunk whose last block goes is freed."""
         chunk = block.chunk
-        chunk.give(block.offsets[self.hc.rank], block.nbytes)
+        chunk.give(block.offsets[self.ctx.rank], block.nbytes)
         chunk.live -= 1
         if chunk.live == 0:
             self.chunks.remove(chunk)

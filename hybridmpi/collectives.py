@@ -137,7 +137,7 @@ class Collectives:
         join) ends the wait with PeerError."""
         st = self._st
         _store(self._segs[0] + LEADER_WAIT, st.epoch, _ACQ_REL)  # for a timed-out rank of the node
-        stop = wait_requests(self, [req], self.timeout)
+        stop = wait_requests(self.context, [req], self.timeout)
         if stop is None:
             return
         if stop.notice is not None:

@@ -18,6 +18,8 @@ import numpy as np
 
 from ._agree import agree
 from ._clib import ERRBIT, MISBIT, ffi, lib
+from ._context import Context
+from ._notice import Notices, new_nonce
 from ._types import OPS, as_int
 from ._types import mpi as _mpi
 from .arena import Arena, allocate_shared
@@ -255,7 +257,7 @@ class HybridComm(Collectives):
         agreed = None if env is None else {k: v for k, v in env.items() if k not in ("spin", "warn_after")}
         # rank 0's random number names this HybridComm in failure notices: a notice left over
         # from a freed one (MPI may reuse its context) is told apart and dropped
-        nonce = int.from_bytes(os.urandom(7), "little")
+        nonce = new_nonce()
         views = agree(comm, problem, "HybridComm()",
                       data=(node_size, radix, allreduce, agreed, nonce))
         if len({v[0:2] for v in views}) != 1:
@@ -347,10 +349,12 @@ class HybridComm(Collectives):
         self._env_profile = None
         self._serial = next(_SERIALS)
         self._tags = np.zeros(TAG_SLOTS // 64 + 1, dtype=np.uint64)  # bit i: identifier i taken
-        self._notices: list[np.ndarray] = []  # the failure notice this rank sent (_break)
-        self._notice_from = None  # the first rank whose failure notice came
-        self.arena = Arena(self)  # shared memory of Halos and global memory
+        self._notices = Notices(self.comm, self._nonce, MPI)  # this rank's and the peers' (_break)
         self._services: dict[str, Any] = {}  # other layers' state per comm (_service)
+        #: what the transports, the waits and the arena see of this comm
+        self.context = Context(self, MPI, st, self._notices, service=self._service,
+                               free_comm=self._free_comm, broken=lambda: self._broken)
+        self.arena = self.context.arena = Arena(self.context)  # shared memory of Halos, global memory
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
         if env["profile"]:
@@ -632,13 +636,7 @@ class HybridComm(Collectives):
         # across nodes a notice passed on is needed too: a rank on another node may wait on this
         # one alone, and the peer whose error this rank passes on may not be its neighbour
         if (notify or self.num_nodes > 1) and self.size > 1:
-            from .transport._base import ERROR_TAG
-
-            note = np.array([self._nonce], dtype=np.int64)
-            self._notices.append(note)  # kept alive until the HybridComm is freed
-            for r in range(self.size):
-                if r != self.rank:
-                    self.comm.Isend(note, r, ERROR_TAG).Free()
+            self._notices.send()
 
 
 
@@ -652,20 +650,6 @@ class HybridComm(Collectives):
 
 
 
-    def _failure_notice(self):
-        """The rank whose failure notice (``_break``) this rank received, else None."""
-        from .transport._base import ERROR_TAG
-
-        if self._notice_from is None:
-            MPI = self._MPI
-            status = MPI.Status()
-            while self.comm.Iprobe(MPI.ANY_SOURCE, ERROR_TAG, status):
-                note = np.empty(1, dtype=np.int64)
-                self.comm.Recv(note, status.Get_source(), ERROR_TAG)
-                if int(note[0]) == self._nonce:  # else left over from a freed HybridComm
-                    self._notice_from = status.Get_source()
-                    break
-        return self._notice_from
 
     # ------------------------------------------------------------ barrier
 

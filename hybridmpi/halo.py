@@ -19,8 +19,10 @@ from .comm import TAG_SLOTS
 from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout
 from .pattern import GhostPattern
 from .transport import METHODS
-from .transport._base import FWD, REV, Exchange, Fault
-from .transport.atomic import cma_pids
+from .transport._base import FWD, REV, Exchange, Fault, Paths
+from .transport.atomic import CMA_BYTES, CMA_MIN_RUN, ZERO_COPY_BYTES
+
+__all__ = ["CMA_BYTES", "CMA_MIN_RUN", "ZERO_COPY_BYTES", "Halo"]
 
 _REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _WHAT = {FWD: "update", REV: "reverse"}
@@ -31,12 +33,6 @@ _FN = {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 # Two MPI tags per Halo (one per direction), from an identifier no other live Halo on the
 # HybridComm holds, so Halos never match each other's messages.
 _TAG_BASE = 100
-#: channel size (bytes) from which shared vectors are updated without staging buffers
-ZERO_COPY_BYTES = 6 * 1024
-#: channel size (bytes) from which blocking updates of private arrays read the owner's array
-#: with process_vm_readv (cross-memory attach), when the runs average CMA_MIN_RUN points
-CMA_BYTES = 8 * 1024
-CMA_MIN_RUN = 64
 
 
 def _setting(hc, key, default):
@@ -141,41 +137,31 @@ class Halo(Freed):
         self._state = _State()
         self._vectors: list[Any] = []   # (array, arena block, ZeroCopy or None) of vector()
         self.zero_copy = False  # whether vector()s are updated without staging buffers
-        self._theirs = None  # per direction: each node peer's ids of its channel to this rank
         plans = []
         for d in (FWD, REV):
             sends, recvs = (pattern.send, pattern.recv) if d == FWD else (pattern.recv, pattern.send)
             plans.append((list(sends.items()), list(recvs.items())))
         #: what the transport is given (frozen): plans, sizes, tag, wait policy, communicators
-        self.exchange = Exchange(hc=hc, MPI=mpi(), plans=tuple(plans), esz=self.esz,
+        paths = Paths(biggest=biggest, zero_copy_bytes=_setting(hc, "zero_copy_bytes", ZERO_COPY_BYTES),
+                      cma_bytes=_setting(hc, "cma_bytes", CMA_BYTES), cma=hc.env["cma"])
+        ctx = hc.context
+        self.exchange = Exchange(ctx=ctx, MPI=mpi(), plans=tuple(plans), esz=self.esz,
                                  dtype=self.dtype_code, tag=self.tag, timeout=self.timeout,
-                                 policy=hc._st.policy, neighbors=tuple(pattern.neighbors),
-                                 graph=pattern._graph_comm, graph_release=pattern._graph_release)
+                                 policy=ctx.policy, neighbors=tuple(pattern.neighbors),
+                                 graph=pattern._graph_comm, graph_release=pattern._graph_release,
+                                 paths=paths)
         try:
             self._transport = self._make_transport(method)
         except BaseException:
             hc._release_id(ident)   # agreed failure (every rank raises): the id is free again
             raise
-        self._biggest = biggest  # the largest channel inside a node, over all ranks (bytes)
-        # Blocking forward updates of private arrays by cross-memory attach: large channels
-        # of long runs, on a node where process_vm_readv works (the same choice everywhere;
-        # every rank enters the probe, also one alone on its node).
-        self._cma = None
-        threshold = _setting(hc, "cma_bytes", CMA_BYTES)
-        if self.method == "atomic" and biggest >= threshold:
-            pids = cma_pids(hc)
-            on = hc.env["cma"]
-            if pids:
-                runs = on and self._transport.long_runs(self._node_ids(), CMA_MIN_RUN)
-                if hc.comm.allreduce(int(runs), op=mpi().MIN):
-                    self._cma = self._transport.cross_memory(self._theirs, pids)
-        # The hot path: a blocking update or reverse of the array of the last such call,
-        # method atomic, every peer on this node: one identity test and three cheap checks,
-        # then one C call (_fast: the packed exchanges of each direction, or None).
-        self._fast: list[Any] = [None, None]
+        # blocking forward updates of private arrays by the method's own path, if it has one
+        self._cma = self._transport.cross_memory
+        # The hot path: a blocking update or reverse of the array of the last such call, where
+        # the method packs a whole call into one C call (atomic, every peer on this node): one
+        # identity test and three cheap checks, then that C call (_fast: per direction, or None).
+        self._fast: list[Any] = [self._transport.packed(FWD), self._transport.packed(REV)]
         self._hot_sig: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
-        if self.method == "atomic":
-            self._fast = [self._transport.packed(FWD), self._transport.packed(REV)]
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
         hc._adopt(self)
@@ -191,19 +177,6 @@ class Halo(Freed):
                 warnings.warn(f"{e}; using method 'flat'", RuntimeWarning, stacklevel=3)
                 self.method = "flat"
         return METHODS[self.method](self.exchange)
-
-    def _node_ids(self):
-        """Per direction: each node peer's ids of its channel to this rank (collective on the
-        node the first time)."""
-        if self._theirs is None:
-            hc = self.hc
-            self._theirs = []
-            for d in (FWD, REV):
-                sends = dict(self.exchange.plans[d][0])
-                got = hc.node_comm.alltoall([sends.get(r) for r in hc.node_ranks])
-                self._theirs.append({hc.node_ranks[i]: ids for i, ids in enumerate(got)
-                                     if ids is not None})
-        return self._theirs
 
     def vector(self) -> np.ndarray:
         """A zeroed vector of this Halo's shape and dtype in shared memory (collective: every
@@ -238,15 +211,11 @@ class Halo(Freed):
             arr[...] = 0
         else:
             arr = np.zeros(shape, dtype=self.dtype)
-        zc = None
-        # Zero copy needs one more hop (the owner waits until its readers copied): it pays
-        # off once the largest channel inside a node has ZERO_COPY_BYTES (same choice on
-        # every rank, so every rank takes the same path).
-        threshold = _setting(hc, "zero_copy_bytes", ZERO_COPY_BYTES)
-        if self.method == "atomic" and self._biggest >= threshold:
-            bases = [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)]
-            zc = self._transport.zero_copy(len(self._vectors), bases, self._node_ids())
-            self.zero_copy = True
+        # the method's own path for shared vectors (atomic: zero copy, from ZERO_COPY_BYTES;
+        # the same choice on every rank), or None
+        zc = self._transport.shared_vector(
+            len(self._vectors), [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)])
+        self.zero_copy = self.zero_copy or zc is not None
         hc.node_comm.Barrier()  # every vector zeroed before a peer reads it
         self._vectors.append((arr, block, zc))
         return arr

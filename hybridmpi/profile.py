@@ -25,7 +25,6 @@ from __future__ import annotations
 import collections
 import json
 import sys
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -33,14 +32,14 @@ import numpy as np
 
 from ._agree import agree
 from ._clib import ffi, lib
+from ._marks import CLK as _CLK
+from ._marks import now as _now
 from ._types import mpi
 from .errors import FreedError
 
 if TYPE_CHECKING:
     from .comm import HybridComm
 
-_CLK = lib.hm_prof
-_now = time.monotonic_ns   # CLOCK_MONOTONIC, the C core's clock
 #: calls per object and operation whose wait is split (later ones are timed, not split)
 SPLIT_CALLS = 1_000_000
 KEYS = ("object", "op", "calls", "bytes", "time_s", "python_s", "wait_s", "imbalance_s",
@@ -54,18 +53,6 @@ except ImportError:  # built without it: the same records, from Python (slower)
     _Timed = None
 _ADDRS = [int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
           for name in ("hm_prof_begin", "hm_prof_end", "hm_prof_abort")]
-
-
-def mark() -> None:
-    """A Python wait on MPI requests begins: the call's entry time when none was stored."""
-    if _CLK[2] and not _CLK[0]:
-        _CLK[0] = _now()
-
-
-def mark_end() -> None:
-    """A Python wait on MPI requests ended."""
-    if _CLK[2]:
-        _CLK[1] = _now()
 
 
 # What each kind of object records: op -> (kind, direction).  Kinds: "whole" (arrives and

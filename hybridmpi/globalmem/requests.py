@@ -70,7 +70,7 @@ class Request:
         self._waited = True
         if self._done:
             return
-        if wait_requests(hc, [self._req], hc.timeout, notices=False) is not None:
+        if wait_requests(hc.context, [self._req], hc.timeout, notices=False) is not None:
             raise _rma_timeout(hc, self._what)
         self._finish()
 
@@ -95,7 +95,7 @@ def waitall(requests: Iterable[Request]) -> None:
     if not pending:
         return
     hc = pending[0]._mem.hc
-    if wait_requests(hc, [r._req for r in pending], hc.timeout, notices=False) is not None:
+    if wait_requests(hc.context, [r._req for r in pending], hc.timeout, notices=False) is not None:
         raise _rma_timeout(hc, f"waitall ({len(pending)} requests)")
     # one flush per window and target completes every put at its target
     flushes = {}

@@ -164,7 +164,7 @@ class Sync:
 
     def _complete(self, reqs, far, what):
         hc = self.hc
-        stop = wait_requests(hc, reqs, hc.timeout)
+        stop = wait_requests(hc.context, reqs, hc.timeout)
         if stop is None:
             return
         if stop.notice is not None:

@@ -12,12 +12,27 @@ from typing import Any
 import numpy as np
 
 from .._clib import ERRBIT, MISBIT, copy_policy, ffi, lib
+from .._marks import mark as prof_mark
+from .._marks import mark_end as prof_mark_end
 from .._waits import wait_requests
-from ..profile import mark as prof_mark
-from ..profile import mark_end as prof_mark_end
 
 FWD, REV = 0, 1
 _WORD = (1 << 64) - 1   # a counter as the unsigned 64-bit word it is
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The settings from which a transport chooses its paths, agreed by every rank when the
+    Halo is made (so every rank takes the same path)."""
+
+    #: the largest channel inside a node, over all ranks (bytes)
+    biggest: int
+    #: channel size from which shared vectors are updated without staging (atomic)
+    zero_copy_bytes: int
+    #: channel size from which private arrays are read by cross-memory attach (atomic)
+    cma_bytes: int
+    #: whether cross-memory attach is allowed (env HYBRIDMPI_CMA)
+    cma: bool
 
 
 @dataclass(frozen=True)
@@ -28,8 +43,9 @@ class Exchange:
     raising :class:`Fault`, which the Halo turns into the exception users see.
     """
 
-    #: the HybridComm: its communicators, node ranks and shared arena
-    hc: Any
+    #: the HybridComm's :class:`~hybridmpi._context.Context`: its communicators, node layout,
+    #: shared arena, wait policy and failure notices (a transport sees nothing else of it)
+    ctx: Any
     #: mpi4py's MPI module
     MPI: Any
     #: per direction (FWD, REV): (sends, recvs), each a list of (peer, local ids), peers in
@@ -51,6 +67,8 @@ class Exchange:
     graph: Callable[[], Any]
     #: give back one use of it
     graph_release: Callable[[], None]
+    #: the agreed settings from which the transport chooses its paths
+    paths: Paths
 
 
 class Fault(Exception):
@@ -159,15 +177,12 @@ def private_chans(specs, esz):
     return buf, chans, views
 
 
-#: MPI tag of the notice a rank sends every other rank when its HybridComm breaks (payload:
-#: the HybridComm's nonce), so that ranks waiting on MPI requests raise instead of waiting
-ERROR_TAG = 32700
 
 def complete(ex, reqs, peers, what, e, statuses=None):
     """Complete MPI requests, under the Halo's deadline if it has one; a failure notice from
     a peer ends the wait (Fault "notice").  ``statuses`` (a list as long as ``reqs``)
     receive the requests' statuses."""
-    stop = wait_requests(ex.hc, reqs, ex.timeout, statuses=statuses)
+    stop = wait_requests(ex.ctx, reqs, ex.timeout, statuses=statuses)
     if stop is None:
         return
     if stop.notice is not None:
@@ -249,6 +264,26 @@ class Transport(ABC):
         self.begin(d, xbuf, e)
         self.end(d, xbuf, e, op)
 
+    #: whole forward updates of private arrays by a path of the method's own (atomic:
+    #: cross-memory attach, a :class:`~.atomic.ZeroCopy`), or None
+    cross_memory: Any = None
+
+    def packed(self, d):
+        """The C structures (send, recv) of a whole call of direction ``d`` as one C call (the
+        Halo's hot path), or None where the method has none."""
+        return None
+
+    def fault(self, d, rc):
+        """Raise the Fault of a whole :meth:`packed` call of direction ``d`` that returned
+        ``rc`` (only methods whose ``packed`` is not None are asked)."""
+        raise RuntimeError(f"hybridmpi: C core returned {rc}")
+
+    def shared_vector(self, tag, bases):
+        """Updates of one shared vector (Halo.vector(); ``bases``: its address on each node
+        rank) by a path of the method's own, or None: the vector is updated as any array.
+        Collective on the node."""
+        return None
+
     def words(self):
         """The words this rank writes that its node peers wait on (where its error bits go)."""
         return []
@@ -272,7 +307,7 @@ class Messages:
 
     def __init__(self, ex, sends, recvs, tag, persistent):
         self.ex = ex
-        comm = ex.hc.comm
+        comm = ex.ctx.comm
         self._sbuf, schans, sviews = private_chans(sends, ex.esz)
         self._rbuf, self.recv_chans, rviews = private_chans(recvs, ex.esz)
         self.send = Xchg(ex, schans)

@@ -37,7 +37,7 @@ class SharedWindow:
     """
 
     def __init__(self, ex, lock_all):
-        hc = ex.hc
+        hc = ex.ctx
         me = hc.rank
         self.me = me
         self.node_rank = hc.node_index
@@ -237,4 +237,4 @@ class ShmTransport(Transport):
         """Whether this transport's own window must be kept rather than freed: its HybridComm
         broke, so an RMA epoch of the failed call may still be open (a pscw post without its
         wait), and MPI_Win_free, collective, could wait for it forever."""
-        return self.shm.win is not None and self.ex.hc._broken is not None
+        return self.shm.win is not None and self.ex.ctx.broken() is not None

@@ -23,11 +23,46 @@ from .._types import mpi
 from ._base import FWD, REV, check, point_kernel
 from ._shm import ShmTransport
 
+#: channel size (bytes) from which shared vectors are updated without staging buffers
+ZERO_COPY_BYTES = 6 * 1024
+#: channel size (bytes) from which blocking updates of private arrays read the owner's array
+#: with process_vm_readv (cross-memory attach), when the runs average CMA_MIN_RUN points
+CMA_BYTES = 8 * 1024
+CMA_MIN_RUN = 64
+
 
 class Atomic(ShmTransport):
+    """The method's policies are its own: which path a call takes (the packed exchange, zero
+    copy for a shared vector, cross-memory attach for a private array) follows from the
+    Exchange's agreed :class:`~._base.Paths`, the same on every rank."""
+
     def __init__(self, ex):
         super().__init__(ex, lock_all=True, counters=True, persistent=True)
         self._bad = None
+        self._theirs = None
+        # Blocking forward updates of private arrays by cross-memory attach: large channels
+        # of long runs, on a node where process_vm_readv works (the same choice everywhere;
+        # every rank enters the probe, also one alone on its node).
+        paths = ex.paths
+        if paths.biggest >= paths.cma_bytes:
+            pids = cma_pids(ex.ctx)
+            if pids:
+                runs = paths.cma and self.long_runs(self.node_ids(), CMA_MIN_RUN)
+                if ex.ctx.comm.allreduce(int(runs), op=mpi().MIN):
+                    self.cross_memory = ZeroCopy(self, lib.HM_TAG_CMA, None, self.node_ids(), pids)
+
+    def node_ids(self):
+        """Per direction: each node peer's ids of its channel to this rank (collective on the
+        node the first time)."""
+        if self._theirs is None:
+            ctx = self.ex.ctx
+            self._theirs = []
+            for d in (FWD, REV):
+                sends = dict(self.ex.plans[d][0])
+                got = ctx.node_comm.alltoall([sends.get(r) for r in ctx.node_ranks])
+                self._theirs.append({ctx.node_ranks[i]: ids for i, ids in enumerate(got)
+                                     if ids is not None})
+        return self._theirs
 
     def packed(self, d):
         """(send, recv) ``hm_xchg`` structures of a whole call of direction ``d`` when every
@@ -40,15 +75,14 @@ class Atomic(ShmTransport):
         s = self.dirs[d]
         check(rc, s.send if s.send.x.err.code else s.recv)
 
-    def zero_copy(self, tag, bases, theirs):
-        """Updates of one shared vector (``bases``: its address on each node rank; ``theirs``:
-        per direction, each node peer's ids of its channel to this rank) without staging."""
-        return ZeroCopy(self, tag, bases, theirs)
-
-    def cross_memory(self, theirs, pids):
-        """Forward updates of private arrays read by cross-memory attach (``pids``: of the
-        node ranks)."""
-        return ZeroCopy(self, lib.HM_TAG_CMA, None, theirs, pids)
+    def shared_vector(self, tag, bases):
+        """Updates of one shared vector (``bases``: its address on each node rank) without
+        staging, when the largest channel inside a node carries ``zero_copy_bytes`` (zero copy
+        needs one more hop, the owner waiting until its readers copied: it pays off from
+        there); else None (collective on the node the first time)."""
+        if self.ex.paths.biggest < self.ex.paths.zero_copy_bytes:
+            return None
+        return ZeroCopy(self, tag, bases, self.node_ids())
 
     def long_runs(self, theirs, min_run):
         """Whether every forward channel inside the node moves runs of at least ``min_run``
@@ -99,10 +133,11 @@ def _pair_runs(mine, theirs):
             np.ascontiguousarray(theirs[first], dtype=np.int64), lengths.astype(np.int64))
 
 
-def _probe_cma(hc):
+def _probe_cma(ctx):
     """The process ids of this node's ranks (by node rank) if every rank can read every
     other node rank's memory with process_vm_readv (cross-memory attach), else False.
     Collective over the whole communicator."""
+    hc = ctx
     word = np.array([os.getpid(), hc.rank], dtype=np.int64)
     peers = hc.node_comm.allgather((os.getpid(), word.ctypes.data, hc.rank))
     ok = hc.node_size > 1
@@ -116,10 +151,10 @@ def _probe_cma(hc):
     return [pid for pid, _, _ in peers] if ok else False
 
 
-def cma_pids(hc):
+def cma_pids(ctx):
     """The process ids of this node's ranks when cross-memory attach works between them,
-    else None: probed once per HybridComm (collective the first time)."""
-    return hc._service("cma", _probe_cma) or None
+    else None: probed once per HybridComm (``ctx``: its Context; collective the first time)."""
+    return ctx.service("cma", _probe_cma) or None
 
 
 #: one direction of a ZeroCopy: the hm_pulls of this rank's reads and of its readers, the

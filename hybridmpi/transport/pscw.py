@@ -18,7 +18,7 @@ from ._shm import ShmTransport
 class PSCW(ShmTransport):
     def __init__(self, ex):
         super().__init__(ex, lock_all=False, counters=False, persistent=False)
-        group = ex.hc.node_comm.Get_group()
+        group = ex.ctx.node_comm.Get_group()
         near = self.shm.node_rank
         self.groups = []
         for s in self.dirs:

@@ -272,7 +272,7 @@ def case_cross_memory_attach(comm, rng, **cfg):
                         # The first large Halo probed, collectively even where a virtual
                         # node has one rank (nothing above called the probe first); this
                         # call reads the cached answer.
-                        probe = cma_pids(hc)
+                        probe = cma_pids(hc.context)
                         agree(comm, probe is not None)
                         expect = probe is not None and "HYBRIDMPI_CMA" not in env
                         assert (h._cma is not None) == expect, (env, h._cma, probe)
@@ -288,7 +288,7 @@ def case_cross_memory_attach_failure(comm, rng, **cfg):
     finally:
         del os.environ["HYBRIDMPI_CMA_BYTES"]
     with hc:
-        if hc.size != 2 or hc.node_size != 2 or cma_pids(hc) is None:
+        if hc.size != 2 or hc.node_size != 2 or cma_pids(hc.context) is None:
             return
         lay = RunLayout(comm)
         pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)

@@ -13,6 +13,8 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from . import _hooks
+
 __version__ = "0.1.0"
 
 #: public name -> the module that defines it
@@ -82,3 +84,13 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+
+
+def _start_env_profile(hc: Any) -> None:
+    """Start the environment profile (HYBRIDMPI_PROFILE) of a new HybridComm."""
+    from .profile import start_env
+
+    start_env(hc)
+
+
+_hooks.START_ENV_PROFILE[:] = [_start_env_profile]

@@ -19,6 +19,7 @@ import numpy as np
 from ._agree import agree
 from ._clib import ERRBIT, MISBIT, ffi, lib
 from ._context import Context
+from ._hooks import START_ENV_PROFILE
 from ._notice import Notices, new_nonce
 from ._types import OPS, as_int
 from ._types import mpi as _mpi
@@ -358,9 +359,8 @@ class HybridComm(Collectives):
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
         if env["profile"]:
-            from .profile import start_env
-
-            start_env(self)
+            for start in START_ENV_PROFILE:   # registered by the package (the profile is above)
+                start(self)
 
     def _fast_paths(self, st):
         """Install ``barrier()`` and ``allreduce(float)`` of one node as C calls (``Coll``: about
@@ -411,13 +411,9 @@ class HybridComm(Collectives):
         if self._st is None:
             return
         if self._env_profile is not None:
-            from .profile import stop_env
-
-            stop_env(self)
+            self._env_profile.end_env()
         elif self._profile is not None:
-            profile = self._profile  # _stop() forgets it
-            profile._stop()
-            profile._state = "failed"
+            self._profile.abandon()
         for child in list(self._children.values()):
             child.free()
         services, self._services = self._services, {}

@@ -1,8 +1,10 @@
-"""Patterns from where users' numberings live: a DOLFINx ``IndexMap`` and a PETSc star forest;
-and a pattern as a PETSc star forest.
+"""The lists of patterns from where users' numberings live: a DOLFINx ``IndexMap`` and a PETSc
+star forest; and a pattern as a PETSc star forest.
 
 Both give each ghost its owner and the owner's local id, so one exchange of those ids builds
-the send lists (``from_remote``); nothing imports DOLFINx or petsc4py until it is asked for.
+the send lists (``remote_lists``); nothing imports DOLFINx or petsc4py until it is asked for.
+This module sits under :mod:`hybridmpi.pattern`: it returns checked lists, which
+``GhostPattern.from_index_map`` and ``GhostPattern.from_sf`` make into patterns.
 """
 
 from __future__ import annotations
@@ -11,11 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._lists import agree_pattern as _agree
+from ._lists import alltoallv as _alltoallv
+from ._lists import comm_of
 from ._types import as_int, mpi
-from .pattern import GhostPattern, _agree, _alltoallv
 
 if TYPE_CHECKING:
     from .comm import HybridComm
+    from .pattern import GhostPattern
+
+#: (send, recv, size, n_owned): a pattern's lists, checked on every rank
+Lists = tuple[dict, dict, int, int]
 
 
 def _attr(obj, name):
@@ -24,9 +32,9 @@ def _attr(obj, name):
     return value() if callable(value) else value
 
 
-def from_remote(hc: HybridComm, size: int, n_owned: int, ghost_local: np.ndarray, owner: np.ndarray,
-                remote: np.ndarray) -> GhostPattern:
-    """The pattern of ghosts at local ids ``ghost_local``, each owned by rank ``owner[i]`` at
+def remote_lists(hc: HybridComm, size: int, n_owned: int, ghost_local: np.ndarray, owner: np.ndarray,
+                 remote: np.ndarray) -> Lists:
+    """The lists of the pattern of ghosts at local ids ``ghost_local``, each owned by rank ``owner[i]`` at
     its local id ``remote[i]`` (collective).  Ghosts receive from their owners in the order
     given; each owner sends in the order its peer asked.  A requested id that is out of the
     owner's range or a ghost there raises PatternError on every rank."""
@@ -54,14 +62,12 @@ def from_remote(hc: HybridComm, size: int, n_owned: int, ghost_local: np.ndarray
         k = int(wcounts[p])
         send[int(p)] = wanted[start:start + k].astype(np.int64)
         start += k
-    pattern = GhostPattern.__new__(GhostPattern)
-    pattern._set(hc, send, recv, size, n_owned)
-    return pattern
+    return send, recv, size, n_owned
 
 
-def from_index_map(hc: HybridComm, index_map: Any) -> GhostPattern:
-    """See :meth:`GhostPattern.from_index_map`."""
-    comm = GhostPattern._comm_of(hc)
+def index_map_lists(hc: HybridComm, index_map: Any) -> Lists:
+    """The lists of :meth:`GhostPattern.from_index_map`."""
+    comm = comm_of(hc)
     rank = hc.rank
     problem: Any = None
     n, lo, size_global = 0, 0, None
@@ -107,12 +113,12 @@ def from_index_map(hc: HybridComm, index_map: Any) -> GhostPattern:
     else:
         _agree(comm, problems[0] if problem is None else problem)
     ghost_local = n + np.arange(ghosts.size, dtype=np.int64)
-    return from_remote(hc, n + ghosts.size, n, ghost_local, owners, remote)
+    return remote_lists(hc, n + ghosts.size, n, ghost_local, owners, remote)
 
 
-def from_sf(hc: HybridComm, sf: Any, size: int | None = None) -> GhostPattern:
-    """See :meth:`GhostPattern.from_sf`."""
-    comm = GhostPattern._comm_of(hc)
+def sf_lists(hc: HybridComm, sf: Any, size: int | None = None) -> Lists:
+    """The lists of :meth:`GhostPattern.from_sf`."""
+    comm = comm_of(hc)
     rank = hc.rank
     problem: Any = None
     nroots: Any = 0
@@ -166,7 +172,7 @@ def from_sf(hc: HybridComm, sf: Any, size: int | None = None) -> GhostPattern:
     dup = np.unique(ghost_local, return_counts=True)
     twice = dup[0][dup[1] > 1]
     _agree(comm, f"rank {rank}: leaf {int(twice[0])} appears twice" if twice.size else None)
-    return from_remote(hc, nroots, nroots - ghost_local.size, ghost_local, owner, remote)
+    return remote_lists(hc, nroots, nroots - ghost_local.size, ghost_local, owner, remote)
 
 
 def to_sf(pattern: GhostPattern) -> Any:

@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._agree import agree, create_agreed
+from . import interop
+from ._agree import create_agreed
+from ._lists import agree_pattern as _agree
+from ._lists import alltoallv as _alltoallv
+from ._lists import comm_of
 from ._types import as_int, mpi
-from .errors import FreedError, PatternError
 
 if TYPE_CHECKING:
     from .comm import HybridComm
@@ -53,25 +56,6 @@ def _first_duplicate(ids):
     s = np.sort(ids)
     dup = np.flatnonzero(s[1:] == s[:-1])
     return int(s[dup[0]]) if dup.size else None
-
-
-def _agree(comm, problem):
-    """Raise PatternError on every rank if any rank found a problem."""
-    agree(comm, problem and (PatternError, problem), "GhostPattern", more=True)
-
-
-def _alltoallv(comm, MPI, data, dest, nranks):
-    """Send data[i] to rank dest[i]; returns (received values, counts per source, order used)."""
-    order = np.argsort(dest, kind="stable")
-    counts = np.bincount(dest, minlength=nranks).astype(np.int64)
-    rcounts = np.empty(nranks, dtype=np.int64)
-    comm.Alltoall(counts, rcounts)
-    out = np.empty(int(rcounts.sum()), dtype=np.int64)
-    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
-    comm.Alltoallv([np.ascontiguousarray(data[order]), (counts, sdispl), MPI.INT64_T],
-                   [out, (rcounts, rdispl), MPI.INT64_T])
-    return out, counts, rcounts, order
 
 
 def _directory(ids, nranks):
@@ -164,15 +148,16 @@ class GhostPattern:
             lists[name] = clean
         return problem or cls._check_ghosts(rank, lists["send"], lists["recv"])
 
-    @staticmethod
-    def _comm_of(hc):
-        from .comm import HybridComm
+    _comm_of = staticmethod(comm_of)
 
-        if not isinstance(hc, HybridComm):
-            raise TypeError(f"hybridmpi: GhostPattern needs a HybridComm, got {type(hc).__name__}")
-        if hc.closed:
-            raise FreedError(f"hybridmpi: rank {hc.rank}: GhostPattern on a freed HybridComm")
-        return hc.comm
+    @classmethod
+    def _from_lists(cls, hc: HybridComm, send: dict, recv: dict, size: int,
+                    n_owned: int | None = None) -> GhostPattern:
+        """The pattern of lists already checked on every rank (the internal constructor of
+        from_global, from_index_map and from_sf)."""
+        pattern = cls.__new__(cls)
+        pattern._set(hc, send, recv, size, n_owned)
+        return pattern
 
     @staticmethod
     def _check_ghosts(rank, send, recv):
@@ -370,9 +355,7 @@ class GhostPattern:
                 ranks (made on another communicator), or ghosts outside their owner's range
                 (every rank).
         """
-        from .interop import from_index_map
-
-        return from_index_map(hc, index_map)
+        return cls._from_lists(hc, *interop.index_map_lists(hc, index_map))
 
     @classmethod
     def from_sf(cls, hc: HybridComm, sf: Any, size: int | None = None) -> GhostPattern:
@@ -390,9 +373,7 @@ class GhostPattern:
                 a self-leaf that references another entry, or a leaf whose root is a ghost on
                 its owner (every rank).
         """
-        from .interop import from_sf
-
-        return from_sf(hc, sf, size)
+        return cls._from_lists(hc, *interop.sf_lists(hc, sf, size))
 
     def to_sf(self) -> Any:
         """This pattern as a petsc4py ``PETSc.SF`` (collective): roots and leaves index the
@@ -400,9 +381,7 @@ class GhostPattern:
         ``MPI.REPLACE`` does what :meth:`Halo.update` does, ``reduce`` what
         :meth:`Halo.reverse` does, so PETSc and Firedrake tools can use a pattern made here.
         Needs petsc4py built on the same MPI as mpi4py."""
-        from .interop import to_sf
-
-        return to_sf(self)
+        return interop.to_sf(self)
 
     def __repr__(self):
         return (f"<GhostPattern rank {self.hc.rank}: {self.n_owned} owned, {self.n_ghosts} ghosts, "

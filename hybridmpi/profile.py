@@ -207,6 +207,17 @@ class profile:
         self._finish()
         return False
 
+    def abandon(self) -> None:
+        """End recording without the collective end (called by HybridComm.free when the comm
+        is freed inside the block, and when a profiled comm broke): ``rows()`` then raises."""
+        self._stop()
+        self._state = "failed"
+
+    def end_env(self) -> None:
+        """End the environment profile (HYBRIDMPI_PROFILE) of this profile's HybridComm at
+        its free: print, write the JSON (called by HybridComm.free)."""
+        stop_env(self.hc)
+
     def _stop(self):
         self.elapsed_s = (_now() - self._t0) * 1e-9
         if self in _ACTIVE:
@@ -651,8 +662,7 @@ def stop_env(hc):
         return
     hc._env_profile = None
     if hc._broken is not None:
-        prof._stop()
-        prof._state = "failed"
+        prof.abandon()
         return
     prof.__exit__(None, None, None)
     prof.print(file=sys.stderr if hc.env.get("profile") == "stderr" else None)

@@ -29,7 +29,6 @@ from mpi4py import MPI
 
 import hybridmpi
 from hybridmpi import Coarray, GhostPattern, GlobalMemory, Halo, HybridComm, PatternError, PeerError
-from hybridmpi.interop import from_index_map, from_sf
 
 LIMIT_S = 2.0
 N = 4  # points owned per rank in the ring patterns
@@ -311,34 +310,34 @@ class FakeSF:
 
 def interop_index_map_raises(comm, rng, node_size):
     """hung: the bad rank's IndexMap raises RuntimeError when read."""
-    constructor(comm, rng, node_size, lambda hc, bad: from_index_map(
+    constructor(comm, rng, node_size, lambda hc, bad: GhostPattern.from_index_map(
         hc, BrokenIndexMap(hc) if bad else FakeIndexMap(hc)), PatternError, "boom")
 
 
 def interop_index_map_none(comm, rng, node_size):
-    constructor(comm, rng, node_size, lambda hc, bad: from_index_map(
+    constructor(comm, rng, node_size, lambda hc, bad: GhostPattern.from_index_map(
         hc, None if bad else FakeIndexMap(hc)), PatternError, "needs a DOLFINx IndexMap")
 
 
 def interop_sf_raises(comm, rng, node_size):
     """hung: the bad rank's star forest raises RuntimeError when read."""
-    constructor(comm, rng, node_size, lambda hc, bad: from_sf(hc, FakeSF(hc, broken=bad)),
+    constructor(comm, rng, node_size, lambda hc, bad: GhostPattern.from_sf(hc, FakeSF(hc, broken=bad)),
                 PatternError, "boom")
 
 
 def interop_sf_bad_size(comm, rng, node_size):
     """size="5" raised "size=5 but the star forest has 5 roots" before."""
     for size in ("5", 5.0, True, -1):
-        constructor(comm, rng, node_size, lambda hc, bad, size=size: from_sf(
+        constructor(comm, rng, node_size, lambda hc, bad, size=size: GhostPattern.from_sf(
             hc, FakeSF(hc), size if bad else N + 1), PatternError, "size must be")
 
 
 def interop_numpy_ints(comm, rng, node_size):
     """numpy ints: from_sf(size=np.int64(...)) on every rank (PatternError before)."""
     def body(hc):
-        pat = from_sf(hc, FakeSF(hc), np.int64(N + 1))
+        pat = GhostPattern.from_sf(hc, FakeSF(hc), np.int64(N + 1))
         assert pat.size == N + 1
-        assert from_index_map(hc, FakeIndexMap(hc)).size == N + 1
+        assert GhostPattern.from_index_map(hc, FakeIndexMap(hc)).size == N + 1
         goes_on(comm, hc, rng)
     with_comm(node_size, body)
 

@@ -1,0 +1,41 @@
+"""Pieces that build a pattern's lists, shared by :mod:`hybridmpi.pattern` and the lists taken
+from DOLFINx and PETSc (:mod:`hybridmpi.interop`, which sits under the pattern)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._agree import agree
+from .comm import HybridComm
+from .errors import FreedError, PatternError
+
+
+def agree_pattern(comm: Any, problem: str | None) -> None:
+    """Raise PatternError on every rank if any rank found a problem."""
+    agree(comm, problem and (PatternError, problem), "GhostPattern", more=True)
+
+
+def alltoallv(comm: Any, MPI: Any, data: np.ndarray, dest: np.ndarray, nranks: int) -> tuple:
+    """Send data[i] to rank dest[i]; returns (received values, counts per destination, counts
+    per source, order used)."""
+    order = np.argsort(dest, kind="stable")
+    counts = np.bincount(dest, minlength=nranks).astype(np.int64)
+    rcounts = np.empty(nranks, dtype=np.int64)
+    comm.Alltoall(counts, rcounts)
+    out = np.empty(int(rcounts.sum()), dtype=np.int64)
+    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
+    comm.Alltoallv([np.ascontiguousarray(data[order]), (counts, sdispl), MPI.INT64_T],
+                   [out, (rcounts, rdispl), MPI.INT64_T])
+    return out, counts, rcounts, order
+
+
+def comm_of(hc: Any) -> Any:
+    """The MPI communicator of ``hc``, a live HybridComm (TypeError, FreedError otherwise)."""
+    if not isinstance(hc, HybridComm):
+        raise TypeError(f"hybridmpi: GhostPattern needs a HybridComm, got {type(hc).__name__}")
+    if hc.closed:
+        raise FreedError(f"hybridmpi: rank {hc.rank}: GhostPattern on a freed HybridComm")
+    return hc.comm

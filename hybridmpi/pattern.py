@@ -267,37 +267,10 @@ class GhostPattern:
         _agree(comm, problem)
 
         # 1. Owners register their ids at the directory ranks.
-        reg, _, rcounts, _ = _alltoallv(comm, MPI, own, _directory(own, nranks), nranks)
-        reg_owner = np.repeat(np.arange(nranks, dtype=np.int64), rcounts)
-        order = np.argsort(reg, kind="stable")
-        reg, reg_owner = reg[order], reg_owner[order]
-        twice = np.flatnonzero(reg[1:] == reg[:-1])
-        problem = None
-        if twice.size:
-            i = twice[0]
-            problem = (f"global id {int(reg[i])} is owned by rank {int(reg_owner[i])} and by "
-                       f"rank {int(reg_owner[i + 1])}")
-        _agree(comm, problem)
+        reg, reg_owner = cls._register_owned(comm, MPI, own, nranks)
 
         # 2. Ranks ask the directory for the owners of their ghosts.
-        asked, counts, qcounts, qorder = _alltoallv(comm, MPI, gh, _directory(gh, nranks), nranks)
-        answer = np.full(asked.size, -1, dtype=np.int64)
-        if reg.size:
-            pos = np.minimum(np.searchsorted(reg, asked), reg.size - 1)
-            hit = reg[pos] == asked
-            answer[hit] = reg_owner[pos[hit]]
-        back = np.empty(gh.size, dtype=np.int64)
-        sdispl = np.concatenate(([0], np.cumsum(qcounts)[:-1]))
-        rdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        comm.Alltoallv([answer, (qcounts, sdispl), MPI.INT64_T],
-                       [back, (counts, rdispl), MPI.INT64_T])
-        owner = np.empty(gh.size, dtype=np.int64)
-        owner[qorder] = back
-        problem = None
-        nobody = np.flatnonzero(owner < 0)
-        if nobody.size:
-            problem = f"rank {rank}: ghost id {int(gh[nobody[0]])} is owned by no rank"
-        _agree(comm, problem)
+        owner = cls._ask_owners(comm, MPI, rank, nranks, gh, reg, reg_owner)
 
         # 3. Each rank tells the owners which of their points it needs.
         n_owned = own.size
@@ -318,6 +291,49 @@ class GhostPattern:
         pattern = cls.__new__(cls)
         pattern._set(hc, send, recv, n_owned + gh.size, n_owned)
         return pattern
+
+    @staticmethod
+    def _register_owned(comm, MPI, own, nranks):
+        """from_global's step 1 (collective): the directory ranks receive the owned ids
+        ``own`` of every rank.  Returns (the ids this rank keeps, sorted; their owners);
+        PatternError on every rank when an id is owned twice."""
+        reg, _, rcounts, _ = _alltoallv(comm, MPI, own, _directory(own, nranks), nranks)
+        reg_owner = np.repeat(np.arange(nranks, dtype=np.int64), rcounts)
+        order = np.argsort(reg, kind="stable")
+        reg, reg_owner = reg[order], reg_owner[order]
+        twice = np.flatnonzero(reg[1:] == reg[:-1])
+        problem = None
+        if twice.size:
+            i = twice[0]
+            problem = (f"global id {int(reg[i])} is owned by rank {int(reg_owner[i])} and by "
+                       f"rank {int(reg_owner[i + 1])}")
+        _agree(comm, problem)
+        return reg, reg_owner
+
+    @staticmethod
+    def _ask_owners(comm, MPI, rank, nranks, gh, reg, reg_owner):
+        """from_global's step 2 (collective): the owner of each ghost id ``gh``, asked of the
+        directory ranks (which keep ``reg`` and ``reg_owner``); PatternError on every rank when
+        a ghost is owned by no rank."""
+        asked, counts, qcounts, qorder = _alltoallv(comm, MPI, gh, _directory(gh, nranks), nranks)
+        answer = np.full(asked.size, -1, dtype=np.int64)
+        if reg.size:
+            pos = np.minimum(np.searchsorted(reg, asked), reg.size - 1)
+            hit = reg[pos] == asked
+            answer[hit] = reg_owner[pos[hit]]
+        back = np.empty(gh.size, dtype=np.int64)
+        sdispl = np.concatenate(([0], np.cumsum(qcounts)[:-1]))
+        rdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        comm.Alltoallv([answer, (qcounts, sdispl), MPI.INT64_T],
+                       [back, (counts, rdispl), MPI.INT64_T])
+        owner = np.empty(gh.size, dtype=np.int64)
+        owner[qorder] = back
+        problem = None
+        nobody = np.flatnonzero(owner < 0)
+        if nobody.size:
+            problem = f"rank {rank}: ghost id {int(gh[nobody[0]])} is owned by no rank"
+        _agree(comm, problem)
+        return owner
 
     @staticmethod
     def _check_global(rank, owned, ghosts):

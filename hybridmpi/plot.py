@@ -75,32 +75,9 @@ def plot(source: Any, outdir: str) -> list[str]:
         rows_of = {s: rows for s, rows in series.items()
                    if kind == "time" or any(r["ratio"] is not None for r in rows)}
         if numeric:
-            for s, rows in rows_of.items():
-                rows = sorted(rows, key=lambda r: r["x"])
-                x = [r["x"] for r in rows]
-                if kind == "time":
-                    y = [r["mean"] for r in rows]
-                    err = [[r["mean"] - r["min"] for r in rows], [r["max"] - r["mean"] for r in rows]]
-                    ax.errorbar(x, y, yerr=err, marker="o", capsize=3,
-                                linestyle="--" if rows[0]["baseline"] else "-", label=s)
-                else:
-                    ax.plot(x, [r["ratio"] for r in rows], marker="o", label=s)
-            ax.set_xscale("log")
-            ax.set_xlabel(doc["x_label"])
+            _lines(ax, doc, rows_of, kind)
         else:
-            width = 0.8 / max(len(rows_of), 1)
-            for k, (s, rows) in enumerate(rows_of.items()):
-                at = {r["x"]: r for r in rows}
-                pos = [i + k * width for i, v in enumerate(xs) if v in at]
-                vals = [at[v]["mean" if kind == "time" else "ratio"] for v in xs if v in at]
-                if kind == "time":
-                    err = [[at[v]["mean"] - at[v]["min"] for v in xs if v in at],
-                           [at[v]["max"] - at[v]["mean"] for v in xs if v in at]]
-                    ax.bar(pos, vals, width, yerr=err, capsize=3, label=s)
-                else:
-                    ax.bar(pos, vals, width, label=s)
-            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))], [str(v) for v in xs])
-            ax.set_xlabel(doc["x_label"])
+            _bars(ax, doc, rows_of, kind, xs)
         if kind == "time":
             ax.set_ylabel(f"time per call ({doc['unit']}), mean with min-max")
             means = [r["mean"] for r in doc["results"] if r["mean"] > 0]
@@ -113,19 +90,7 @@ def plot(source: Any, outdir: str) -> list[str]:
                            os.path.join(outdir, f"{name}-{kind}.png")))
     split = [r for r in doc["results"] if isinstance(r.get("halo_us"), (int, float))]
     if split:
-        # stacked bars per rank count and exchange, as DART-MPI's Fig. 8
-        fig, ax = plt.subplots(figsize=(8, 5))
-        labels = [f"{r['series']}\n{r['x']} ranks" for r in split]
-        bottom = [0.0] * len(split)
-        for key, part in (("compute_us", "computation"), ("halo_us", "halo exchange"),
-                          ("reduce_us", "reduction")):
-            vals = [r.get(key) or 0.0 for r in split]
-            ax.bar(range(len(split)), vals, bottom=bottom, label=part)
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set_xticks(range(len(split)), labels, fontsize=7)
-        ax.set_ylabel(f"time per step ({doc['unit']}), mean over ranks")
-        paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
-                           os.path.join(outdir, f"{doc['benchmark']}-split.png")))
+        paths.append(_split(plt, doc, split, subtitle, outdir))
     # rates against ranks (MFLOPS, as XcalableMP's Fig. 9) or against size (flop rate per core)
     for key, ylabel, logx, path in (
             ("mflops", "MFLOPS", False, f"{doc['benchmark']}-mflops.png"),
@@ -143,3 +108,55 @@ def plot(source: Any, outdir: str) -> list[str]:
         ax.set_ylabel(ylabel)
         paths.append(_save(plt, fig, ax, f"{doc['title']}\n{subtitle}", os.path.join(outdir, path)))
     return paths
+
+
+def _lines(ax, doc, rows_of, kind):
+    """One line per series against numeric x (log scale): mean time with min-max bars
+    (baselines dashed), or the ratio."""
+    for s, rows in rows_of.items():
+        rows = sorted(rows, key=lambda r: r["x"])
+        x = [r["x"] for r in rows]
+        if kind == "time":
+            y = [r["mean"] for r in rows]
+            err = [[r["mean"] - r["min"] for r in rows], [r["max"] - r["mean"] for r in rows]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3,
+                        linestyle="--" if rows[0]["baseline"] else "-", label=s)
+        else:
+            ax.plot(x, [r["ratio"] for r in rows], marker="o", label=s)
+    ax.set_xscale("log")
+    ax.set_xlabel(doc["x_label"])
+
+
+def _bars(ax, doc, rows_of, kind, xs):
+    """One group of bars per x value ``xs``, one bar per series: mean time with min-max bars,
+    or the ratio."""
+    width = 0.8 / max(len(rows_of), 1)
+    for k, (s, rows) in enumerate(rows_of.items()):
+        at = {r["x"]: r for r in rows}
+        pos = [i + k * width for i, v in enumerate(xs) if v in at]
+        vals = [at[v]["mean" if kind == "time" else "ratio"] for v in xs if v in at]
+        if kind == "time":
+            err = [[at[v]["mean"] - at[v]["min"] for v in xs if v in at],
+                   [at[v]["max"] - at[v]["mean"] for v in xs if v in at]]
+            ax.bar(pos, vals, width, yerr=err, capsize=3, label=s)
+        else:
+            ax.bar(pos, vals, width, label=s)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))], [str(v) for v in xs])
+    ax.set_xlabel(doc["x_label"])
+
+
+def _split(plt, doc, split, subtitle, outdir):
+    """``<benchmark>-split.png``: the results that carry a split of the step (``halo_us``) as
+    stacked bars per rank count and exchange, as DART-MPI's Fig. 8; return its path."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    labels = [f"{r['series']}\n{r['x']} ranks" for r in split]
+    bottom = [0.0] * len(split)
+    for key, part in (("compute_us", "computation"), ("halo_us", "halo exchange"),
+                      ("reduce_us", "reduction")):
+        vals = [r.get(key) or 0.0 for r in split]
+        ax.bar(range(len(split)), vals, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(range(len(split)), labels, fontsize=7)
+    ax.set_ylabel(f"time per step ({doc['unit']}), mean over ranks")
+    return _save(plt, fig, ax, f"{doc['title']}\n{subtitle}",
+                 os.path.join(outdir, f"{doc['benchmark']}-split.png"))

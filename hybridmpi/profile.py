@@ -299,22 +299,31 @@ class profile:
     # ------------------------------------------------------------ the split (collective)
 
     def _finish(self):
+        """Split each call's wait into imbalance and transfer (collective): every rank sends its
+        arrival times to the ranks that waited for them, then makes its rows; rank 0 gathers all."""
         hc = self.hc
-        rank, size = hc.rank, hc.size
         off = self._offset
         recs = [(op, op.records()) for op in self._ops]
-        out = [dict() for _ in range(size)]   # dest -> group -> [(seqs, arrivals)]
-        waits = {}   # id(op) -> [(peer, group, seqs)]: the arrivals each call waited for
         arrival = {id(op): np.where(r[:, 1] > 0, r[:, 1], r[:, 0]) + off for op, r in recs}
+        self._number_halo_calls(recs)
+        out, waits = self._plan_exchange(recs, arrival)
+        inbox = hc.comm.alltoall([{g: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
+                                   for g, v in o.items()} for o in out])
+        rows = []
+        for op, r in recs:
+            row = self._row(op, r, waits.get(id(op), ()), inbox, off)
+            if row is None:
+                continue
+            rows.append(row)
+            op.release()
+        self._rows = rows
+        self._all = hc.comm.gather(rows, root=0)
+        self._state = "done"
 
-        def publish(dests, group, seq, times):
-            for p in dests:
-                if p != rank:
-                    out[p].setdefault(group, []).append((seq, times))
-
-        everyone = [p for p in range(size) if p != rank]
-        # a Halo's calls of one direction: numbered by their epoch (the epoch at the start
-        # of the profile, then one per whole call or begin, in order); an end has its begin's
+    def _number_halo_calls(self, recs):
+        """Number each Halo's calls (column 4 of their records), per direction: by their epoch
+        (the epoch at the start of the profile, then one per whole call or begin, in order);
+        an end has its begin's."""
         for halo, epochs in self._epochs:
             for d in (0, 1):
                 mine = [(op, r) for op, r in recs if op.obj is halo and op.kind != "coll"
@@ -332,6 +341,20 @@ class profile:
                 if begins and ends:
                     n = min(len(begins[0]), len(ends[0]))
                     ends[0][:n, 4] = begins[0][:n, 4]
+
+    def _plan_exchange(self, recs, arrival):
+        """(out, waits): ``out[dest][group]``, the [(seqs, arrivals)] this rank sends to ``dest``;
+        ``waits[id(op)]``, the [(peer, group, seqs)] whose arrivals each call of ``op`` waited for."""
+        rank, size = self.hc.rank, self.hc.size
+        out = [dict() for _ in range(size)]   # dest -> group -> [(seqs, arrivals)]
+        waits = {}   # id(op) -> [(peer, group, seqs)]: the arrivals each call waited for
+
+        def publish(dests, group, seq, times):
+            for p in dests:
+                if p != rank:
+                    out[p].setdefault(group, []).append((seq, times))
+
+        everyone = [p for p in range(size) if p != rank]
         # collectives: the calls of one group (every collective of the comm; every sync_all)
         # are numbered in the order this rank entered them, the same on every rank
         groups = collections.defaultdict(list)
@@ -348,15 +371,7 @@ class profile:
                 i += len(r)
                 publish(everyone, group, mine, arrival[id(op)])
                 waits[id(op)] = [(p, group, mine) for p in everyone]
-        # sync_images: the j-th call naming rank p meets p's j-th call naming this rank
-        calls = sorted(((r[i, 0], op, i) for op, r in recs if op.kind == "images"
-                        for i in range(len(r))), key=lambda c: c[0])
-        named = collections.Counter()
-        img = collections.defaultdict(lambda: collections.defaultdict(list))  # op -> p -> [(i, seq)]
-        for _, op, i in calls:
-            for p in _image_ranks(op.named[i], rank, size):
-                img[id(op)][p].append((i, named[p]))
-                named[p] += 1
+        img = _image_calls(recs, rank, size)
         for op, r in recs:
             if op.kind == "images":
                 ws = []
@@ -377,47 +392,45 @@ class profile:
                 if op.kind != "begin":
                     srcs = halo.pattern.recv if d == 0 else halo.pattern.send
                     waits[id(op)] = [(p, group, r[:, 4]) for p in srcs if p != rank]
-        inbox = hc.comm.alltoall([{g: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
-                                   for g, v in o.items()} for o in out])
-        rows = []
-        for op, r in recs:
-            log = op.log
-            over = [int(v) for v in log.over]
-            if len(r) == 0 and not over[0]:
+        return out, waits
+
+    @staticmethod
+    def _row(op, r, waits, inbox, off):
+        """The row of ``op`` (records ``r``), its waits split by the arrivals in ``inbox`` of
+        the peers in ``waits``; None when it has no calls."""
+        log = op.log
+        over = [int(v) for v in log.over]
+        if len(r) == 0 and not over[0]:
+            return None
+        a, b = r[:, 1], r[:, 2]
+        wait = np.where((a > 0) & (b >= a), b - a, 0)
+        latest = np.full(len(r), np.iinfo(np.int64).min, dtype=np.int64)
+        late = np.full(len(r), -1, dtype=np.int64)
+        for p, group, seq in waits:
+            got = inbox[p].get(group)
+            if got is None or seq.size == 0:
                 continue
-            a, b = r[:, 1], r[:, 2]
-            wait = np.where((a > 0) & (b >= a), b - a, 0)
-            latest = np.full(len(r), np.iinfo(np.int64).min, dtype=np.int64)
-            late = np.full(len(r), -1, dtype=np.int64)
-            for p, group, seq in waits.get(id(op), ()):
-                got = inbox[p].get(group)
-                if got is None or seq.size == 0:
-                    continue
-                order = np.argsort(got[0], kind="stable")
-                S, T = got[0][order], got[1][order]
-                if S.size == 0:
-                    continue
-                idx = np.minimum(np.searchsorted(S, seq), S.size - 1)
-                t = np.where((S[idx] == seq) & (seq >= 0), T[idx], np.iinfo(np.int64).min)
-                newer = t > latest
-                latest = np.where(newer, t, latest)
-                late = np.where(newer, p, late)
-            known = (a > 0) & (late >= 0)
-            imb = np.where(known, np.clip(np.where(known, latest, 0) - (a + off), 0, wait), 0)
-            was_late = late[imb > 0]
-            total = (int((r[:, 3] - r[:, 0]).sum()) + over[2]) * 1e-9
-            w = (int(wait.sum()) + over[3]) * 1e-9
-            i = int(imb.sum()) * 1e-9
-            rows.append({"object": op.label, "op": op.op, "calls": len(r) + over[0],
-                         "bytes": int(r[:, 5].sum()) + over[1], "time_s": total,
-                         "python_s": max(total - w, 0.0), "wait_s": w, "imbalance_s": i,
-                         "transfer_s": w - i,
-                         "late_peer": int(np.bincount(was_late).argmax()) if was_late.size else None,
-                         "split_calls": len(r)})
-            op.release()
-        self._rows = rows
-        self._all = hc.comm.gather(rows, root=0)
-        self._state = "done"
+            order = np.argsort(got[0], kind="stable")
+            S, T = got[0][order], got[1][order]
+            if S.size == 0:
+                continue
+            idx = np.minimum(np.searchsorted(S, seq), S.size - 1)
+            t = np.where((S[idx] == seq) & (seq >= 0), T[idx], np.iinfo(np.int64).min)
+            newer = t > latest
+            latest = np.where(newer, t, latest)
+            late = np.where(newer, p, late)
+        known = (a > 0) & (late >= 0)
+        imb = np.where(known, np.clip(np.where(known, latest, 0) - (a + off), 0, wait), 0)
+        was_late = late[imb > 0]
+        total = (int((r[:, 3] - r[:, 0]).sum()) + over[2]) * 1e-9
+        w = (int(wait.sum()) + over[3]) * 1e-9
+        i = int(imb.sum()) * 1e-9
+        return {"object": op.label, "op": op.op, "calls": len(r) + over[0],
+                "bytes": int(r[:, 5].sum()) + over[1], "time_s": total,
+                "python_s": max(total - w, 0.0), "wait_s": w, "imbalance_s": i,
+                "transfer_s": w - i,
+                "late_peer": int(np.bincount(was_late).argmax()) if was_late.size else None,
+                "split_calls": len(r)}
 
     # ------------------------------------------------------------ results
 
@@ -500,6 +513,20 @@ def _image_ranks(ranks, me, size):
     if isinstance(ranks, (int, np.integer)):
         ranks = [ranks]
     return [int(r) for r in ranks if 0 <= int(r) < size and int(r) != me]
+
+
+def _image_calls(recs, rank, size):
+    """sync_images: the j-th call naming rank p meets p's j-th call naming this rank.
+    Returns id(op) -> p -> [(the call's index in op's records, j)]."""
+    calls = sorted(((r[i, 0], op, i) for op, r in recs if op.kind == "images"
+                    for i in range(len(r))), key=lambda c: c[0])
+    named = collections.Counter()
+    img = collections.defaultdict(lambda: collections.defaultdict(list))  # op -> p -> [(i, seq)]
+    for _, op, i in calls:
+        for p in _image_ranks(op.named[i], rank, size):
+            img[id(op)][p].append((i, named[p]))
+            named[p] += 1
+    return img
 
 
 def _wrapper(f, rec, obj):

@@ -106,12 +106,7 @@ def run(hc, comm, a):
     """Put/Get latency and bandwidth, overlap and coarray ping-pong; hybridmpi vs mpi4py."""
     from mpi4py import MPI
 
-    if comm.size < 2:
-        raise SystemExit("hybridmpi bench rma: needs at least 2 ranks (origin 0, target 1)")
-    parts = [p for p in a.parts.split(",") if p]
-    bad = [p for p in parts if p not in PARTS]
-    if bad:
-        raise SystemExit(f"hybridmpi bench rma: unknown parts {bad}; use {','.join(PARTS)}")
+    parts = _parts(comm, a)
     sizes = [int(s) for s in a.sizes.split(",")]
     top = max(sizes)
     where = comm.bcast("intranode" if 1 in hc.node_ranks else "internode", root=0)
@@ -134,73 +129,11 @@ def run(hc, comm, a):
             it = _iters(a, n)
             s, o = src[:n], out[:n]
             if "latency" in parts:
-                def mpi_put(s=s, n=n):
-                    win.Put((s, n, MPI.BYTE), 1, (0, n, MPI.BYTE))
-                    win.Flush(1)
-
-                def mpi_get(o=o, n=n):
-                    win.Get((o, n, MPI.BYTE), 1, (0, n, MPI.BYTE))
-                    win.Flush(1)
-
-                def pp_first(s=s):
-                    comm.Send(s, dest=1 - comm.rank)
-
-                def pp_second(o=o):
-                    comm.Recv(o, source=1 - comm.rank)
-
-                add(doc, "mpi4py Put+Flush", n, _origin(hc, comm, mpi_put, it, a.reps), baseline=True)
-                add(doc, "mpi4py Get+Flush", n, _origin(hc, comm, mpi_get, it, a.reps), baseline=True)
-                add(doc, "Send/Recv", n, _pingpong(hc, comm, pp_first, pp_second, it, a.reps),
-                    baseline=True)
-                add(doc, "Put", n, _origin(hc, comm, lambda s=s: mem.Put(s, 1), it, a.reps),
-                    versus="mpi4py Put+Flush")
-                add(doc, "Get", n, _origin(hc, comm, lambda o=o: mem.Get(o, 1), it, a.reps),
-                    versus="mpi4py Get+Flush")
-                add(doc, "Rput+wait", n, _origin(hc, comm, lambda s=s: mem.Rput(s, 1).wait(), it, a.reps),
-                    versus="mpi4py Put+Flush")
-                add(doc, "Rget+wait", n, _origin(hc, comm, lambda o=o: mem.Rget(o, 1).wait(), it, a.reps),
-                    versus="mpi4py Get+Flush")
-                if near:
-                    def copy(s=s, n=n):
-                        view[:n] = s
-
-                    add(doc, "copy into peer", n, _origin(hc, comm, copy, it, a.reps),
-                        versus="mpi4py Put+Flush")
+                _latency(hc, comm, doc, mem, win, n, it, a.reps, s, o, near, view)
             if "bandwidth" in parts:
-                w = a.window
-
-                def bw_put(n=n, w=w):
-                    waitall([mem.Rput(src[:n], 1, k * n) for k in range(w)])
-
-                def bw_get(n=n, w=w):
-                    waitall([mem.Rget(out[k * n:(k + 1) * n], 1, k * n) for k in range(w)])
-
-                def bw_mpi_put(n=n, w=w):
-                    for k in range(w):
-                        win.Put((src[k * n:], n, MPI.BYTE), 1, (k * n, n, MPI.BYTE))
-                    win.Flush(1)
-
-                def bw_mpi_get(n=n, w=w):
-                    for k in range(w):
-                        win.Get((out[k * n:], n, MPI.BYTE), 1, (k * n, n, MPI.BYTE))
-                    win.Flush(1)
-
-                bit = max(2, it // w)
-                for series, call, versus in (("bw mpi4py Put", bw_mpi_put, None),
-                                             ("bw mpi4py Get", bw_mpi_get, None),
-                                             ("bw Rput", bw_put, "bw mpi4py Put"),
-                                             ("bw Rget", bw_get, "bw mpi4py Get")):
-                    samples = [t / w for t in _origin(hc, comm, call, bit, a.reps)]
-                    extra = {"versus": versus} if versus else {}
-                    row = add(doc, series, n, samples, baseline=versus is None, **extra)
-                    row["mb_per_s"] = n / row["mean"]
+                _bandwidth(hc, comm, doc, mem, win, n, it, a, src, out)
             if "overlap" in parts and n >= 4096:
-                t_hm, pct_hm = _overlap(hc, comm, lambda o=o: mem.Rget(o, 1), it, a.reps)
-                t_mpi, pct_mpi = _overlap(
-                    hc, comm, lambda o=o, n=n: _Req(win.Rget((o, n, MPI.BYTE), 1, (0, n, MPI.BYTE))),
-                    it, a.reps)
-                add(doc, "overlap mpi4py Rget", n, t_mpi, baseline=True, overlap_pct=pct_mpi)
-                add(doc, "overlap Rget", n, t_hm, versus="overlap mpi4py Rget", overlap_pct=pct_hm)
+                _overlap_rget(hc, comm, doc, mem, win, n, it, a.reps, o)
             if "coarray" in parts:
                 _coarray(hc, comm, doc, n, it, a.reps, src, out)
             bar.step(f"{n} B")
@@ -213,6 +146,102 @@ def run(hc, comm, a):
         win.Free()
         mem.free()
     return doc
+
+
+def _parts(comm, a):
+    """The parts asked for; SystemExit with fewer than 2 ranks or an unknown part."""
+    if comm.size < 2:
+        raise SystemExit("hybridmpi bench rma: needs at least 2 ranks (origin 0, target 1)")
+    parts = [p for p in a.parts.split(",") if p]
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        raise SystemExit(f"hybridmpi bench rma: unknown parts {bad}; use {','.join(PARTS)}")
+    return parts
+
+
+def _latency(hc, comm, doc, mem, win, n, it, reps, s, o, near, view):
+    """Blocking and request-based Put/Get of ``n`` bytes against mpi4py RMA and Send/Recv;
+    ``near`` (rank 1 on rank 0's node) also a copy into ``view``, rank 0's view of rank 1's part."""
+    from mpi4py import MPI
+
+    def mpi_put(s=s, n=n):
+        win.Put((s, n, MPI.BYTE), 1, (0, n, MPI.BYTE))
+        win.Flush(1)
+
+    def mpi_get(o=o, n=n):
+        win.Get((o, n, MPI.BYTE), 1, (0, n, MPI.BYTE))
+        win.Flush(1)
+
+    def pp_first(s=s):
+        comm.Send(s, dest=1 - comm.rank)
+
+    def pp_second(o=o):
+        comm.Recv(o, source=1 - comm.rank)
+
+    add(doc, "mpi4py Put+Flush", n, _origin(hc, comm, mpi_put, it, reps), baseline=True)
+    add(doc, "mpi4py Get+Flush", n, _origin(hc, comm, mpi_get, it, reps), baseline=True)
+    add(doc, "Send/Recv", n, _pingpong(hc, comm, pp_first, pp_second, it, reps),
+        baseline=True)
+    add(doc, "Put", n, _origin(hc, comm, lambda s=s: mem.Put(s, 1), it, reps),
+        versus="mpi4py Put+Flush")
+    add(doc, "Get", n, _origin(hc, comm, lambda o=o: mem.Get(o, 1), it, reps),
+        versus="mpi4py Get+Flush")
+    add(doc, "Rput+wait", n, _origin(hc, comm, lambda s=s: mem.Rput(s, 1).wait(), it, reps),
+        versus="mpi4py Put+Flush")
+    add(doc, "Rget+wait", n, _origin(hc, comm, lambda o=o: mem.Rget(o, 1).wait(), it, reps),
+        versus="mpi4py Get+Flush")
+    if near:
+        def copy(s=s, n=n):
+            view[:n] = s
+
+        add(doc, "copy into peer", n, _origin(hc, comm, copy, it, reps),
+            versus="mpi4py Put+Flush")
+
+
+def _bandwidth(hc, comm, doc, mem, win, n, it, a, src, out):
+    """``a.window`` operations of ``n`` bytes in flight, Rput/Rget against mpi4py Put/Get (time
+    per operation and MB/s)."""
+    from mpi4py import MPI
+
+    w = a.window
+
+    def bw_put(n=n, w=w):
+        waitall([mem.Rput(src[:n], 1, k * n) for k in range(w)])
+
+    def bw_get(n=n, w=w):
+        waitall([mem.Rget(out[k * n:(k + 1) * n], 1, k * n) for k in range(w)])
+
+    def bw_mpi_put(n=n, w=w):
+        for k in range(w):
+            win.Put((src[k * n:], n, MPI.BYTE), 1, (k * n, n, MPI.BYTE))
+        win.Flush(1)
+
+    def bw_mpi_get(n=n, w=w):
+        for k in range(w):
+            win.Get((out[k * n:], n, MPI.BYTE), 1, (k * n, n, MPI.BYTE))
+        win.Flush(1)
+
+    bit = max(2, it // w)
+    for series, call, versus in (("bw mpi4py Put", bw_mpi_put, None),
+                                 ("bw mpi4py Get", bw_mpi_get, None),
+                                 ("bw Rput", bw_put, "bw mpi4py Put"),
+                                 ("bw Rget", bw_get, "bw mpi4py Get")):
+        samples = [t / w for t in _origin(hc, comm, call, bit, a.reps)]
+        extra = {"versus": versus} if versus else {}
+        row = add(doc, series, n, samples, baseline=versus is None, **extra)
+        row["mb_per_s"] = n / row["mean"]
+
+
+def _overlap_rget(hc, comm, doc, mem, win, n, it, reps, o):
+    """The overlap test of Rget of ``n`` bytes, against mpi4py's Rget."""
+    from mpi4py import MPI
+
+    t_hm, pct_hm = _overlap(hc, comm, lambda o=o: mem.Rget(o, 1), it, reps)
+    t_mpi, pct_mpi = _overlap(
+        hc, comm, lambda o=o, n=n: _Req(win.Rget((o, n, MPI.BYTE), 1, (0, n, MPI.BYTE))),
+        it, reps)
+    add(doc, "overlap mpi4py Rget", n, t_mpi, baseline=True, overlap_pct=pct_mpi)
+    add(doc, "overlap Rget", n, t_hm, versus="overlap mpi4py Rget", overlap_pct=pct_hm)
 
 
 def _coarray(hc, comm, doc, n, it, reps, src, out):

@@ -165,27 +165,14 @@ class Poisson:
         """
         hc = self.hc
         red = allreduce or hc.allreduce
-        n, size = self.lm.n_owned, self.lm.size
+        n = self.lm.n_owned
         ex = exchange or self.halo
         if maxiter is None:
             maxiter = 10 * max(hc.allreduce(n), 1)
-        x = np.zeros(size)
-        x[self.boundary] = self.g_values[self.boundary]
-        ex.update_begin(x)
-        ex.update_end(x)
-        q = np.empty(n)
-        self.matvec(x, q, ex)
-        r = self.b - q
+        x, q, r = self._cg_start(ex)
         d = np.where(self.diag != 0, self.diag, 1.0)
         z = r / d
-        if shared and exchange is None:
-            if self._p is None:
-                self._p = self.halo.vector()  # collective, like cg()
-            p = self._p
-            p[...] = 0
-        else:
-            p = np.zeros(size)
-        assert p is not None
+        p = self._cg_direction(shared and exchange is None)
         p[:n] = z
         rz = red(float(r @ z))
         norm_b = red(float(self.b @ self.b)) ** 0.5 or 1.0
@@ -226,6 +213,32 @@ class Poisson:
         ex.update_begin(x)
         ex.update_end(x)
         return x, it, t
+
+    def _cg_start(self, ex: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """cg()'s start: (x, q, r), x the Dirichlet values and zero elsewhere (ghosts updated by
+        ``ex``), q = A x and the residual r = b - q."""
+        n, size = self.lm.n_owned, self.lm.size
+        x = np.zeros(size)
+        x[self.boundary] = self.g_values[self.boundary]
+        ex.update_begin(x)
+        ex.update_end(x)
+        q = np.empty(n)
+        self.matvec(x, q, ex)
+        r = self.b - q
+        return x, q, r
+
+    def _cg_direction(self, shared: bool) -> np.ndarray:
+        """cg()'s search direction, zeroed: with ``shared``, the Halo's shared vector (made at
+        the first call, collective like cg(), and reused); else a private array."""
+        if shared:
+            if self._p is None:
+                self._p = self.halo.vector()  # collective, like cg()
+            p = self._p
+            p[...] = 0
+        else:
+            p = np.zeros(self.lm.size)
+        assert p is not None
+        return p
 
     def l2_error(self, x: np.ndarray, u: Callable[[np.ndarray], np.ndarray]) -> float:
         """||u_h - u||_L2 over the whole mesh (collective; ``x`` with ghosts updated)."""

@@ -242,6 +242,28 @@ class HybridComm(Collectives):
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"hybridmpi: HybridComm needs an MPI intracommunicator, got {comm!r}")
+        env, node_size, radix, spin = self._agree_args(comm, node_size, memory_order, timeout, radix,
+                                                       spin, allreduce)
+        if timeout is None:
+            timeout = env["timeout"]
+        if spin is None:
+            spin = env["spin"]
+        spin = self._split(MPI, comm, node_size, spin)
+        self.memory_order = memory_order
+        self.timeout = timeout if timeout and timeout < _FOREVER_S else None
+        self.radix = radix
+        st = self._init_core(MPI, radix, spin, memory_order, env)
+        self._init_state(MPI, st, allreduce)
+        _install_finalize_hook(MPI)
+        _LIVE[id(self)] = self
+        if env["profile"]:
+            for start in START_ENV_PROFILE:   # registered by the package (the profile is above)
+                start(self)
+
+    def _agree_args(self, comm, node_size, memory_order, timeout, radix, spin, allreduce):
+        """Check the arguments and the environment on every rank, and agree (collective):
+        (env settings, node_size, radix, spin) as ints, or the same error on every rank.
+        Sets ``env`` and the nonce."""
         # Checks that need no communication come first, then the ones that
         # need all ranks' view, so that every rank raises the same error.
         problem = self._check_args(node_size, memory_order, timeout, radix, spin)
@@ -276,11 +298,11 @@ class HybridComm(Collectives):
         self.env = env
         self._nonce = views[0][4]
         _chaos(comm.Get_rank())
-        if timeout is None:
-            timeout = env["timeout"]
-        if spin is None:
-            spin = env["spin"]
+        return env, node_size, radix, spin
 
+    def _split(self, MPI, comm, node_size, spin):
+        """Duplicate ``comm`` and split it into nodes (virtual ones of ``node_size``) and their
+        leaders (collective); returns the spin count (None: chosen from the cores)."""
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -308,10 +330,11 @@ class HybridComm(Collectives):
         self.node_ranks = self.node_comm.allgather(self.rank)
         #: the node rank of each rank of this node (the inverse of node_ranks)
         self.node_index = {r: i for i, r in enumerate(self.node_ranks)}
-        self.memory_order = memory_order
-        self.timeout = timeout if timeout and timeout < _FOREVER_S else None
-        self.radix = radix
+        return spin
 
+    def _init_core(self, MPI, radix, spin, memory_order, env):
+        """The node's shared window of collective words and the C core's state over it, with
+        its wait policy (collective on the node)."""
         self._win, bases, _ = allocate_shared(self, lib.hm_coll_segment_bytes(SLOT_BYTES))
         self._segs = ffi.new("char *[]", [ffi.cast("char *", b) for b in bases])
         # Load/store access to the window is legal inside a passive epoch;
@@ -327,6 +350,11 @@ class HybridComm(Collectives):
             lib.hm_set_warn(lib.hm_py_warn)
         self._win.Sync()
         self.node_comm.Barrier()
+        return st
+
+    def _init_state(self, MPI, st, allreduce):
+        """The state of a new comm over the C core's ``st``: its fast paths, scratch buffers,
+        children, identifiers, failure notices, Context and arena."""
         self._st = st
         self._live = st  # None once freed or broken: one check on hot paths
         self._leader_multi = self.is_leader and self.num_nodes > 1
@@ -356,11 +384,6 @@ class HybridComm(Collectives):
         self.context = Context(self, MPI, st, self._notices, service=self._service,
                                free_comm=self._free_comm, broken=lambda: self._broken)
         self.arena = self.context.arena = Arena(self.context)  # shared memory of Halos, global memory
-        _install_finalize_hook(MPI)
-        _LIVE[id(self)] = self
-        if env["profile"]:
-            for start in START_ENV_PROFILE:   # registered by the package (the profile is above)
-                start(self)
 
     def _fast_paths(self, st):
         """Install ``barrier()`` and ``allreduce(float)`` of one node as C calls (``Coll``: about

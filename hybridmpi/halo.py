@@ -80,40 +80,7 @@ class Halo(Freed):
         if hc.closed:
             raise FreedError(f"hybridmpi: rank {hc.rank}: Halo on a freed HybridComm")
         self._transport: Any = None
-        problem: Any = None
-        try:
-            dt = np.dtype(dtype)
-        except Exception:   # anything numpy refuses is a problem to agree on, not a raise here
-            dt = None
-        if method is None:
-            method = os.environ.get("HYBRIDMPI_METHOD") or "atomic"
-            source = " (from env HYBRIDMPI_METHOD)"
-        else:
-            source = ""
-        if hc._broken is not None:   # agreed: ranks whose comm is fine raise too, none waits
-            problem = f"its HybridComm is unusable after an earlier error ({hc._broken}); free it"
-        elif dt not in DTYPES:
-            problem = f"unsupported dtype {dtype!r}; use one of {sorted(d.name for d in DTYPES)}"
-        elif (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
-              or block < 1):
-            problem = f"block must be an int >= 1, got {block!r}"
-        elif type(method) is not str or (method not in METHODS and method != "auto"):
-            problem = f"unknown method {method!r}{source}; use one of {list(METHODS) + ['auto']}"
-        near = 0 if problem else max([ids.size * dt.itemsize * block for p, ids in pattern.send.items()
-                                      if p in pattern.intranode] + [0])
-        if problem is not None:
-            exc = (TypeError if problem.startswith("unsupported dtype")
-                   else RuntimeError if problem.startswith("its HybridComm") else ValueError)
-            problem = exc, f"rank {hc.rank}: {problem}"
-        else:
-            block = int(block)
-        views = agree(hc.comm, problem, "Halo()",
-                      data=None if problem else (str(dt), block, method, near))
-        biggest = max(v[3] for v in views)
-        views = [v[:3] for v in views]
-        if len(set(views)) != 1:
-            raise ValueError("hybridmpi: Halo(): ranks passed different (dtype, block, method): "
-                             f"{views}")
+        dt, block, method, biggest = self._agree_args(pattern, hc, dtype, block, method)
         self.pattern = pattern
         self.hc = hc
         self.dtype = dt
@@ -165,6 +132,47 @@ class Halo(Freed):
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
         hc._adopt(self)
+
+    @staticmethod
+    def _agree_args(pattern, hc, dtype, block, method):
+        """Check the arguments on every rank and agree (collective): (dtype, block, method, the
+        largest channel inside a node over all ranks in bytes), or the same error everywhere."""
+        problem: Any = None
+        try:
+            dt = np.dtype(dtype)
+        except Exception:   # anything numpy refuses is a problem to agree on, not a raise here
+            dt = None
+        if method is None:
+            method = os.environ.get("HYBRIDMPI_METHOD") or "atomic"
+            source = " (from env HYBRIDMPI_METHOD)"
+        else:
+            source = ""
+        broken = hc.context.broken()
+        if broken is not None:   # agreed: ranks whose comm is fine raise too, none waits
+            problem = f"its HybridComm is unusable after an earlier error ({broken}); free it"
+        elif dt not in DTYPES:
+            problem = f"unsupported dtype {dtype!r}; use one of {sorted(d.name for d in DTYPES)}"
+        elif (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
+              or block < 1):
+            problem = f"block must be an int >= 1, got {block!r}"
+        elif type(method) is not str or (method not in METHODS and method != "auto"):
+            problem = f"unknown method {method!r}{source}; use one of {list(METHODS) + ['auto']}"
+        near = 0 if problem else max([ids.size * dt.itemsize * block for p, ids in pattern.send.items()
+                                      if p in pattern.intranode] + [0])
+        if problem is not None:
+            exc = (TypeError if problem.startswith("unsupported dtype")
+                   else RuntimeError if problem.startswith("its HybridComm") else ValueError)
+            problem = exc, f"rank {hc.rank}: {problem}"
+        else:
+            block = int(block)
+        views = agree(hc.comm, problem, "Halo()",
+                      data=None if problem else (str(dt), block, method, near))
+        biggest = max(v[3] for v in views)
+        views = [v[:3] for v in views]
+        if len(set(views)) != 1:
+            raise ValueError("hybridmpi: Halo(): ranks passed different (dtype, block, method): "
+                             f"{views}")
+        return dt, block, method, biggest
 
     def _make_transport(self, method):
         """The transport of ``method`` ("auto": atomic, else flat with a warning)."""

@@ -288,9 +288,7 @@ class GhostPattern:
             k = int(wcounts[p])
             send[int(p)] = local[start:start + k].astype(np.int64)
             start += k
-        pattern = cls.__new__(cls)
-        pattern._set(hc, send, recv, n_owned + gh.size, n_owned)
-        return pattern
+        return cls._from_lists(hc, send, recv, n_owned + gh.size, n_owned)
 
     @staticmethod
     def _register_owned(comm, MPI, own, nranks):

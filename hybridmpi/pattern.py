@@ -215,7 +215,7 @@ class GhostPattern:
         self._graph_users -= 1
         if self._graph_users == 0 and self._graph is not None:
             if not mpi().Is_finalized():
-                self.hc._free_comm(self._graph)
+                self.hc.context.free_comm(self._graph)
             self._graph = None
 
     def _check_counts(self, comm):

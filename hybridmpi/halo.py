@@ -123,6 +123,7 @@ class Halo(Freed):
             hc._release_id(ident)   # agreed failure (every rank raises): the id is free again
             raise
         # blocking forward updates of private arrays by the method's own path, if it has one
+        self._transport.prepare()
         self._cma = self._transport.cross_memory
         # The hot path: a blocking update or reverse of the array of the last such call, where
         # the method packs a whole call into one C call (atomic, every peer on this node): one

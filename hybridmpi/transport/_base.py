@@ -264,6 +264,12 @@ class Transport(ABC):
         self.begin(d, xbuf, e)
         self.end(d, xbuf, e, op)
 
+    def prepare(self):
+        """Collective set-up once the transports of every rank are made, outside the Halo's
+        method fallback ("auto"); it chooses the method's own paths (atomic: cross-memory
+        attach).  Nothing by default."""
+        return None
+
     #: whole forward updates of private arrays by a path of the method's own (atomic:
     #: cross-memory attach, a :class:`~.atomic.ZeroCopy`), or None
     cross_memory: Any = None

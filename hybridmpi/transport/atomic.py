@@ -40,9 +40,12 @@ class Atomic(ShmTransport):
         super().__init__(ex, lock_all=True, counters=True, persistent=True)
         self._bad = None
         self._theirs = None
-        # Blocking forward updates of private arrays by cross-memory attach: large channels
-        # of long runs, on a node where process_vm_readv works (the same choice everywhere;
-        # every rank enters the probe, also one alone on its node).
+
+    def prepare(self):
+        """Blocking forward updates of private arrays by cross-memory attach: large channels
+        of long runs, on a node where process_vm_readv works (the same choice everywhere;
+        every rank enters the probe, also one alone on its node)."""
+        ex = self.ex
         paths = ex.paths
         if paths.biggest >= paths.cma_bytes:
             pids = cma_pids(ex.ctx)

@@ -14,7 +14,10 @@ from typing import Any
 
 
 class Context:
-    """A HybridComm as the transports, waits and arena see it (made by the HybridComm).
+    """A HybridComm as the layers under and above it see it (made by the HybridComm): the comm
+    layer's one seam.  Nothing outside ``comm.py`` touches a HybridComm's private state; what
+    the transports, the waits, the arena, the Halos, global memory and the profile need of it
+    is here, by name.
 
     Attributes:
         MPI: mpi4py's MPI module.
@@ -26,14 +29,31 @@ class Context:
             memory order, deadline) every wait copies; ``spin``: its spin count.
         notices: the comm's failure notices (:class:`hybridmpi._notice.Notices`).
         arena: the comm's shared arena (set once it is made).
+        serial: the comm's number, in the order comms were made on this rank.
+        children: the Halos, global memory and coarrays made on the comm (by ``id``), freed
+            with it (:meth:`adopt`, :meth:`disown`).
+        profile: the recorder of the :class:`hybridmpi.profile` that is on (set by the
+            profile: its ``owner``, ``adopt(obj)``, ``forget(obj)``, ``hot_recording(halo,
+            name)``), else None; env_profile: the HYBRIDMPI_PROFILE profile, else None;
+            clock_offset: the profile's offset of this node's clock (None until measured).
+        take_id, release_id: a Halo identifier, the same on every rank (collective), and its
+            return (the HybridComm's ``_take_id``/``_release_id``).
+        break_comm: ``break_comm(why, notify=True)`` makes the comm unusable and its waiting
+            peers raise (its ``_break``).
+        peer_error: ``peer_error(what, peer, seen, also="")``, the exception of a rank that
+            found a peer's error bits (its ``_peer_error``).
+        describe_word: ``describe_word(addr)``, what a wait on ``addr`` waits for, in words,
+            if the word is this comm's or its children's (hang diagnosis), else None.
     """
 
     __slots__ = ("MPI", "comm", "node_comm", "leader_comm", "rank", "size", "node_rank",
                  "node_size", "node_id", "num_nodes", "is_leader", "node_ranks", "node_index",
-                 "coll", "spin", "notices", "arena", "_service", "_free_comm", "_broken")
+                 "coll", "spin", "notices", "arena", "serial", "children", "profile",
+                 "env_profile", "clock_offset", "take_id", "release_id", "break_comm",
+                 "peer_error", "describe_word", "_service", "_free_comm", "_broken")
 
-    def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, service: Callable[..., Any],
-                 free_comm: Callable[[Any], None], broken: Callable[[], str | None]) -> None:
+    def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, serial: int,
+                 children: dict[int, Any], hooks: dict[str, Callable[..., Any]]) -> None:
         self.MPI = MPI
         for name in ("comm", "node_comm", "leader_comm", "rank", "size", "node_rank",
                      "node_size", "node_id", "num_nodes", "is_leader"):
@@ -42,7 +62,15 @@ class Context:
         self.node_index = dict(hc.node_index)
         self.coll, self.spin, self.notices = coll, int(coll.policy.spin), notices
         self.arena: Any = None
-        self._service, self._free_comm, self._broken = service, free_comm, broken
+        self.serial, self.children = serial, children
+        self.profile: Any = None
+        self.env_profile: Any = None
+        self.clock_offset: int | None = None
+        self.take_id, self.release_id = hooks["take_id"], hooks["release_id"]
+        self.break_comm, self.peer_error = hooks["break_comm"], hooks["peer_error"]
+        self.describe_word = hooks["describe_word"]
+        self._service, self._free_comm = hooks["service"], hooks["free_comm"]
+        self._broken = hooks["broken"]
 
     @property
     def policy(self) -> Any:
@@ -63,3 +91,14 @@ class Context:
         """Free a communicator made from this comm's, unless the comm broke (then it is kept:
         messages of the failed call may still arrive on it)."""
         self._free_comm(c)
+
+    def adopt(self, obj: Any) -> None:
+        """Register a Halo, GlobalMemory or Coarray made on the comm (freed with it; recorded
+        by a profile that is on)."""
+        self.children[id(obj)] = obj
+        if self.profile is not None:
+            self.profile.adopt(obj)
+
+    def disown(self, obj: Any) -> None:
+        """Take ``obj`` out of the children (it was freed, or is freed by its owner)."""
+        self.children.pop(id(obj), None)

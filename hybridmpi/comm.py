@@ -138,22 +138,7 @@ def hm_py_warn(word, value, seen, waited):
     addr = int(ffi.cast("uintptr_t", word))
     where = "a Halo, global-memory or sync_images call"
     for hc in _LIVE.values():
-        st = hc._st
-        if st is None:
-            continue
-        size = lib.hm_coll_segment_bytes(SLOT_BYTES)
-        for nr in range(hc.node_size):
-            base = int(ffi.cast("uintptr_t", hc._segs[nr]))
-            if base <= addr < base + size:
-                late = [hc.node_ranks[r] for r in range(hc.node_size)
-                        if lib.hm_load(hc._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
-                where = (f"collective call {st.epoch} of {hc!r}, on a word of rank "
-                         f"{hc.node_ranks[nr]}; ranks that have not entered it: {late}")
-        for obj in [*hc._children.values(), *hc._services.values()]:
-            describe = getattr(obj, "_describe_word", None)
-            what = describe(addr) if describe is not None else None
-            if what:
-                where = what
+        where = hc.context.describe_word(addr) or where
     rank = next((hc.rank for hc in _LIVE.values()), "?")
     flags = " (error bits set)" if seen >> 62 else ""
     print(f"hybridmpi: rank {rank} has waited {waited:.0f} s in {where}: the word at {addr:#x} "
@@ -190,12 +175,6 @@ def _describe(value):
     return f"released call {value // 2}"
 
 
-def _failed_call(hc: HybridComm, what: str, rc: int) -> None:
-    """Raise the error of a collective call ``what`` that the C core failed with ``rc``
-    (the C fast paths' way back into :meth:`HybridComm._fail`)."""
-    hc._fail(rc, what)
-
-
 class HybridComm(Collectives):
     """A communicator split into nodes, with shared-memory collectives.
 
@@ -222,7 +201,9 @@ class HybridComm(Collectives):
         comm, node_comm, leader_comm (``MPI.COMM_NULL`` off the leaders),
         node_rank, node_size, node_id, num_nodes, is_leader, rank, size;
         node_ranks (the ranks of this node, by node rank) and node_index
-        (their node ranks, by rank).
+        (their node ranks, by rank); closed (True once :meth:`free` was
+        called); context (what the other layers use of the comm: a
+        ``hybridmpi._context.Context``, not a public API).
 
     Raises:
         TypeError: ``comm`` is not an intracommunicator.
@@ -237,6 +218,9 @@ class HybridComm(Collectives):
         MPI = _mpi()
         self._MPI = MPI
         self._st = None
+        #: True before the comm is made and once it is freed (an attribute: one dictionary
+        #: lookup on the drop-ins' hot path)
+        self.closed = True
         self._fast: list[Any] = []
         if comm is None:
             comm = MPI.COMM_WORLD
@@ -356,6 +340,7 @@ class HybridComm(Collectives):
         """The state of a new comm over the C core's ``st``: its fast paths, scratch buffers,
         children, identifiers, failure notices, Context and arena."""
         self._st = st
+        self.closed = False
         self._live = st  # None once freed or broken: one check on hot paths
         self._leader_multi = self.is_leader and self.num_nodes > 1
         # Recursive doubling needs the whole node in one phase: one node only.
@@ -374,15 +359,16 @@ class HybridComm(Collectives):
         self._bufs: dict[Any, Any] = {}
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         self._children: dict[int, Any] = {}  # Halos and global memory built on this comm, freed with it
-        self._profile = None   # the hybridmpi.profile that records this comm's calls
-        self._env_profile = None
-        self._serial = next(_SERIALS)
         self._tags = np.zeros(TAG_SLOTS // 64 + 1, dtype=np.uint64)  # bit i: identifier i taken
         self._notices = Notices(self.comm, self._nonce, MPI)  # this rank's and the peers' (_break)
         self._services: dict[str, Any] = {}  # other layers' state per comm (_service)
         #: what the transports, the waits and the arena see of this comm
-        self.context = Context(self, MPI, st, self._notices, service=self._service,
-                               free_comm=self._free_comm, broken=lambda: self._broken)
+        self.context = Context(self, MPI, st, self._notices, serial=next(_SERIALS),
+                               children=self._children, hooks=dict(
+                                   service=self._service, free_comm=self._free_comm,
+                                   broken=lambda: self._broken, take_id=self._take_id,
+                                   release_id=self._release_id, break_comm=self._break,
+                                   peer_error=self._peer_error, describe_word=self._where_word))
         self.arena = self.context.arena = Arena(self.context)  # shared memory of Halos, global memory
 
     def _fast_paths(self, st):
@@ -397,7 +383,7 @@ class HybridComm(Collectives):
                                           "barrier(dissemination)"),
                                          (1, "allreduce", self._rd, "hm_allreduce_rd_f64", "allreduce")):
             if on and getattr(type(self), name) is getattr(Collectives, name):  # not overridden
-                fail = functools.partial(_failed_call, self, what)
+                fail = functools.partial(self._failed_call, what)
                 fn_address = int(ffi.cast("uintptr_t", ffi.addressof(lib, fn)))
                 self.__dict__[name] = c = _Coll(kind, address, fn_address,
                                                 getattr(Collectives, name).__get__(self), fail, OPS)
@@ -433,10 +419,11 @@ class HybridComm(Collectives):
         _LIVE.pop(id(self), None)
         if self._st is None:
             return
-        if self._env_profile is not None:
-            self._env_profile.end_env()
-        elif self._profile is not None:
-            self._profile.abandon()
+        ctx = self.context
+        if ctx.env_profile is not None:
+            ctx.env_profile.end_env()
+        elif ctx.profile is not None:
+            ctx.profile.owner.abandon()
         for child in list(self._children.values()):
             child.free()
         services, self._services = self._services, {}
@@ -451,6 +438,7 @@ class HybridComm(Collectives):
                 del self.__dict__[name]
         self._fast = []
         self._st = self._live = self._one_node_st = self._rd_st = None
+        self.closed = True
         self._bufs = {}
         MPI = self._MPI
         if MPI.Is_finalized():
@@ -482,12 +470,32 @@ class HybridComm(Collectives):
             s = self._services[name] = make(self)
         return s
 
-    def _adopt(self, child):
-        """Register a Halo, GlobalMemory or Coarray made on this comm (freed with it; recorded
-        by a profile that is on)."""
-        self._children[id(child)] = child
-        if self._profile is not None:
-            self._profile._adopt(child)
+    def _failed_call(self, what, rc):
+        """Raise the error of a collective call ``what`` that the C core failed with ``rc``
+        (the C fast paths' way back into :meth:`_fail`)."""
+        self._fail(rc, what)
+
+    def _where_word(self, addr):
+        """What a wait on the word at ``addr`` waits for, in words, if the word is one of this
+        comm's collective segments or of its children or services; else None."""
+        st = self._st
+        if st is None:
+            return None
+        where = None
+        size = lib.hm_coll_segment_bytes(SLOT_BYTES)
+        for nr in range(self.node_size):
+            base = int(ffi.cast("uintptr_t", self._segs[nr]))
+            if base <= addr < base + size:
+                late = [self.node_ranks[r] for r in range(self.node_size)
+                        if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
+                where = (f"collective call {st.epoch} of {self!r}, on a word of rank "
+                         f"{self.node_ranks[nr]}; ranks that have not entered it: {late}")
+        for obj in [*self._children.values(), *self._services.values()]:
+            describe = getattr(obj, "_describe_word", None)
+            what = describe(addr) if describe is not None else None
+            if what:
+                where = what
+        return where
 
     def _take_id(self):
         """An identifier (0 <= id < TAG_SLOTS) that no live Halo holds on any rank, the same
@@ -519,11 +527,6 @@ class HybridComm(Collectives):
             if _ends_job(exc):
                 return  # abort_on_error ends the job: no collective free for a peer to miss
         self.free()
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`free` was called."""
-        return self._st is None
 
     def _unusable(self):
         if self._broken is not None and self._st is not None:  # broken, not yet freed

@@ -52,11 +52,11 @@ def _cached(comm):
     """The HybridComm of ``comm`` through a dictionary keyed by the communicator object
     (which it keeps alive, so its id is not reused): one lookup on the hot path."""
     hit = _FAST.get(id(comm))
-    if hit is not None and hit[0] is comm and hit[1]._st is not None:
+    if hit is not None and hit[0] is comm and not hit[1].closed:
         hc = hit[1]
     else:
         hc = hybrid(comm)
-        for key in [k for k, (_, h) in _FAST.items() if h._st is None]:
+        for key in [k for k, (_, h) in _FAST.items() if h.closed]:
             del _FAST[key]
         _FAST[id(comm)] = (comm, hc)
     _LAST[:] = [comm, hc]
@@ -72,7 +72,7 @@ def barrier(comm: Any = None) -> None:
     last = _LAST
     if comm is last[0]:
         hc = last[1]
-        if hc._st is not None:  # one C call on one node (HybridComm's fast path)
+        if not hc.closed:  # one C call on one node (HybridComm's fast path)
             return hc.barrier()
     _cached(comm).barrier()
 
@@ -91,6 +91,6 @@ def allreduce(x: Any, op: Any = "sum", comm: Any = None) -> Any:
     last = _LAST
     if comm is last[0]:
         hc = last[1]
-        if hc._st is not None:  # a float on one node: one C call (HybridComm's fast path)
+        if not hc.closed:  # a float on one node: one C call (HybridComm's fast path)
             return hc.allreduce(x, op)
     return _cached(comm).allreduce(x, op)

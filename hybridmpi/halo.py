@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,6 +39,15 @@ def _setting(hc, key, default):
     """A threshold from the environment as every rank read it when ``hc`` was made."""
     value = hc.env[key]
     return default if value is None else value
+
+
+class HaloParts(NamedTuple):
+    """``Halo._internal``: what the profile, above the Halo, uses of one."""
+
+    #: ``cool(*names)``: drop the C hot paths of update/reverse (the next calls make new ones)
+    cool: Any
+    #: the Halo's call counts per direction (its epochs), live
+    epochs: Any
 
 
 class Halo(Freed):
@@ -90,7 +99,7 @@ class Halo(Freed):
         self.dtype_code = DTYPES[dt]
         self.esz = dt.itemsize * block
         self.timeout = hc.timeout
-        ident = hc._take_id()
+        ident = hc.context.take_id()
         if ident is None:
             raise RuntimeError(f"hybridmpi: rank {hc.rank}: Halo(): {TAG_SLOTS} Halos are live on "
                                "this HybridComm; free some first")
@@ -115,12 +124,11 @@ class Halo(Freed):
         self.exchange = Exchange(ctx=ctx, MPI=mpi(), plans=tuple(plans), esz=self.esz,
                                  dtype=self.dtype_code, tag=self.tag, timeout=self.timeout,
                                  policy=ctx.policy, neighbors=tuple(pattern.neighbors),
-                                 graph=pattern._graph_comm, graph_release=pattern._graph_release,
                                  paths=paths)
         try:
             self._transport = self._make_transport(method)
         except BaseException:
-            hc._release_id(ident)   # agreed failure (every rank raises): the id is free again
+            hc.context.release_id(ident)   # agreed failure (every rank raises): the id is free again
             raise
         # blocking forward updates of private arrays by the method's own path, if it has one
         self._transport.prepare()
@@ -132,7 +140,7 @@ class Halo(Freed):
         self._hot_sig: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
-        hc._adopt(self)
+        hc.context.adopt(self)
 
     @staticmethod
     def _agree_args(pattern, hc, dtype, block, method):
@@ -336,10 +344,10 @@ class Halo(Freed):
         if self._state.broken is None:
             self._state.broken = type(exc).__name__
         hc = self.hc
-        if self._transport is not None and hc._st is not None and not mpi().Is_finalized():
+        if self._transport is not None and not hc.closed and not mpi().Is_finalized():
             why = ("ValueError" if isinstance(exc, ValueError)
                    else f"a failed Halo call ({type(exc).__name__})")
-            hc._break(why, notify=not isinstance(exc, PeerError))
+            hc.context.break_comm(why, notify=not isinstance(exc, PeerError))
         return exc
 
     def _describe_word(self, addr):
@@ -545,8 +553,9 @@ class Halo(Freed):
         to the method (while a profile records this Halo: to the profile's wrapper, and the hot
         calls are recorded by the C object itself)."""
         fallback, prof = getattr(Halo, name), None
-        if self.hc._profile is not None:   # recorded by the profile, its wrapper the fallback
-            got = self.hc._profile._hot_recording(self, name)
+        recorder = self.hc.context.profile
+        if recorder is not None:   # recorded by the profile, its wrapper the fallback
+            got = recorder.hot_recording(self, name)
             if got is None:
                 return
             fallback, prof = got
@@ -634,14 +643,14 @@ class Halo(Freed):
 
     def free(self) -> None:
         """Release the shared window and MPI objects (collective).  Idempotent."""
-        self.hc._children.pop(id(self), None)
+        self.hc.context.disown(self)
         self._cool()
         t, self._transport = self._transport, None
         vectors, self._vectors = self._vectors, []
         if t is None or mpi().Is_finalized():
             return
         if self._state.broken is None:   # else messages of the failed call may still come: kept
-            self.hc._release_id(self._ident)
+            self.hc.context.release_id(self._ident)
         t.free()
         for _, block, _ in vectors:
             block.free()
@@ -650,6 +659,12 @@ class Halo(Freed):
     def closed(self) -> bool:
         """True once :meth:`free` was called."""
         return self._transport is None
+
+    @property
+    def _internal(self) -> HaloParts:
+        """What the profile uses of a Halo it records (the Halo's one seam: every other private
+        name stays in this module)."""
+        return HaloParts(self._cool, self._state.epochs)
 
     def __repr__(self):
         state = "freed" if self._transport is None else f"{len(self.pattern.neighbors)} neighbors"

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import interop
-from ._agree import create_agreed
 from ._lists import agree_pattern as _agree
 from ._lists import alltoallv as _alltoallv
 from ._lists import comm_of
@@ -155,7 +154,7 @@ class GhostPattern:
                     n_owned: int | None = None) -> GhostPattern:
         """The pattern of lists already checked on every rank (the internal constructor of
         from_global, from_index_map and from_sf)."""
-        pattern = cls.__new__(cls)
+        pattern: GhostPattern = cls.__new__(cls)
         pattern._set(hc, send, recv, size, n_owned)
         return pattern
 
@@ -195,28 +194,6 @@ class GhostPattern:
         node = set(hc.node_ranks)
         self.intranode = tuple(p for p in self.neighbors if p in node)
         self.internode = tuple(p for p in self.neighbors if p not in node)
-        self._graph = None  # distributed-graph communicator of the "neighbor" Halos
-        self._graph_users = 0
-
-    def _graph_comm(self):
-        """The pattern's graph communicator, made by its first user (collective)."""
-        if self._graph is None:
-            nbrs = list(self.neighbors)
-            self._graph = create_agreed(
-                self.hc, lambda: self.hc.comm.Create_dist_graph_adjacent(nbrs, nbrs, reorder=False),
-                failed="MPI_Dist_graph_create_adjacent", exc=RuntimeError,
-                where="Halo(method='neighbor')",
-                hint=" (MPI ran out of communicators: free Halos or HybridComms no longer used)")
-        self._graph_users += 1
-        return self._graph
-
-    def _graph_release(self):
-        """One user of the graph communicator less; the last one frees it."""
-        self._graph_users -= 1
-        if self._graph_users == 0 and self._graph is not None:
-            if not mpi().Is_finalized():
-                self.hc.context.free_comm(self._graph)
-            self._graph = None
 
     def _check_counts(self, comm):
         """Both sides of every pair agree on how many points move."""

@@ -25,8 +25,8 @@ from __future__ import annotations
 import collections
 import json
 import sys
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TextIO
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 import numpy as np
 
@@ -68,16 +68,15 @@ _CO_OPS = {"_put": ("one", "put"), "_get": ("one", "get"), "Rput": ("one", None)
            "Rget": ("one", None), "sync_all": ("coll", "s"), "sync_images": ("images", None)}
 
 
-def _nbytes(op, args, out, obj):
-    """Bytes of the first array argument (put, get, reductions) or of what a get returned."""
+def _nbytes(op, args, out, section_nbytes):
+    """Bytes of the first array argument (put, get, reductions) or of what a get returned
+    (``section_nbytes(index)``: a Coarray's, for its a[r][index] = values)."""
     if op in ("flush", "barrier", "sync_all"):
         return 0
     if op == "get":
         return int(getattr(out, "nbytes", 0))
     if op == "put":   # Coarray a[r][index] = values: the section's bytes
-        from .globalmem.coarray import _key
-
-        return int(obj._section(_key(args[1], obj.mem.rank), args[1]).nbytes)
+        return int(section_nbytes(args[1]))
     for a in args:
         n = getattr(a, "nbytes", None)
         if n is not None:
@@ -110,6 +109,20 @@ class _Op:
         """Free the records; a wrapper kept past the profile only adds to ``over`` (no memory)."""
         lib.hm_prof_free(self.log)
         self.log.limit = 0
+
+
+class _Recorder(NamedTuple):
+    """What the layers under the profile call of the profile that is on (their HybridComm's
+    ``context.profile``): its bound methods, handed down, so that none reaches into it."""
+
+    #: the profile
+    owner: profile
+    #: ``adopt(obj)``: record a Halo, GlobalMemory or Coarray made while it is on
+    adopt: Callable[[Any], None]
+    #: ``forget(obj)``: stop recording a Coarray's own GlobalMemory
+    forget: Callable[[Any], None]
+    #: ``hot_recording(halo, name)``: how a Halo's C hot path records its calls, or None
+    hot_recording: Callable[[Any, str], Any]
 
 
 class profile:
@@ -166,7 +179,7 @@ class profile:
         problem = None
         if self._state != "new":
             problem = "this profile object was already used; make a new one"
-        elif hc._profile is not None:
+        elif hc.context.profile is not None:
             problem = "a profile of this HybridComm is already on"
         # agreed first by a collective of the comm's own, which raises PeerError (instead of
         # waiting) when a rank's HybridComm broke; then every rank is here for the details
@@ -174,9 +187,9 @@ class profile:
         agree(hc.comm, problem and (RuntimeError, f"rank {hc.rank}: {problem}"), "profile")
         self._offset = _clock_offset(hc)
         self._state = "on"
-        hc._profile = self
+        hc.context.profile = _Recorder(self, self._adopt, self._forget, self._hot_recording)
         self._adopt(hc)
-        for child in list(hc._children.values()):
+        for child in list(hc.context.children.values()):
             self._adopt(child)
         _ACTIVE.append(self)
         _CLK[2] = 1
@@ -188,7 +201,7 @@ class profile:
         self._stop()
         hc, mine = self.hc, exc_type is not None
         self._state = "failed"
-        if hc._broken is not None or hc.closed:
+        if hc.context.broken() is not None or hc.closed:
             return False   # this rank's comm broke: its peers raise in their own exit
         # Whether every rank left the block normally, by a collective that raises PeerError
         # when a rank's comm broke: a rank that raised inside the block never leaves the
@@ -224,12 +237,15 @@ class profile:
             _ACTIVE.remove(self)
         if not _ACTIVE:
             _CLK[2] = 0
+        from .halo import Halo
+
         for obj, names, saved in self._wrapped:
-            if hasattr(obj, "_cool"):   # a Halo: close the recording C hot paths first
-                obj._cool()
+            halo = isinstance(obj, Halo)
+            if halo:   # close the recording C hot paths first
+                obj._internal.cool()
             for name in names:
                 obj.__dict__.pop(name, None)
-            if hasattr(obj, "_cool"):   # ... and the ones from before: the next calls make new
+            if halo:   # ... and the ones from before: the next calls make new
                 for hot in saved.values():
                     hot.close()
                 saved = {}
@@ -239,8 +255,9 @@ class profile:
                 for fast in saved.values():
                     getattr(fast, "close", lambda: None)()
         self._wrapped = []
-        if self.hc._profile is self:
-            self.hc._profile = None
+        ctx = self.hc.context
+        if ctx.profile is not None and ctx.profile.owner is self:
+            ctx.profile = None
 
     # ------------------------------------------------------------ recording
 
@@ -252,7 +269,7 @@ class profile:
 
         if isinstance(obj, Halo):
             ops, label = _HALO_OPS, f"Halo #{obj.tag} ({obj.method})"
-            self._epochs.append((obj, list(obj._state.epochs)))
+            self._epochs.append((obj, list(obj._internal.epochs)))
         elif isinstance(obj, HybridComm):
             ops, label = _COMM_OPS, "HybridComm"
         elif isinstance(obj, Coarray):
@@ -265,7 +282,7 @@ class profile:
             return
         names = []
         if isinstance(obj, Halo):   # its C hot paths: made again, recording, by the next calls
-            obj._cool()
+            obj._internal.cool()
         saved = {name: obj.__dict__[name] for name in ops if name in obj.__dict__}
         for name, (kind, key) in ops.items():
             # Coarray's a[r][index] put and get are its methods _put and _get
@@ -551,7 +568,9 @@ def _wrapper(f, rec, obj):
             end(log)
         return _timed_in_python(f, finish)
     end_bytes = lib.hm_prof_end_bytes
-    return _timed_in_python(f, lambda args, kw, out: end_bytes(log, _nbytes(op, args, out, obj)))
+    section_nbytes = obj._internal.section_nbytes if op == "put" else None
+    return _timed_in_python(f, lambda args, kw, out: end_bytes(log, _nbytes(op, args, out,
+                                                                             section_nbytes)))
 
 
 def _timed_in_python(f, finish):
@@ -611,7 +630,7 @@ def split_waits(hc: HybridComm, entries: Any, exits: Any,
 def _clock_offset(hc):
     """This rank's clock minus rank 0's (ns): 0 on rank 0's shared-memory node; elsewhere
     the node leader's, measured by ping-pong with rank 0 (the round trip of least delay)."""
-    cached = hc.__dict__.get("_prof_offset")
+    cached = hc.context.clock_offset
     if cached is not None:
         return cached
     MPI = mpi()
@@ -643,8 +662,8 @@ def _clock_offset(hc):
                 comm.Recv(buf, 0, 32701)
                 mine = int(buf[0])
         # times are sent on rank 0's clock: subtract this node's offset
-        hc._prof_offset = -int(node.bcast(mine, root=0))
-        return hc._prof_offset
+        hc.context.clock_offset = -int(node.bcast(mine, root=0))
+        return hc.context.clock_offset
     finally:
         node.Free()
 
@@ -656,7 +675,7 @@ def start_env(hc):
     """HYBRIDMPI_PROFILE: profile ``hc`` until its free, or the end of the run."""
     prof = profile(hc)
     prof.__enter__()
-    hc._env_profile = prof
+    hc.context.env_profile = prof
     if not _AT_EXIT:
         # after mpi4py's own exit handler was registered (it finalizes MPI), so this runs first
         import atexit
@@ -674,21 +693,23 @@ def _at_exit():
         # an uncaught exception ends this rank: break its comms, so that peers ending their
         # profiles raise PeerError instead of waiting for it
         for hc in list(_AT_EXIT[0]):
-            if hc._env_profile is not None and hc._broken is None and not mpi().Is_finalized():
-                hc._break("an uncaught exception")
+            ctx = hc.context
+            if ctx.env_profile is not None and ctx.broken() is None and not mpi().Is_finalized():
+                ctx.break_comm("an uncaught exception")
         return
-    for hc in sorted(_AT_EXIT[0], key=lambda h: h._serial):
-        if hc._env_profile is not None and not mpi().Is_finalized():
+    for hc in sorted(_AT_EXIT[0], key=lambda h: h.context.serial):
+        if hc.context.env_profile is not None and not mpi().Is_finalized():
             stop_env(hc)
 
 
 def stop_env(hc):
     """At the free of a HybridComm profiled by HYBRIDMPI_PROFILE: end, print, write JSON."""
-    prof = getattr(hc, "_env_profile", None)
+    ctx = hc.context
+    prof = ctx.env_profile
     if prof is None:
         return
-    hc._env_profile = None
-    if hc._broken is not None:
+    ctx.env_profile = None
+    if ctx.broken() is not None:
         prof.abandon()
         return
     prof.__exit__(None, None, None)

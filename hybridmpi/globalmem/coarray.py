@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,6 +55,13 @@ class _Section:
         self.contiguous = view.flags.c_contiguous  # moves as plain bytes across nodes
 
 
+class CoarrayParts(NamedTuple):
+    """``Coarray._internal``: what the profile, above the Coarray, uses of one."""
+
+    #: ``section_nbytes(index)``: the bytes of ``a[r][index]``
+    section_nbytes: Any
+
+
 class Coarray(Freed):
     """XcalableMP coarrays: an array of the same shape on every rank, ``a[r][index]`` put and get.
 
@@ -93,14 +100,19 @@ class Coarray(Freed):
             raise ValueError(f"hybridmpi: Coarray(): ranks passed different shapes: {shapes}")
         self.shape = shape
         self.mem = GlobalMemory(hc, math.prod(shape), dtype)  # a Python int: no wrap
-        hc._children.pop(id(self.mem), None)
-        if hc._profile is not None:
-            hc._profile._forget(self.mem)  # recorded as the Coarray's
-        hc._adopt(self)
+        ctx = hc.context
+        ctx.disown(self.mem)
+        if ctx.profile is not None:
+            ctx.profile.forget(self.mem)  # recorded as the Coarray's
+        ctx.adopt(self)
         self.hc = hc
         self.dtype = self.mem.dtype
         self.local = self.mem.local.reshape(shape)
-        self._shaped: list[Any] = [None if v is None else v.reshape(shape) for v in self.mem._views]
+        parts = self.mem._internal
+        # what the memory decides (checks, window, displacements), used through its seam
+        self._usable, self._check = parts.usable, parts.target
+        self._win, self._disp, self._sync = parts.win, parts.disp, parts.sync
+        self._shaped: list[Any] = [None if v is None else v.reshape(shape) for v in parts.views]
         self._images = [_Image(self, r) for r in range(hc.size)]
         self._sections: dict[Any, Any] = {}   # index key -> _Section
         self._targets: dict[Any, Any] = {}    # (rank, index key) -> view of a node peer's section
@@ -109,8 +121,8 @@ class Coarray(Freed):
     def __getitem__(self, rank):
         if type(rank) is int and 0 <= rank < len(self._images):
             return self._images[rank]
-        self.mem._usable("[rank]")
-        rank, _ = self.mem._target(rank, 0, 0, "[rank]")
+        self._usable("[rank]")
+        rank, _ = self._check(rank, 0, 0, "[rank]")
         return self._images[rank]
 
     def _section(self, key, index):
@@ -121,7 +133,7 @@ class Coarray(Freed):
 
     def _target(self, rank, index):
         """(view of the section on a node peer or None, index key)."""
-        self.mem._usable("[rank][index]")
+        self._usable("[rank][index]")
         key = _key(index, self.mem.rank)
         view = self._targets.get((rank, key))
         if view is None and self._shaped[rank] is not None:
@@ -143,11 +155,11 @@ class Coarray(Freed):
             self._types[key] = t
         return t
 
-    def _where(self, mem, rank, sec):
+    def _where(self, rank, sec):
         """The RMA target of a section: plain bytes when contiguous, else a derived datatype."""
         if sec.contiguous:
-            return (mem._disp[rank] + sec.start, sec.nbytes, mpi().BYTE)
-        return (mem._disp[rank] + sec.start, 1, self._datatype(sec))
+            return (self._disp[rank] + sec.start, sec.nbytes, mpi().BYTE)
+        return (self._disp[rank] + sec.start, 1, self._datatype(sec))
 
     def _put(self, rank, index, values, blocking):
         view, key = self._target(rank, index)
@@ -158,7 +170,7 @@ class Coarray(Freed):
             except ValueError:
                 raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
                                  f"{np.shape(values)} do not fit the section of shape {view.shape}") from None
-            return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
+            return None if blocking else Request(self.hc, self._win, None, None, None, "Coarray.Rput")
         sec = self._section(key, index)
         try:
             if (type(values) is np.ndarray and values.dtype is self.dtype and values.shape == sec.shape
@@ -171,14 +183,14 @@ class Coarray(Freed):
             raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
                              f"{np.shape(values)} do not fit the section of shape {sec.shape}") from None
         if src.size == 0:
-            return None if blocking else Request(mem, None, None, None, "Coarray.Rput")
+            return None if blocking else Request(self.hc, self._win, None, None, None, "Coarray.Rput")
         MPI = mpi()
         rma = put_flush if blocking else MPI.Win.Rput
-        req = rma(mem._win, (src, src.nbytes, MPI.BYTE), rank, self._where(mem, rank, sec))
+        req = rma(self._win, (src, src.nbytes, MPI.BYTE), rank, self._where(rank, sec))
         if blocking:
             return None
-        mem._sync.dirty[id(mem._win)] = mem._win
-        return Request(mem, req, rank, src, "Coarray.Rput")
+        self._sync.dirty[id(self._win)] = self._win
+        return Request(self.hc, self._win, req, rank, src, "Coarray.Rput")
 
     def _get(self, rank, index):
         view, key = self._target(rank, index)
@@ -187,8 +199,8 @@ class Coarray(Freed):
         sec = self._section(key, index)
         out = np.empty(sec.shape, dtype=self.dtype)
         if out.size:
-            mem, MPI = self.mem, mpi()
-            get_flush(mem._win, (out, out.nbytes, MPI.BYTE), rank, self._where(mem, rank, sec))
+            MPI = mpi()
+            get_flush(self._win, (out, out.nbytes, MPI.BYTE), rank, self._where(rank, sec))
         return out
 
     def Rget(self, rank: int, index: Any, out: np.ndarray) -> Request:
@@ -198,8 +210,8 @@ class Coarray(Freed):
             out: a writeable C-contiguous array of this dtype and the section's shape.
         """
         mem = self.mem
-        mem._usable("Rget")
-        rank, _ = mem._target(rank, 0, 0, "Rget")
+        self._usable("Rget")
+        rank, _ = self._check(rank, 0, 0, "Rget")
         view, key = self._target(rank, index)
         sec = self._section(key, index)
         if (type(out) is not np.ndarray or out.dtype != self.dtype or out.shape != sec.shape
@@ -209,14 +221,14 @@ class Coarray(Freed):
         if view is not None or out.size == 0:
             if out.size:
                 out[...] = view
-            return Request(mem, None, None, None, "Coarray.Rget")
-        req = mem._win.Rget((out, out.nbytes, mpi().BYTE), rank, self._where(mem, rank, sec))
-        return Request(mem, req, None, out, "Coarray.Rget")
+            return Request(self.hc, self._win, None, None, None, "Coarray.Rget")
+        req = self._win.Rget((out, out.nbytes, mpi().BYTE), rank, self._where(rank, sec))
+        return Request(self.hc, self._win, req, None, out, "Coarray.Rget")
 
     def Rput(self, rank: int, index: Any, values: Any) -> Request:
         """Start ``a[rank][index] = values``; returns a :class:`Request` (``values`` are copied)."""
-        self.mem._usable("Rput")
-        rank, _ = self.mem._target(rank, 0, 0, "Rput")
+        self._usable("Rput")
+        rank, _ = self._check(rank, 0, 0, "Rput")
         return self._put(rank, index, values, False)
 
     def sync_all(self) -> None:
@@ -225,14 +237,13 @@ class Coarray(Freed):
 
     def sync_images(self, ranks: int | Iterable[int]) -> None:
         """As :meth:`GlobalMemory.sync_images`."""
-        sync = self.mem._sync
-        if self.mem._views is None:
-            self.mem._usable("sync_images")
-        sync.sync_images(ranks, "Coarray.sync_images")
+        if self.mem.closed:
+            self._usable("sync_images")
+        self._sync.sync_images(ranks, "Coarray.sync_images")
 
     def free(self) -> None:
         """Free the coarray (collective).  Idempotent."""
-        self.hc._children.pop(id(self), None)
+        self.hc.context.disown(self)
         if self.mem.closed:
             return
         self.mem.free()
@@ -248,6 +259,14 @@ class Coarray(Freed):
     def closed(self) -> bool:
         return self.mem.closed
 
+    @property
+    def _internal(self) -> CoarrayParts:
+        """What the profile uses of a Coarray it records (its one seam)."""
+        return CoarrayParts(self._section_nbytes)
+
+    def _section_nbytes(self, index):
+        return self._section(_key(index, self.mem.rank), index).nbytes
+
     def __repr__(self):
         return f"<Coarray rank {self.mem.rank} shape={self.shape} dtype={self.dtype}>"
 
@@ -262,7 +281,7 @@ class _Image:
         self._rank = rank
 
     def __getitem__(self, index):
-        return self._a._get(self._rank, index)
+        return self._a._get(self._rank, index)  # noqa: SLF001 - the Coarray's image, this module
 
     def __setitem__(self, index, values):
-        self._a._put(self._rank, index, values, True)
+        self._a._put(self._rank, index, values, True)  # noqa: SLF001 - as above

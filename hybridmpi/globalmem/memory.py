@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -22,6 +22,24 @@ try:
     from .._timed import Near as _Near
 except ImportError:  # built without the extension: the Python methods
     _Near = None
+
+
+class Parts(NamedTuple):
+    """What a :class:`~hybridmpi.globalmem.Coarray` uses of the GlobalMemory it is built on
+    (``GlobalMemory._internal``: the global-memory layer's seam)."""
+
+    #: the RMA window over the parts (None on one node)
+    win: Any
+    #: every rank's part's displacement in the window, in bytes
+    disp: Any
+    #: numpy views of the parts on this node (None elsewhere), by rank
+    views: list
+    #: the HybridComm's sync_images state
+    sync: Any
+    #: ``usable(what)`` raises FreedError after free()
+    usable: Any
+    #: ``target(rank, offset, n, what)`` checks a target range, returns (rank, offset)
+    target: Any
 
 
 class GlobalMemory(Freed):
@@ -119,7 +137,13 @@ class GlobalMemory(Freed):
                 self.__dict__[name] = _Near(np.ndarray, dt, getattr(GlobalMemory, name).__get__(me),
                                             bases, list(self.counts), dt.itemsize, get)
         hc.comm.Barrier()  # every part zeroed before anyone reaches it
-        hc._adopt(self)
+        hc.context.adopt(self)
+
+    @property
+    def _internal(self) -> Parts:
+        """What a Coarray built on this memory uses of it (the layer's one seam: every other
+        private name stays in this module)."""
+        return Parts(self._win, self._disp, self._views, self._sync, self._usable, self._target)
 
     def _array(self, addr, count):
         if count == 0:
@@ -230,16 +254,16 @@ class GlobalMemory(Freed):
         """
         rank, req = self._access(data, rank, offset, "Rput", False, mpi().Win.Rput)
         if req is None:
-            return Request(self, None, None, None, "Rput")
+            return Request(self.hc, self._win, None, None, None, "Rput")
         self._sync.dirty[id(self._win)] = self._win
-        return Request(self, req, rank, data, "Rput")
+        return Request(self.hc, self._win, req, rank, data, "Rput")
 
     def Rget(self, out: np.ndarray, rank: int, offset: int = 0) -> Request:
         """Start a get into ``out``; returns a :class:`Request` (read ``out`` after it completes)."""
         rank, req = self._access(out, rank, offset, "Rget", True, mpi().Win.Rget)
         if req is None:
-            return Request(self, None, None, None, "Rget")
-        return Request(self, req, None, out, "Rget")
+            return Request(self.hc, self._win, None, None, None, "Rget")
+        return Request(self.hc, self._win, req, None, out, "Rget")
 
     def flush(self, rank: int | None = None) -> None:
         """Complete every outstanding operation of this rank on this memory (to ``rank``, or to all)."""
@@ -331,7 +355,7 @@ class GlobalMemory(Freed):
 
     def free(self) -> None:
         """Give the memory back to the arena (collective).  Idempotent."""
-        self.hc._children.pop(id(self), None)
+        self.hc.context.disown(self)
         if self._views is None:
             return
         self._views = None

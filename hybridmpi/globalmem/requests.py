@@ -34,10 +34,11 @@ class Request:
     says whether it is, without blocking.  A request is waited once.
     """
 
-    __slots__ = ("_mem", "_req", "_target", "_keep", "_done", "_waited", "_what")
+    __slots__ = ("_hc", "_win", "_req", "_target", "_keep", "_done", "_waited", "_what")
 
-    def __init__(self, mem, req, target, keep, what):
-        self._mem = mem
+    def __init__(self, hc, win, req, target, keep, what):
+        self._hc = hc            # the HybridComm (its rank, timeout and waits)
+        self._win = win          # the memory's RMA window
         self._req = req          # MPI request, None when already complete
         self._target = target    # rank to flush for a put across nodes, else None
         self._keep = keep        # buffers that must live until completion
@@ -47,9 +48,44 @@ class Request:
 
     def _finish(self):
         if self._target is not None:
-            self._mem._win.Flush(self._target)
+            self._win.Flush(self._target)
         self._done = True
         self._keep = None
+
+    @staticmethod
+    def _wait_all(requests: list[Request]) -> None:
+        """:func:`waitall` of checked Requests (they are all of this class)."""
+        pending: list[Request] = []
+        for item in requests:
+            r: Request = item
+            if r._waited:
+                raise RuntimeError(f"hybridmpi: rank {r._hc.rank}: waitall: a {r._what} request "
+                                   "was already waited")
+            if not r._done:
+                pending.append(r)
+        for item in requests:
+            waited: Request = item
+            waited._waited = True
+        if not pending:
+            return
+        first: Request = pending[0]
+        hc = first._hc
+        reqs = []
+        for item in pending:
+            started: Request = item
+            reqs.append(started._req)
+        if wait_requests(hc.context, reqs, hc.timeout, notices=False) is not None:
+            raise _rma_timeout(hc, f"waitall ({len(pending)} requests)")
+        # one flush per window and target completes every put at its target
+        flushes = {}
+        for item in pending:
+            done: Request = item
+            if done._target is not None:
+                flushes[(id(done._win), done._target)] = done._win
+            done._done = True
+            done._keep = None
+        for (_, target), win in flushes.items():
+            win.Flush(target)
 
     def test(self) -> bool:
         """True once the transfer is complete (never blocks)."""
@@ -64,7 +100,7 @@ class Request:
             RuntimeError: the request was already waited.
             SyncTimeout: not complete within the HybridComm's timeout.
         """
-        hc = self._mem.hc
+        hc = self._hc
         if self._waited:
             raise RuntimeError(f"hybridmpi: rank {hc.rank}: {self._what} request waited twice")
         self._waited = True
@@ -86,25 +122,4 @@ def waitall(requests: Iterable[Request]) -> None:
     for r in requests:
         if not isinstance(r, Request):
             raise TypeError(f"hybridmpi: waitall: expected Requests, got {type(r).__name__}")
-        if r._waited:
-            raise RuntimeError(f"hybridmpi: rank {r._mem.hc.rank}: waitall: a {r._what} request was "
-                               "already waited")
-    pending = [r for r in requests if not r._done]
-    for r in requests:
-        r._waited = True
-    if not pending:
-        return
-    hc = pending[0]._mem.hc
-    if wait_requests(hc.context, [r._req for r in pending], hc.timeout, notices=False) is not None:
-        raise _rma_timeout(hc, f"waitall ({len(pending)} requests)")
-    # one flush per window and target completes every put at its target
-    flushes = {}
-    for r in pending:
-        if r._target is not None:
-            flushes[(id(r._mem._win), r._target)] = r._mem._win
-        r._done = True
-        r._keep = None
-    for (_, target), win in flushes.items():
-        win.Flush(target)
-
-
+    Request._wait_all(requests)  # noqa: SLF001 - the module's own

@@ -110,7 +110,7 @@ class Sync:
             nr = self.node_rank[r]
             p.signal[i] = ffi.cast("void *", self.block.addr(nr, r) + me * _R)
             p.wait[i] = ffi.cast("void *", self.block.local + nr * _R)
-        copy_policy(p.policy, hc._st.policy)
+        copy_policy(p.policy, hc.context.policy)
         plan = (near, far, p, keep)
         if key is not None:
             self.plans[key] = plan
@@ -150,7 +150,7 @@ class Sync:
             peer = near[p.err.peer]
             if p.err.code == lib.HM_EPEER:
                 self.broken = "PeerError"
-                raise hc._peer_error(what, peer, int(p.err.seen))
+                raise hc.context.peer_error(what, peer, int(p.err.seen))
             self.broken = "SyncTimeout"
             raise SyncTimeout(
                 f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: rank "
@@ -169,7 +169,7 @@ class Sync:
             return
         if stop.notice is not None:
             self.broken = "PeerError"
-            raise hc._peer_error("sync_images", stop.notice, ERRBIT)
+            raise hc.context.peer_error("sync_images", stop.notice, ERRBIT)
         # the receives come first in reqs, one per rank of far
         late = [far[i] for i in stop.late if i < len(far)] or list(far)
         self.broken = "SyncTimeout"
@@ -210,12 +210,12 @@ class Sync:
             if not _PROGRESS:
                 lib.hm_set_progress(ffi.NULL)
             if not mpi().Is_finalized():
-                self.hc._free_comm(self.comm)
+                self.hc.context.free_comm(self.comm)
         self.comm = None
 
 
 def sync_state(hc):
     """The HybridComm's Sync, made with its first global memory."""
-    return hc._service("sync_images", Sync)
+    return hc.context.service("sync_images", lambda _ctx: Sync(hc))
 
 

@@ -5,7 +5,6 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections import namedtuple
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,10 +62,6 @@ class Exchange:
     policy: Any
     #: the pattern's neighbors, in rank order
     neighbors: tuple
-    #: the pattern's graph communicator, made by its first user (method neighbor)
-    graph: Callable[[], Any]
-    #: give back one use of it
-    graph_release: Callable[[], None]
     #: the agreed settings from which the transport chooses its paths
     paths: Paths
 

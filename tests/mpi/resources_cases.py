@@ -16,6 +16,7 @@ from _harness import main
 import hybridmpi
 from hybridmpi import GhostPattern, Halo
 from hybridmpi.transport import METHODS
+from hybridmpi.transport.neighbor import Graphs
 
 
 def ring(hc, n=100):
@@ -49,7 +50,7 @@ def case_thousand_halos(comm, rng, **cfg):
         assert shm_mappings() == before, (shm_mappings(), before)
         if not os.environ.get("HYBRIDMPI_SANITIZE"):  # ASan's quarantine keeps freed memory
             assert grown_mb < 64, grown_mb
-        assert not hc._children
+        assert not hc.context.children
 
 
 def case_many_live_halos(comm, rng, **cfg):
@@ -61,6 +62,8 @@ def case_many_live_halos(comm, rng, **cfg):
         methods = ["atomic", "flat", "neighbor"]
         halos = [Halo(pat, method=methods[i % 3]) for i in range(cfg["halos"])]
         assert hc.arena.windows <= 8, hc.arena.windows
+        graphs = hc.context.service("neighbor_graphs", Graphs)
+        assert len(graphs.live) == 1, graphs.live   # the neighbor Halos of one pattern share it
         for h in halos[::97] + halos[-3:]:
             x = rng.standard_normal(pat.size)
             h.update(x)
@@ -70,7 +73,7 @@ def case_many_live_halos(comm, rng, **cfg):
         for h in halos:
             h.free()
         assert hc.arena.windows == 0 and shm_mappings() <= before
-        assert pat._graph is None
+        assert not graphs.live and not graphs.latest
 
 
 def case_too_large_for_shared_memory(comm, rng, **cfg):

@@ -117,6 +117,15 @@ static int xchg_fail(hm_xchg *s, const hm_chan *c, int code, int cnt, uint64_t e
     return wait_failed(&s->err, &s->policy, code, c->peer, cnt, e, seen);
 }
 
+/* The start of a sender's call of epoch e: no error yet, and e in `entered` when it is set
+ * (what a hang's report reads). */
+static inline void call_start(hm_error *err, void *entered, uint64_t e)
+{
+    err->code = HM_OK;
+    if (entered)
+        atomic_store_explicit((hm_counter *)entered, e, memory_order_relaxed);
+}
+
 /* The tag slot of epoch e's parity (docs/protocol.md: "tag slots"). */
 static inline _Atomic int64_t *tag_slot(void *tag, uint64_t e)
 {
@@ -128,9 +137,7 @@ int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
     HM_PROFILED;
     int ord = s->policy.order, esz = s->esz;
     char *buf = (char *)x;
-    s->err.code = HM_OK;
-    if (s->entered)
-        atomic_store_explicit((hm_counter *)s->entered, e, memory_order_relaxed);
+    call_start(&s->err, s->entered, e);
     for (int i = 0; i < s->n; i++) {
         hm_chan *c = &s->chan[i];
         uint64_t seen = 0;
@@ -492,9 +499,7 @@ int hm_zc_publish(hm_pulls *readers, void **ready, void **tag, int64_t tagval, c
 {
     HM_PROFILED;
     int order = readers->policy.order;
-    readers->err.code = HM_OK;
-    if (readers->entered)
-        atomic_store_explicit((hm_counter *)readers->entered, e, memory_order_relaxed);
+    call_start(&readers->err, readers->entered, e);
     for (int i = 0; i < readers->n; i++) {
         hm_pull *c = &readers->chan[i];
         uint64_t seen = 0;

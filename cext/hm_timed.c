@@ -64,6 +64,24 @@ static PyObject *ref_or_none(PyObject *o)
     static PyGetSetDef PREFIX##_getset[] = {                                                    \
         {"__wrapped__", (getter)PREFIX##_wrapped, NULL, DOC, NULL}, {NULL}}
 
+/* PREFIX_dealloc of a type the garbage collector tracks: untrack, PREFIX_clear, free. */
+#define GC_DEALLOC(T, PREFIX)                                                                   \
+    static void PREFIX##_dealloc(T *t)                                                          \
+    {                                                                                           \
+        PyObject_GC_UnTrack(t);                                                                 \
+        PREFIX##_clear(t);                                                                      \
+        Py_TYPE(t)->tp_free((PyObject *)t);                                                     \
+    }
+
+/* __wrapped__ (the fallback) and close() (PREFIX_close) of a type that has nothing more. */
+#define CLOSE_ONLY(T, PREFIX)                                                                   \
+    static PyObject *PREFIX##_wrapped(T *t, void *closure) { return ref_or_none(t->fallback); } \
+    static PyMethodDef PREFIX##_methods[] = {                                                   \
+        {"close", (PyCFunction)PREFIX##_close, METH_NOARGS,                                     \
+         "send every later call to the fallback"},                                              \
+        {NULL}};                                                                                \
+    WRAPPED_ONLY(PREFIX, "the Python method")
+
 /* hm_prof_begin, hm_prof_end and hm_prof_abort of the C core, passed by address. */
 typedef __typeof__(hm_prof_begin) *begin_fn;
 typedef __typeof__(hm_prof_end) *end_fn;
@@ -274,14 +292,7 @@ static PyObject *near_close(Near *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *near_wrapped(Near *t, void *closure) { return ref_or_none(t->fallback); }
-
-static PyMethodDef near_methods[] = {
-    {"close", (PyCFunction)near_close, METH_NOARGS, "send every later call to the fallback"},
-    {NULL}
-};
-
-WRAPPED_ONLY(near, "the Python method");
+CLOSE_ONLY(Near, near);
 
 static PyTypeObject NearType = {
     CALLABLE(Near, near, "Near",
@@ -417,12 +428,7 @@ static int coll_clear(Coll *t)
     return 0;
 }
 
-static void coll_dealloc(Coll *t)
-{
-    PyObject_GC_UnTrack(t);
-    coll_clear(t);
-    Py_TYPE(t)->tp_free((PyObject *)t);
-}
+GC_DEALLOC(Coll, coll);
 
 static PyObject *coll_close(Coll *t, PyObject *unused)
 {
@@ -430,14 +436,7 @@ static PyObject *coll_close(Coll *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *coll_wrapped(Coll *t, void *closure) { return ref_or_none(t->fallback); }
-
-static PyMethodDef coll_methods[] = {
-    {"close", (PyCFunction)coll_close, METH_NOARGS, "send every later call to the fallback"},
-    {NULL}
-};
-
-WRAPPED_ONLY(coll, "the Python method");
+CLOSE_ONLY(Coll, coll);
 
 static PyTypeObject CollType = {
     CALLABLE(Coll, coll, "Coll",
@@ -813,12 +812,7 @@ static int hot_clear(Hot *t)
     return 0;
 }
 
-static void hot_dealloc(Hot *t)
-{
-    PyObject_GC_UnTrack(t);
-    hot_clear(t);
-    Py_TYPE(t)->tp_free((PyObject *)t);
-}
+GC_DEALLOC(Hot, hot);
 
 /* Serve array x too (it replaces the oldest when HOT_ARRAYS are held). */
 static PyObject *hot_add(Hot *t, PyObject *x)

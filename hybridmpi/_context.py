@@ -31,7 +31,7 @@ class Context:
         arena: the comm's shared arena (set once it is made).
         serial: the comm's number, in the order comms were made on this rank.
         children: the Halos, global memory and coarrays made on the comm (by ``id``), freed
-            with it (:meth:`adopt`, :meth:`disown`).
+            with it (:meth:`adopt`, :meth:`disown`); hooks: their hooks (by ``id``).
         profile: the recorder of the :class:`hybridmpi.profile` that is on (set by the
             profile: its ``owner``, ``adopt(obj)``, ``forget(obj)``, ``hot_recording(halo,
             name)``), else None; env_profile: the HYBRIDMPI_PROFILE profile, else None;
@@ -49,7 +49,7 @@ class Context:
     __slots__ = ("MPI", "comm", "node_comm", "leader_comm", "rank", "size", "node_rank",
                  "node_size", "node_id", "num_nodes", "is_leader", "node_ranks", "node_index",
                  "coll", "spin", "notices", "arena", "serial", "children", "profile",
-                 "env_profile", "clock_offset", "take_id", "release_id", "break_comm",
+                 "env_profile", "clock_offset", "hooks", "take_id", "release_id", "break_comm",
                  "peer_error", "describe_word", "_service", "_free_comm", "_broken")
 
     def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, serial: int,
@@ -63,6 +63,7 @@ class Context:
         self.coll, self.spin, self.notices = coll, int(coll.policy.spin), notices
         self.arena: Any = None
         self.serial, self.children = serial, children
+        self.hooks: dict[int, dict[str, Any]] = {}
         self.profile: Any = None
         self.env_profile: Any = None
         self.clock_offset: int | None = None
@@ -84,7 +85,7 @@ class Context:
     def service(self, name: str, make: Callable[[Context], Any]) -> Any:
         """The state that a lower layer keeps once per HybridComm, made by ``make(context)`` on
         first use (freed with the comm: its ``free()``; poisoned when the comm breaks: its
-        ``_poison(bits)``; named in hang reports: its ``_describe_word(addr)``)."""
+        ``poison(bits)``; named in hang reports: its ``describe_word(addr)``)."""
         return self._service(name, lambda _hc: make(self))
 
     def free_comm(self, c: Any) -> None:
@@ -92,13 +93,19 @@ class Context:
         messages of the failed call may still arrive on it)."""
         self._free_comm(c)
 
-    def adopt(self, obj: Any) -> None:
+    def adopt(self, obj: Any, *, poison: Callable[[int], None] | None = None,
+              describe_word: Callable[[int], str | None] | None = None) -> None:
         """Register a Halo, GlobalMemory or Coarray made on the comm (freed with it; recorded
-        by a profile that is on)."""
+        by a profile that is on), with its hooks: ``poison(bits)``, error bits in the words it
+        writes when the comm breaks; ``describe_word(addr)``, what a wait on ``addr`` waits
+        for, if the word is its own (hang diagnosis)."""
         self.children[id(obj)] = obj
+        if poison is not None or describe_word is not None:
+            self.hooks[id(obj)] = {"poison": poison, "describe_word": describe_word}
         if self.profile is not None:
             self.profile.adopt(obj)
 
     def disown(self, obj: Any) -> None:
         """Take ``obj`` out of the children (it was freed, or is freed by its owner)."""
         self.children.pop(id(obj), None)
+        self.hooks.pop(id(obj), None)

@@ -464,7 +464,7 @@ class HybridComm(Collectives):
         """The state that another layer keeps once per HybridComm (global memory's sync_images
         counters, the cross-memory attach probe), made by ``make(self)`` on first use.  Its
         ``poison(bits)`` runs when the comm breaks, its ``free()`` after the children's, and
-        its ``_describe_word(addr)`` names the words a hang waits on, where it has them."""
+        its ``describe_word(addr)`` names the words a hang waits on, where it has them."""
         s = self._services.get(name)
         if s is None:
             s = self._services[name] = make(self)
@@ -490,12 +490,17 @@ class HybridComm(Collectives):
                         if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
                 where = (f"collective call {st.epoch} of {self!r}, on a word of rank "
                          f"{self.node_ranks[nr]}; ranks that have not entered it: {late}")
-        for obj in [*self._children.values(), *self._services.values()]:
-            describe = getattr(obj, "_describe_word", None)
-            what = describe(addr) if describe is not None else None
+        for describe in self._hooks("describe_word"):
+            what = describe(addr)
             if what:
                 where = what
         return where
+
+    def _hooks(self, name):
+        """The children's ``name`` hooks (given to ``context.adopt``), then the services'
+        (their method ``name``): ``poison`` or ``describe_word``."""
+        hooks = [h[name] for h in self.context.hooks.values() if h.get(name) is not None]
+        return hooks + [getattr(s, name) for s in self._services.values() if hasattr(s, name)]
 
     def _take_id(self):
         """An identifier (0 <= id < TAG_SLOTS) that no live Halo holds on any rank, the same
@@ -651,10 +656,8 @@ class HybridComm(Collectives):
             return
         bits = ERRBIT | (MISBIT if why == "ValueError" else 0)
         lib.hm_coll_poison(self._st, bits)
-        for obj in [*self._children.values(), *self._services.values()]:
-            poison = getattr(obj, "_poison", None)
-            if poison is not None:
-                poison(bits)
+        for poison in self._hooks("poison"):
+            poison(bits)
         # across nodes a notice passed on is needed too: a rank on another node may wait on this
         # one alone, and the peer whose error this rank passes on may not be its neighbour
         if (notify or self.num_nodes > 1) and self.size > 1:

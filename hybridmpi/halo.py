@@ -124,7 +124,7 @@ class Halo(Freed):
         self.exchange = Exchange(ctx=ctx, MPI=mpi(), plans=tuple(plans), esz=self.esz,
                                  dtype=self.dtype_code, tag=self.tag, timeout=self.timeout,
                                  policy=ctx.policy, neighbors=tuple(pattern.neighbors),
-                                 paths=paths)
+                                 pattern=pattern, paths=paths)
         try:
             self._transport = self._make_transport(method)
         except BaseException:
@@ -140,7 +140,7 @@ class Halo(Freed):
         self._hot_sig: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
-        hc.context.adopt(self)
+        hc.context.adopt(self, poison=self._poison, describe_word=self._describe_word)
 
     @staticmethod
     def _agree_args(pattern, hc, dtype, block, method):

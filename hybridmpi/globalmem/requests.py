@@ -54,9 +54,12 @@ class Request:
 
     @staticmethod
     def _wait_all(requests: list[Request]) -> None:
-        """:func:`waitall` of checked Requests (they are all of this class)."""
+        """:func:`waitall`: each element checked in turn (a Request, not yet waited), then all
+        waited."""
         pending: list[Request] = []
         for item in requests:
+            if not isinstance(item, Request):
+                raise TypeError(f"hybridmpi: waitall: expected Requests, got {type(item).__name__}")
             r: Request = item
             if r._waited:
                 raise RuntimeError(f"hybridmpi: rank {r._hc.rank}: waitall: a {r._what} request "
@@ -118,8 +121,4 @@ def waitall(requests: Iterable[Request]) -> None:
         TypeError: an element is not a Request.
         RuntimeError: a request was already waited (nothing is waited then).
     """
-    requests = list(requests)
-    for r in requests:
-        if not isinstance(r, Request):
-            raise TypeError(f"hybridmpi: waitall: expected Requests, got {type(r).__name__}")
-    Request._wait_all(requests)  # noqa: SLF001 - the module's own
+    Request._wait_all(list(requests))  # noqa: SLF001 - the module's own

@@ -180,7 +180,7 @@ class Sync:
             rank=hc.rank, peer=late[0] if len(late) == 1 else None,
             counter="sync_images", epoch=None)
 
-    def _describe_word(self, addr):
+    def describe_word(self, addr):
         """What a wait on ``addr`` waits for, if it is a sync_images counter (hang diagnosis)."""
         if self.block.chunk is None:
             return None
@@ -190,7 +190,7 @@ class Sync:
                         f"(call {int(self.calls[r])} naming it)")
         return None
 
-    def _poison(self, bits):
+    def poison(self, bits):
         """Error bits in the sync_images counters this rank writes (its HybridComm broke); every
         later sync_images raises (it never counts a call over the bits)."""
         if self.broken is None:

@@ -62,6 +62,8 @@ class Exchange:
     policy: Any
     #: the pattern's neighbors, in rank order
     neighbors: tuple
+    #: the pattern itself, as a key only: the Halos of one pattern may share its MPI objects
+    pattern: Any
     #: the agreed settings from which the transport chooses its paths
     paths: Paths
 

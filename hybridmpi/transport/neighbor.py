@@ -1,13 +1,15 @@
 """Method "neighbor": MPI_Ineighbor_alltoallv on a distributed-graph communicator.
 
-The graph communicators are a per-comm service of this transport (:class:`Graphs`): Halos
-whose neighbors are the same on every rank share one (every communicator costs an id, of
-which MPICH has 2,048); the last Halo using it frees it.  Nonblocking collectives on one
+The graph communicators are a per-comm service of this transport (:class:`Graphs`): the Halos
+of one pattern share one (every communicator costs an id, of which MPICH has 2,048); the last
+Halo using it frees it.  Nonblocking collectives on one
 communicator match in the order they are started, so Halos sharing it begun in different
 orders on different ranks would exchange each other's data: every message starts with a
 16-byte header (the Halo's tag, the call and direction; negative from a rank whose arguments
 were invalid), which the receiver checks before it unpacks anything.
 """
+
+import weakref
 
 import numpy as np
 
@@ -20,56 +22,42 @@ _HDR = 16  # bytes of header before each neighbor's data: int64 (Halo tag, 2 * c
 
 class Graphs:
     """The distributed-graph communicators of a HybridComm's neighbor Halos (the per-comm
-    service ``"neighbor_graphs"``).
-
-    A graph is made collectively, so each has a number that is the same on every rank.  A new
-    Halo reuses the graph of its neighbors only when every rank would reuse the same one (one
-    Allreduce): a rank's neighbors alone do not say which graph its peers hold.
-    """
+    service ``"neighbor_graphs"``): one per pattern, shared by its Halos, made by the first
+    (collective, as Halos are) and freed by the last."""
 
     def __init__(self, ctx):
         self.ctx = ctx
-        self.made = 0          # graphs made so far (collectively: the same on every rank)
-        self.latest = {}       # this rank's neighbors -> the number of its newest graph
-        self.live = {}         # number -> [graph, users]
+        self.live = {}   # id(pattern) -> [weak reference to the pattern, graph, users]
 
-    def take(self, nbrs):
-        """A graph communicator with ``nbrs`` as sources and destinations (collective)."""
-        ctx = self.ctx
-        MPI = ctx.MPI
-        key = tuple(nbrs)
-        have = self.latest.get(key, -1)
-        both = np.array([have, -have], dtype=np.int64)
-        ctx.comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
-        if both[0] == -both[1] and have >= 0:   # every rank holds that same graph
-            entry = self.live[have]
-            entry[1] += 1
-            return have, entry[0]
-        graph = create_agreed(
-            ctx, lambda: ctx.comm.Create_dist_graph_adjacent(list(nbrs), list(nbrs), reorder=False),
-            failed="MPI_Dist_graph_create_adjacent", exc=RuntimeError,
-            where="Halo(method='neighbor')",
-            hint=" (MPI ran out of communicators: free Halos or HybridComms no longer used)")
-        number, self.made = self.made, self.made + 1
-        self.latest[key] = number
-        self.live[number] = [graph, 1]
-        return number, graph
+    def take(self, pattern, nbrs):
+        """The graph communicator of ``pattern`` (its neighbors ``nbrs`` as sources and
+        destinations), made on first use (collective)."""
+        entry = self.live.get(id(pattern))
+        if entry is None or entry[0]() is not pattern:   # none, or a dead pattern's id
+            ctx = self.ctx
+            graph = create_agreed(
+                ctx, lambda: ctx.comm.Create_dist_graph_adjacent(list(nbrs), list(nbrs), reorder=False),
+                failed="MPI_Dist_graph_create_adjacent", exc=RuntimeError,
+                where="Halo(method='neighbor')",
+                hint=" (MPI ran out of communicators: free Halos or HybridComms no longer used)")
+            entry = self.live[id(pattern)] = [weakref.ref(pattern), graph, 0]
+        entry[2] += 1
+        return entry
 
-    def release(self, number):
-        """One user of graph ``number`` less; the last one frees it."""
-        entry = self.live[number]
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self.live[number]
-            self.latest = {k: n for k, n in self.latest.items() if n != number}
+    def release(self, entry):
+        """One user of a graph (what :meth:`take` returned) less; the last one frees it."""
+        entry[2] -= 1
+        if entry[2] == 0:
+            if any(e is entry for e in self.live.values()):
+                self.live = {k: e for k, e in self.live.items() if e is not entry}
             if not self.ctx.MPI.Is_finalized():
-                self.ctx.free_comm(entry[0])
+                self.ctx.free_comm(entry[1])
 
     def free(self):
         """At the comm's free (its Halos are freed first): any graph left."""
-        live, self.live, self.latest = self.live, {}, {}
+        live, self.live = self.live, {}
         if not self.ctx.MPI.Is_finalized():
-            for graph, _ in live.values():
+            for _, graph, _ in live.values():
                 self.ctx.free_comm(graph)
 
 
@@ -79,7 +67,8 @@ class Neighbor(Transport):
         MPI = ex.MPI
         self.nbrs = list(ex.neighbors)
         self.graphs = ex.ctx.service("neighbor_graphs", Graphs)
-        self.number, self.graph = self.graphs.take(self.nbrs)
+        self.entry = self.graphs.take(ex.pattern, self.nbrs)
+        self.graph = self.entry[1]
         self.dirs = []
         for d in (FWD, REV):
             sends, recvs = ex.plans[d]
@@ -153,4 +142,4 @@ class Neighbor(Transport):
     def free(self):
         if self._req is not None:
             release([self._req], self.dirs)
-        self.graphs.release(self.number)
+        self.graphs.release(self.entry)

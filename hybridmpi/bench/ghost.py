@@ -24,12 +24,11 @@ checked against flat-numpy's before it is timed.
 
 import numpy as np
 
-from .._clib import ffi, lib
+from .._clib import ffi
 from ..halo import Halo
 from ..mesh import distribute_cube
 from ..pattern import GhostPattern
-from ..transport import METHODS
-from ..transport._base import FWD, Xchg, private_chans
+from ..transport import METHODS, PackFloor
 from . import peers as peer_mod
 from ._common import Progress, add, document, timed
 
@@ -89,21 +88,6 @@ class FlatNumpy:
             x[ids] = b
 
 
-class Floor:
-    """Pack the send points and unpack the ghosts with the C kernels, nothing else."""
-
-    def __init__(self, halo):
-        ex = halo.exchange
-        sends, recvs = ex.plans[FWD]
-        self._bufs = [private_chans(sends, ex.esz), private_chans(recvs, ex.esz)]
-        self.pack = Xchg(ex, self._bufs[0][1])
-        self.unpack = Xchg(ex, self._bufs[1][1])
-
-    def update(self, xbuf):
-        lib.hm_xchg_send(self.pack.x, xbuf, 1)
-        lib.hm_xchg_recv(self.unpack.x, xbuf, 1, lib.HM_INSERT, 0)
-
-
 def measure(doc, hc, pattern, x_value, block, methods, iters, reps, rng, bar, peers=()):
     """Time flat-numpy, every method, the floor and the ``peers`` on one pattern; rows at
     x = x_value."""
@@ -150,7 +134,7 @@ def measure(doc, hc, pattern, x_value, block, methods, iters, reps, rng, bar, pe
                 add(doc, "atomic shared", x_value,
                     timed(comm, hc.barrier, lambda h=h, v=v: h.update(v), iters, reps), **extra)
             if method == methods[0]:
-                floor = Floor(h)
+                floor = PackFloor(h.exchange)
                 xbuf = ffi.from_buffer("char[]", x)
                 add(doc, "floor", x_value, timed(comm, hc.barrier, lambda f=floor, b=xbuf: f.update(b),
                                                  iters, reps), **extra)

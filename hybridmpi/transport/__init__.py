@@ -10,7 +10,7 @@ its exception.
 
 from collections.abc import Callable
 
-from ._base import Exchange, Transport
+from ._base import Exchange, PackFloor, Transport
 from .atomic import Atomic
 from .fence import Fence
 from .flat import Flat
@@ -27,4 +27,4 @@ METHODS: dict[str, Callable[[Exchange], Transport]] = {
     "lock": Lock,
 }
 
-__all__ = ["METHODS"]
+__all__ = ["METHODS", "PackFloor"]

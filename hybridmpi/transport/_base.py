@@ -173,6 +173,25 @@ def private_chans(specs, esz):
         off += nb
     return buf, chans, views
 
+class PackFloor:
+    """The C kernels of a Halo's forward update and nothing else: its send points packed into a
+    private buffer and its ghosts unpacked from another, with no synchronization or transfer
+    (the floor under every method, for benchmarks).
+
+    Args:
+        exchange: the Halo's ``exchange``.
+    """
+
+    def __init__(self, exchange: Exchange) -> None:
+        sends, recvs = exchange.plans[FWD]
+        self._bufs = [private_chans(sends, exchange.esz), private_chans(recvs, exchange.esz)]
+        self._pack = Xchg(exchange, self._bufs[0][1])
+        self._unpack = Xchg(exchange, self._bufs[1][1])
+
+    def update(self, xbuf: Any) -> None:
+        """Pack and unpack ``xbuf`` (a cffi ``char[]`` over the Halo's vector)."""
+        lib.hm_xchg_send(self._pack.x, xbuf, 1)
+        lib.hm_xchg_recv(self._unpack.x, xbuf, 1, lib.HM_INSERT, 0)
 
 
 def complete(ex, reqs, peers, what, e, statuses=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import _ends_job
+from ._jobs import ends_job
 
 
 class Freed:
@@ -18,6 +18,6 @@ class Freed:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if exc[1] is not None and _ends_job(exc[1]):
+        if exc[1] is not None and ends_job(exc[1]):
             return  # abort_on_error ends the job: no collective free for a peer to miss
         self.free()

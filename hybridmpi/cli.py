@@ -14,7 +14,7 @@ import traceback
 
 from . import __version__
 from ._extras import MissingExtra, need
-from .errors import _abort_job, _world, launched
+from ._jobs import abort_job, launched, world
 
 #: seconds a rank other than 0 waits before printing an argument error and aborting: when
 #: every rank got the same arguments, rank 0 ends the job meanwhile and the line shows once
@@ -287,7 +287,7 @@ def parser():
 
 def _quit(code, text, wait=0.0):
     """Print ``text`` and end the job with ``code`` (MPI_Abort when several ranks run)."""
-    _abort_job(code, None, message=text, wait=wait)
+    abort_job(code, None, message=text, wait=wait)
     sys.stderr.write(text)  # alone: no job to abort
     return code
 
@@ -325,14 +325,14 @@ def main(argv=None):
         return _quit(_MISSING_EXTRA, f"{e}\n", wait=_ONCE_S)
     except SystemExit as e:  # --help and --version (0), or a command's own exit
         if e.code not in (None, 0):
-            _abort_job(e.code if isinstance(e.code, int) else 1, None)
+            abort_job(e.code if isinstance(e.code, int) else 1, None)
         raise
     except BaseException as e:
         if args is not None and isinstance(e, _INPUT_ERRORS):
-            rank = (_world() or (0, 1))[0]
+            rank = (world() or (0, 1))[0]
             return _quit(2, f"hybridmpi {args.command}: error on rank {rank}: {e}\n")
         # the failing rank's traceback, then the job ends within seconds (alone: Python
         # prints the traceback)
-        _abort_job(1, traceback.format_exc())
+        abort_job(1, traceback.format_exc())
         raise
     return 0

@@ -20,12 +20,13 @@ from ._agree import agree
 from ._clib import ERRBIT, MISBIT, ffi, lib
 from ._context import Context
 from ._hooks import START_ENV_PROFILE
+from ._jobs import ends_job
 from ._notice import Notices, new_nonce
 from ._types import OPS, as_int
 from ._types import mpi as _mpi
 from .arena import Arena, allocate_shared
 from .collectives import LEADER_WAIT, SLOT_BYTES, Collectives
-from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, _ends_job
+from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout
 
 try:  # barrier() and allreduce(float) on one node as one C call (Coll); slower without it
     from ._timed import Coll as _Coll
@@ -529,7 +530,7 @@ class HybridComm(Collectives):
             # call raise too (error bits, notice), and then meet it in the collective free
             self._break(f"an exception on this rank ({exc_type.__name__})",
                         notify=not issubclass(exc_type, PeerError))
-            if _ends_job(exc):
+            if ends_job(exc):
                 return  # abort_on_error ends the job: no collective free for a peer to miss
         self.free()
 

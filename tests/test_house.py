@@ -150,3 +150,31 @@ def test_private_names_stay_in_their_module():
                         wrong.append(f"{rel}:{lineno}: {sorted(used - mine) or line.strip()}")
     assert not wrong, f"noqa: SLF001 on another module's private names: {wrong}"
     assert seams == SEAMS, f"classes defining _internal: {seams}, expected {SEAMS}"
+
+
+def test_no_private_import():
+    """No module imports another module's private names (``from .x import _y``); a private
+    module (``from . import _hooks``) is the package's own."""
+    wrong = []
+    for folder, _, files in os.walk(PKG):
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            with open(path) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.ImportFrom) and node.level):
+                    continue
+                base = folder
+                for _ in range(node.level - 1):
+                    base = os.path.dirname(base)
+                base = os.path.join(base, *(node.module or "").split(".") if node.module else [])
+                for alias in node.names:
+                    n = alias.name
+                    module = os.path.exists(os.path.join(base, n + ".py")) or os.path.isdir(
+                        os.path.join(base, n))
+                    if n.startswith("_") and not n.startswith("__") and not module:
+                        wrong.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {n}")
+    assert not wrong, f"private names imported from another module: {wrong}"
+

@@ -12,7 +12,7 @@ import numpy as np
 
 from .._extras import MissingExtra
 from ..pattern import GhostPattern
-from .partition import _tets, ghost_pairs
+from .partition import ghost_pairs, tetrahedra
 
 
 class LocalMesh:
@@ -49,7 +49,7 @@ class LocalMesh:
 def _split(m, part, nranks):
     """Every rank's global ids, owned count, coordinates and local cells."""
     n = len(m.points)
-    tets = _tets(m)
+    tets = tetrahedra(m)
     g_rank, g_point = ghost_pairs(m, part)
     # How many ranks need each point, and which one when it is only one.
     need = np.bincount(g_point, minlength=n)

@@ -12,7 +12,12 @@ from .._extras import need
 _EDGES = np.array([(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)])
 
 
-def _tets(m):
+def tetrahedra(m: Any) -> np.ndarray:
+    """The tetrahedra of a meshio mesh ``m``: an (n, 4) int64 array of point ids.
+
+    Raises:
+        ValueError: ``m`` has no tetrahedra.
+    """
     for c in m.cells:
         if c.type == "tetra":
             return np.asarray(c.data, dtype=np.int64)
@@ -21,7 +26,7 @@ def _tets(m):
 
 def point_edges(m: Any) -> tuple[np.ndarray, np.ndarray]:
     """Unique edges ``(i, j)``, ``i < j``, of the tetrahedra of ``m``: two int64 arrays."""
-    tets = _tets(m)
+    tets = tetrahedra(m)
     a = tets[:, _EDGES[:, 0]].ravel()
     b = tets[:, _EDGES[:, 1]].ravel()
     lo, hi = np.minimum(a, b), np.maximum(a, b)
@@ -32,7 +37,7 @@ def point_edges(m: Any) -> tuple[np.ndarray, np.ndarray]:
 def boundary_points(m: Any) -> np.ndarray:
     """Boolean mask of the points on the surface of ``m``: the vertices of the triangles that
     belong to one tetrahedron only."""
-    tets = _tets(m)
+    tets = tetrahedra(m)
     faces = np.sort(np.concatenate([tets[:, [0, 1, 2]], tets[:, [0, 1, 3]], tets[:, [0, 2, 3]],
                                     tets[:, [1, 2, 3]]]), axis=1)
     _, first, counts = np.unique(faces, axis=0, return_index=True, return_counts=True)

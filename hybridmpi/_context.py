@@ -44,13 +44,15 @@ class Context:
             found a peer's error bits (its ``_peer_error``).
         describe_word: ``describe_word(addr)``, what a wait on ``addr`` waits for, in words,
             if the word is this comm's or its children's (hang diagnosis), else None.
+        record, unrecord: ``record(names, wrap)`` installs a profile's wrappers over the comm's
+            operations, ``unrecord()`` takes them away (:class:`hybridmpi._resource.Recorded`).
     """
 
     __slots__ = ("MPI", "comm", "node_comm", "leader_comm", "rank", "size", "node_rank",
                  "node_size", "node_id", "num_nodes", "is_leader", "node_ranks", "node_index",
                  "coll", "spin", "notices", "arena", "serial", "children", "profile",
                  "env_profile", "clock_offset", "hooks", "take_id", "release_id", "break_comm",
-                 "peer_error", "describe_word", "_service", "_free_comm", "_broken")
+                 "peer_error", "describe_word", "record", "unrecord", "_service", "_free_comm", "_broken")
 
     def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, serial: int,
                  children: dict[int, Any], hooks: dict[str, Callable[..., Any]]) -> None:
@@ -70,6 +72,7 @@ class Context:
         self.take_id, self.release_id = hooks["take_id"], hooks["release_id"]
         self.break_comm, self.peer_error = hooks["break_comm"], hooks["peer_error"]
         self.describe_word = hooks["describe_word"]
+        self.record, self.unrecord = hooks["record"], hooks["unrecord"]
         self._service, self._free_comm = hooks["service"], hooks["free_comm"]
         self._broken = hooks["broken"]
 

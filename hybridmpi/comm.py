@@ -22,6 +22,7 @@ from ._context import Context
 from ._hooks import START_ENV_PROFILE
 from ._jobs import ends_job
 from ._notice import Notices, new_nonce
+from ._resource import Recorded
 from ._types import OPS, as_int
 from ._types import mpi as _mpi
 from .arena import Arena, allocate_shared
@@ -176,7 +177,7 @@ def _describe(value):
     return f"released call {value // 2}"
 
 
-class HybridComm(Collectives):
+class HybridComm(Collectives, Recorded):
     """A communicator split into nodes, with shared-memory collectives.
 
     Collective over ``comm``.  The communicator is duplicated, so traffic on
@@ -369,7 +370,8 @@ class HybridComm(Collectives):
                                    service=self._service, free_comm=self._free_comm,
                                    broken=lambda: self._broken, take_id=self._take_id,
                                    release_id=self._release_id, break_comm=self._break,
-                                   peer_error=self._peer_error, describe_word=self._where_word))
+                                   peer_error=self._peer_error, describe_word=self._where_word,
+                                   record=self._record, unrecord=self._unrecord))
         self.arena = self.context.arena = Arena(self.context)  # shared memory of Halos, global memory
 
     def _fast_paths(self, st):

@@ -11,7 +11,7 @@ import numpy as np
 
 from ._agree import agree
 from ._clib import MISBIT, ffi, lib
-from ._resource import Freed
+from ._resource import Freed, Recorded
 from ._timed import Hot as _Hot
 from ._timed import State as _State
 from ._types import DTYPES, mpi
@@ -48,9 +48,12 @@ class HaloParts(NamedTuple):
     cool: Any
     #: the Halo's call counts per direction (its epochs), live
     epochs: Any
+    #: ``record(names, wrap)`` and ``unrecord()``: a profile's wrappers over its operations
+    record: Any
+    unrecord: Any
 
 
-class Halo(Freed):
+class Halo(Freed, Recorded):
     """Ghost updates of one pattern for vectors of one dtype and block size.
 
     Collective over the pattern's HybridComm, and so is every update: all
@@ -664,7 +667,10 @@ class Halo(Freed):
     def _internal(self) -> HaloParts:
         """What the profile uses of a Halo it records (the Halo's one seam: every other private
         name stays in this module)."""
-        return HaloParts(self._cool, self._state.epochs)
+        return HaloParts(self._cool, self._state.epochs, self._record, self._unrecord)
+
+    def _drop_hot(self):
+        self._cool()   # its C hot paths: made again, recording or not, by the next calls
 
     def __repr__(self):
         state = "freed" if self._transport is None else f"{len(self.pattern.neighbors)} neighbors"

@@ -237,23 +237,8 @@ class profile:
             _ACTIVE.remove(self)
         if not _ACTIVE:
             _CLK[2] = 0
-        from .halo import Halo
-
-        for obj, names, saved in self._wrapped:
-            halo = isinstance(obj, Halo)
-            if halo:   # close the recording C hot paths first
-                obj._internal.cool()
-            for name in names:
-                obj.__dict__.pop(name, None)
-            if halo:   # ... and the ones from before: the next calls make new
-                for hot in saved.values():
-                    hot.close()
-                saved = {}
-            if getattr(obj, "closed", False) is False:
-                obj.__dict__.update(saved)   # the C fast paths of GlobalMemory.Put and Get
-            else:
-                for fast in saved.values():
-                    getattr(fast, "close", lambda: None)()
+        for obj in self._wrapped:
+            _seam(obj).unrecord()   # the object gives its C fast paths back (or closes them)
         self._wrapped = []
         ctx = self.hc.context
         if ctx.profile is not None and ctx.profile.owner is self:
@@ -280,18 +265,18 @@ class profile:
             ops, label = _MEM_OPS, f"GlobalMemory {self._counts['GlobalMemory']}"
         else:
             return
-        names = []
-        if isinstance(obj, Halo):   # its C hot paths: made again, recording, by the next calls
-            obj._internal.cool()
-        saved = {name: obj.__dict__[name] for name in ops if name in obj.__dict__}
-        for name, (kind, key) in ops.items():
+
+        def wrap(name, method):
+            kind, key = ops[name]
             # Coarray's a[r][index] put and get are its methods _put and _get
             rec = _Op(label, key if name.startswith("_") else name, kind, key, obj)
             self._ops.append(rec)
-            obj.__dict__[name] = wrapper = _wrapper(getattr(type(obj), name).__get__(obj), rec, obj)
+            wrapper = _wrapper(method, rec, obj)
             self._recorders[(id(obj), name)] = (wrapper, rec)
-            names.append(name)
-        self._wrapped.append((obj, names, saved))
+            return wrapper
+
+        _seam(obj).record(list(ops), wrap)   # the object installs the wrappers over its methods
+        self._wrapped.append(obj)
 
     def _hot_recording(self, halo, name):
         """For a Halo's C hot path of ``name`` while this profile is on: (the wrapper, as its
@@ -304,12 +289,9 @@ class profile:
 
     def _forget(self, obj):
         """Stop recording ``obj`` (a Coarray's own GlobalMemory), before any call of it."""
-        for o, names, saved in self._wrapped:
-            if o is obj:
-                for name in names:
-                    obj.__dict__.pop(name, None)
-                obj.__dict__.update(saved)
-        self._wrapped = [w for w in self._wrapped if w[0] is not obj]
+        if any(o is obj for o in self._wrapped):
+            _seam(obj).unrecord()
+        self._wrapped = [o for o in self._wrapped if o is not obj]
         self._ops = [rec for rec in self._ops if rec.obj is not obj]
         self._counts["GlobalMemory"] -= 1
 
@@ -544,6 +526,14 @@ def _image_calls(recs, rank, size):
             img[id(op)][p].append((i, named[p]))
             named[p] += 1
     return img
+
+
+def _seam(obj):
+    """What the profile may use of a recorded object: a HybridComm's context, the others'
+    ``_internal``."""
+    from .comm import HybridComm
+
+    return obj.context if isinstance(obj, HybridComm) else obj._internal
 
 
 def _wrapper(f, rec, obj):

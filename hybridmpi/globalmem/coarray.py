@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._agree import agree
-from .._resource import Freed
+from .._resource import Freed, Recorded
 from .._types import mpi
 from ..comm import HybridComm
 from .memory import GlobalMemory
@@ -60,9 +60,12 @@ class CoarrayParts(NamedTuple):
 
     #: ``section_nbytes(index)``: the bytes of ``a[r][index]``
     section_nbytes: Any
+    #: ``record(names, wrap)`` and ``unrecord()``: a profile's wrappers over its operations
+    record: Any
+    unrecord: Any
 
 
-class Coarray(Freed):
+class Coarray(Freed, Recorded):
     """XcalableMP coarrays: an array of the same shape on every rank, ``a[r][index]`` put and get.
 
     ``a.local`` is this rank's array (shared memory).  ``a[r][index] = values``
@@ -110,7 +113,7 @@ class Coarray(Freed):
         self.local = self.mem.local.reshape(shape)
         parts = self.mem._internal
         # what the memory decides (checks, window, displacements), used through its seam
-        self._usable, self._check = parts.usable, parts.target
+        self._usable, self._check, self._owner = parts.usable, parts.target, parts.owner
         self._win, self._disp, self._sync = parts.win, parts.disp, parts.sync
         self._shaped: list[Any] = [None if v is None else v.reshape(shape) for v in parts.views]
         self._images = [_Image(self, r) for r in range(hc.size)]
@@ -121,8 +124,8 @@ class Coarray(Freed):
     def __getitem__(self, rank):
         if type(rank) is int and 0 <= rank < len(self._images):
             return self._images[rank]
-        self._usable("[rank]")
-        rank, _ = self._check(rank, 0, 0, "[rank]")
+        self._usable(self.mem, "[rank]")
+        rank, _ = self._check(self.mem, rank, 0, 0, "[rank]")
         return self._images[rank]
 
     def _section(self, key, index):
@@ -133,7 +136,8 @@ class Coarray(Freed):
 
     def _target(self, rank, index):
         """(view of the section on a node peer or None, index key)."""
-        self._usable("[rank][index]")
+        if self.mem.closed:
+            self._usable(self.mem, "[rank][index]")
         key = _key(index, self.mem.rank)
         view = self._targets.get((rank, key))
         if view is None and self._shaped[rank] is not None:
@@ -170,7 +174,7 @@ class Coarray(Freed):
             except ValueError:
                 raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
                                  f"{np.shape(values)} do not fit the section of shape {view.shape}") from None
-            return None if blocking else Request(self.hc, self._win, None, None, None, "Coarray.Rput")
+            return None if blocking else Request(self._owner, None, None, None, "Coarray.Rput")
         sec = self._section(key, index)
         try:
             if (type(values) is np.ndarray and values.dtype is self.dtype and values.shape == sec.shape
@@ -183,14 +187,14 @@ class Coarray(Freed):
             raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
                              f"{np.shape(values)} do not fit the section of shape {sec.shape}") from None
         if src.size == 0:
-            return None if blocking else Request(self.hc, self._win, None, None, None, "Coarray.Rput")
+            return None if blocking else Request(self._owner, None, None, None, "Coarray.Rput")
         MPI = mpi()
         rma = put_flush if blocking else MPI.Win.Rput
         req = rma(self._win, (src, src.nbytes, MPI.BYTE), rank, self._where(rank, sec))
         if blocking:
             return None
         self._sync.dirty[id(self._win)] = self._win
-        return Request(self.hc, self._win, req, rank, src, "Coarray.Rput")
+        return Request(self._owner, req, rank, src, "Coarray.Rput")
 
     def _get(self, rank, index):
         view, key = self._target(rank, index)
@@ -210,8 +214,9 @@ class Coarray(Freed):
             out: a writeable C-contiguous array of this dtype and the section's shape.
         """
         mem = self.mem
-        self._usable("Rget")
-        rank, _ = self._check(rank, 0, 0, "Rget")
+        if mem.closed:
+            self._usable(mem, "Rget")
+        rank, _ = self._check(mem, rank, 0, 0, "Rget")
         view, key = self._target(rank, index)
         sec = self._section(key, index)
         if (type(out) is not np.ndarray or out.dtype != self.dtype or out.shape != sec.shape
@@ -221,14 +226,16 @@ class Coarray(Freed):
         if view is not None or out.size == 0:
             if out.size:
                 out[...] = view
-            return Request(self.hc, self._win, None, None, None, "Coarray.Rget")
+            return Request(self._owner, None, None, None, "Coarray.Rget")
         req = self._win.Rget((out, out.nbytes, mpi().BYTE), rank, self._where(rank, sec))
-        return Request(self.hc, self._win, req, None, out, "Coarray.Rget")
+        return Request(self._owner, req, None, out, "Coarray.Rget")
 
     def Rput(self, rank: int, index: Any, values: Any) -> Request:
         """Start ``a[rank][index] = values``; returns a :class:`Request` (``values`` are copied)."""
-        self._usable("Rput")
-        rank, _ = self._check(rank, 0, 0, "Rput")
+        mem = self.mem
+        if mem.closed:
+            self._usable(mem, "Rput")
+        rank, _ = self._check(mem, rank, 0, 0, "Rput")
         return self._put(rank, index, values, False)
 
     def sync_all(self) -> None:
@@ -238,7 +245,7 @@ class Coarray(Freed):
     def sync_images(self, ranks: int | Iterable[int]) -> None:
         """As :meth:`GlobalMemory.sync_images`."""
         if self.mem.closed:
-            self._usable("sync_images")
+            self._usable(self.mem, "sync_images")
         self._sync.sync_images(ranks, "Coarray.sync_images")
 
     def free(self) -> None:
@@ -262,7 +269,7 @@ class Coarray(Freed):
     @property
     def _internal(self) -> CoarrayParts:
         """What the profile uses of a Coarray it records (its one seam)."""
-        return CoarrayParts(self._section_nbytes)
+        return CoarrayParts(self._section_nbytes, self._record, self._unrecord)
 
     def _section_nbytes(self, index):
         return self._section(_key(index, self.mem.rank), index).nbytes

@@ -10,12 +10,12 @@ import numpy as np
 
 from .._agree import agree
 from .._clib import ffi, lib
-from .._resource import Freed
+from .._resource import Freed, Recorded
 from .._types import mpi
 from ..arena import MAX_BYTES
 from ..comm import HybridComm
 from ..errors import FreedError
-from .requests import Request, get_flush, put_flush
+from .requests import Owner, Request, get_flush, put_flush
 from .sync import int64_arg, int_arg, sync_state
 
 try:
@@ -36,13 +36,18 @@ class Parts(NamedTuple):
     views: list
     #: the HybridComm's sync_images state
     sync: Any
-    #: ``usable(what)`` raises FreedError after free()
+    #: ``usable(mem, what)`` raises FreedError after free()
     usable: Any
-    #: ``target(rank, offset, n, what)`` checks a target range, returns (rank, offset)
+    #: ``target(mem, rank, offset, n, what)`` checks a target range, returns (rank, offset)
     target: Any
+    #: what the memory's requests share (:class:`~hybridmpi.globalmem.requests.Owner`)
+    owner: Any
+    #: ``record(names, wrap)`` and ``unrecord()``: a profile's wrappers over its operations
+    record: Any
+    unrecord: Any
 
 
-class GlobalMemory(Freed):
+class GlobalMemory(Freed, Recorded):
     """An array with a part on every rank, reachable by one-sided put and get.
 
     Collective over the HybridComm.  The parts live in the HybridComm's
@@ -103,6 +108,8 @@ class GlobalMemory(Freed):
         self.rank, self.size = hc.rank, hc.size
         self.dtype = dt
         self._views: Any = None
+        #: True before the parts are made and once freed (an attribute: one lookup, hot paths)
+        self.closed = True
         self._near = {}
         self._sync = sync_state(hc)
         self.counts = tuple(hc.comm.allgather(count))
@@ -127,6 +134,8 @@ class GlobalMemory(Freed):
         self._self_cas = vendor == "Open MPI" and version < (5,)
         self._itemsize = dt.itemsize
         self._views = views
+        self.closed = False
+        self._owner = Owner(hc, self._win)   # what its requests share
         self._near = {r: views[r] for r in node_rank}  # the parts reached by load/store
         if _Near is not None and dt.itemsize:
             # Put and Get of a 1-D array to a part on this node in C: about 0.2 us instead of
@@ -143,7 +152,8 @@ class GlobalMemory(Freed):
     def _internal(self) -> Parts:
         """What a Coarray built on this memory uses of it (the layer's one seam: every other
         private name stays in this module)."""
-        return Parts(self._win, self._disp, self._views, self._sync, self._usable, self._target)
+        return Parts(self._win, self._disp, self._views, self._sync, GlobalMemory._usable,
+                     GlobalMemory._target, self._owner, self._record, self._unrecord)
 
     def _array(self, addr, count):
         if count == 0:
@@ -254,16 +264,16 @@ class GlobalMemory(Freed):
         """
         rank, req = self._access(data, rank, offset, "Rput", False, mpi().Win.Rput)
         if req is None:
-            return Request(self.hc, self._win, None, None, None, "Rput")
+            return Request(self._owner, None, None, None, "Rput")
         self._sync.dirty[id(self._win)] = self._win
-        return Request(self.hc, self._win, req, rank, data, "Rput")
+        return Request(self._owner, req, rank, data, "Rput")
 
     def Rget(self, out: np.ndarray, rank: int, offset: int = 0) -> Request:
         """Start a get into ``out``; returns a :class:`Request` (read ``out`` after it completes)."""
         rank, req = self._access(out, rank, offset, "Rget", True, mpi().Win.Rget)
         if req is None:
-            return Request(self.hc, self._win, None, None, None, "Rget")
-        return Request(self.hc, self._win, req, None, out, "Rget")
+            return Request(self._owner, None, None, None, "Rget")
+        return Request(self._owner, req, None, out, "Rget")
 
     def flush(self, rank: int | None = None) -> None:
         """Complete every outstanding operation of this rank on this memory (to ``rank``, or to all)."""
@@ -359,6 +369,7 @@ class GlobalMemory(Freed):
         if self._views is None:
             return
         self._views = None
+        self.closed = True
         self._near = {}
         self.local = None
         for name in ("Put", "Get"):
@@ -369,11 +380,6 @@ class GlobalMemory(Freed):
             self._win.Flush_all()  # every pending operation on the window: none stays dirty
             self._sync.dirty.pop(id(self._win), None)
         self._block.free()
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`free` was called."""
-        return self._views is None
 
     def __repr__(self):
         state = "freed" if self._views is None else f"{self.counts[self.rank]} local elements"

@@ -26,6 +26,16 @@ def _rma_timeout(hc, what):
                        f"{what}", rank=hc.rank, counter="rma")
 
 
+class Owner:
+    """What the requests of one GlobalMemory share (made once, with the memory)."""
+
+    __slots__ = ("hc", "win")
+
+    def __init__(self, hc, win):
+        self.hc = hc      # the HybridComm (its rank, timeout and waits)
+        self.win = win    # the memory's RMA window (None on one node)
+
+
 class Request:
     """A non-blocking put or get (:meth:`GlobalMemory.Rput`, :meth:`GlobalMemory.Rget`).
 
@@ -34,11 +44,10 @@ class Request:
     says whether it is, without blocking.  A request is waited once.
     """
 
-    __slots__ = ("_hc", "_win", "_req", "_target", "_keep", "_done", "_waited", "_what")
+    __slots__ = ("_owner", "_req", "_target", "_keep", "_done", "_waited", "_what")
 
-    def __init__(self, hc, win, req, target, keep, what):
-        self._hc = hc            # the HybridComm (its rank, timeout and waits)
-        self._win = win          # the memory's RMA window
+    def __init__(self, owner, req, target, keep, what):
+        self._owner = owner      # the memory's Owner: its HybridComm and window
         self._req = req          # MPI request, None when already complete
         self._target = target    # rank to flush for a put across nodes, else None
         self._keep = keep        # buffers that must live until completion
@@ -48,7 +57,7 @@ class Request:
 
     def _finish(self):
         if self._target is not None:
-            self._win.Flush(self._target)
+            self._owner.win.Flush(self._target)
         self._done = True
         self._keep = None
 
@@ -62,7 +71,7 @@ class Request:
                 raise TypeError(f"hybridmpi: waitall: expected Requests, got {type(item).__name__}")
             r: Request = item
             if r._waited:
-                raise RuntimeError(f"hybridmpi: rank {r._hc.rank}: waitall: a {r._what} request "
+                raise RuntimeError(f"hybridmpi: rank {r._owner.hc.rank}: waitall: a {r._what} request "
                                    "was already waited")
             if not r._done:
                 pending.append(r)
@@ -72,7 +81,7 @@ class Request:
         if not pending:
             return
         first: Request = pending[0]
-        hc = first._hc
+        hc = first._owner.hc
         reqs = []
         for item in pending:
             started: Request = item
@@ -84,7 +93,8 @@ class Request:
         for item in pending:
             done: Request = item
             if done._target is not None:
-                flushes[(id(done._win), done._target)] = done._win
+                win = done._owner.win
+                flushes[(id(win), done._target)] = win
             done._done = True
             done._keep = None
         for (_, target), win in flushes.items():
@@ -103,7 +113,7 @@ class Request:
             RuntimeError: the request was already waited.
             SyncTimeout: not complete within the HybridComm's timeout.
         """
-        hc = self._hc
+        hc = self._owner.hc
         if self._waited:
             raise RuntimeError(f"hybridmpi: rank {hc.rank}: {self._what} request waited twice")
         self._waited = True

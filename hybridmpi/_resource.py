@@ -47,6 +47,13 @@ class Recorded:
         for n in names:
             attrs[n] = wrap(n, getattr(type(self), n).__get__(self))
 
+    def _close_set_aside(self) -> None:
+        """Close the fast paths a profile set aside (the object is being freed: a reference
+        to one kept by the caller then raises FreedError instead of reaching freed memory)."""
+        _, saved = self.__dict__.get("_recorded", ((), {}))
+        for fast in saved.values():
+            getattr(fast, "close", lambda: None)()
+
     def _unrecord(self) -> None:
         """Take the wrappers away; give back the fast paths set aside (closed instead when
         the object was freed meanwhile)."""

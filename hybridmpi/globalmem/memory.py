@@ -63,6 +63,7 @@ class GlobalMemory(Freed, Recorded):
     Attributes:
         local: this rank's part (a numpy array in shared memory).
         counts: every rank's count.
+        closed: True once :meth:`free` was called.
         dtype, hc, rank, size.
 
     Memory: a blocking put or get is complete at both ends when it
@@ -376,6 +377,7 @@ class GlobalMemory(Freed, Recorded):
             fast = self.__dict__.pop(name, None)
             if fast is not None and hasattr(fast, "close"):
                 fast.close()  # a reference kept by the caller now raises FreedError too
+        self._close_set_aside()   # ... also one a profile that is on set aside
         if self._win is not None and not mpi().Is_finalized():
             self._win.Flush_all()  # every pending operation on the window: none stays dirty
             self._sync.dirty.pop(id(self._win), None)

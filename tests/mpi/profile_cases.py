@@ -330,7 +330,31 @@ def case_free_inside_the_block(comm, rng, node_size=None):
         assert lib.hm_prof[2] == 0
 
 
+
+def case_kept_fast_path_after_free_in_the_block(comm, rng, node_size=None):
+    """A reference to GlobalMemory.Put or Get kept from before a profile (its C fast path,
+    which the profile sets aside) raises FreedError once the memory is freed inside the
+    block, and never writes into the memory a new GlobalMemory then holds."""
+    with HybridComm(comm, node_size=node_size) as hc:
+        m = GlobalMemory(hc, 3)
+        kept_put, kept_get = m.Put, m.Get
+        with hybridmpi.profile(hc):
+            m.free()
+            fresh = GlobalMemory(hc, 3)   # may get the freed block
+            for call in (lambda: kept_put(np.full(1, 42.0), hc.rank),
+                         lambda: kept_get(np.zeros(1), hc.rank)):
+                try:
+                    call()
+                except FreedError:
+                    pass
+                else:
+                    raise AssertionError("a kept fast path reached freed memory")
+            assert not fresh.local.any(), fresh.local
+            fresh.free()
+
+
 if __name__ == "__main__":
     main([case_rows_for_every_object_and_op, case_imbalance_charged_to_the_late_rank,
           case_sync_images_pairs, case_nothing_recorded_when_off, case_misuse_raises_on_every_rank,
-          case_one_rank_raises_in_the_block, case_print_and_json, case_free_inside_the_block])
+          case_one_rank_raises_in_the_block, case_print_and_json, case_free_inside_the_block,
+          case_kept_fast_path_after_free_in_the_block])

@@ -12,6 +12,7 @@ from .._agree import agree
 from .._resource import Freed, Recorded
 from .._types import mpi
 from ..comm import HybridComm
+from ..errors import FreedError
 from .memory import GlobalMemory
 from .requests import Request, get_flush, put_flush
 from .sync import int_arg
@@ -84,11 +85,14 @@ class Coarray(Freed, Recorded):
     Raises:
         TypeError: bad shape or dtype.
         ValueError: ranks with different shapes or dtypes, negative extents.
+        FreedError: the HybridComm was freed.
     """
 
     def __init__(self, hc: HybridComm, shape: int | tuple[int, ...], dtype: Any = np.float64) -> None:
         if not isinstance(hc, HybridComm):
             raise TypeError(f"hybridmpi: Coarray needs a HybridComm, got {type(hc).__name__}")
+        if hc.closed:
+            raise FreedError(f"hybridmpi: rank {hc.rank}: Coarray on a freed HybridComm")
         if isinstance(shape, (int, np.integer)):
             shape = (shape,)
         problem: tuple[type[Exception], str] | None = None

@@ -346,10 +346,25 @@ def case_put_get_every_path(comm, rng, **cfg):
                     raise AssertionError(f"{dt}: a kept Put/Get worked after free()")
 
 
+def case_objects_on_a_freed_comm(comm, rng, **cfg):
+    """GlobalMemory and Coarray on a freed HybridComm: FreedError on every rank, nothing made."""
+    from hybridmpi import FreedError
+
+    hc = make_hc(comm, cfg)
+    hc.free()
+    for make in (lambda: GlobalMemory(hc, 4), lambda: Coarray(hc, (2, 2))):
+        try:
+            make()
+        except FreedError as e:
+            assert "freed HybridComm" in str(e), e
+        else:
+            raise AssertionError("an object made on a freed HybridComm")
+
+
 CASES = [case_local_view, case_put_get_every_path, case_random_put_get, case_overlapping_nonblocking,
          case_producer_consumer, case_sync_images_subsets, case_fetch_add, case_coarray_sections,
          case_sync_timeout,
-         case_many_objects]
+         case_many_objects, case_objects_on_a_freed_comm]
 
 if __name__ == "__main__":
     main(CASES, memory_order="acq_rel")

@@ -57,6 +57,8 @@ class Recorded:
     def _unrecord(self) -> None:
         """Take the wrappers away; give back the fast paths set aside (closed instead when
         the object was freed meanwhile)."""
+        if getattr(self, "closed", False) is not False:
+            self._close_set_aside()
         attrs = self.__dict__
         names, saved = attrs.pop("_recorded", ((), {}))
         self._drop_hot()   # a recording hot path first: its fallback is a wrapper
@@ -64,6 +66,3 @@ class Recorded:
             attrs.pop(n, None)
         if getattr(self, "closed", False) is False:
             attrs.update(saved)
-        else:
-            for fast in saved.values():
-                getattr(fast, "close", lambda: None)()

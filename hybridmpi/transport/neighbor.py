@@ -27,7 +27,7 @@ class Graphs:
 
     def __init__(self, ctx):
         self.ctx = ctx
-        self.live = {}   # id(pattern) -> [weak reference to the pattern, graph, users]
+        self.live = {}   # id(pattern) -> [weak reference to the pattern, graph, users, id]
 
     def take(self, pattern, nbrs):
         """The graph communicator of ``pattern`` (its neighbors ``nbrs`` as sources and
@@ -40,7 +40,7 @@ class Graphs:
                 failed="MPI_Dist_graph_create_adjacent", exc=RuntimeError,
                 where="Halo(method='neighbor')",
                 hint=" (MPI ran out of communicators: free Halos or HybridComms no longer used)")
-            entry = self.live[id(pattern)] = [weakref.ref(pattern), graph, 0]
+            entry = self.live[id(pattern)] = [weakref.ref(pattern), graph, 0, id(pattern)]
         entry[2] += 1
         return entry
 
@@ -48,8 +48,8 @@ class Graphs:
         """One user of a graph (what :meth:`take` returned) less; the last one frees it."""
         entry[2] -= 1
         if entry[2] == 0:
-            if any(e is entry for e in self.live.values()):
-                self.live = {k: e for k, e in self.live.items() if e is not entry}
+            if self.live.get(entry[3]) is entry:   # not replaced after its pattern died
+                del self.live[entry[3]]
             if not self.ctx.MPI.Is_finalized():
                 self.ctx.free_comm(entry[1])
 
@@ -57,8 +57,8 @@ class Graphs:
         """At the comm's free (its Halos are freed first): any graph left."""
         live, self.live = self.live, {}
         if not self.ctx.MPI.Is_finalized():
-            for _, graph, _ in live.values():
-                self.ctx.free_comm(graph)
+            for entry in live.values():
+                self.ctx.free_comm(entry[1])
 
 
 class Neighbor(Transport):

@@ -109,7 +109,7 @@ class GlobalMemory(Freed, Recorded):
         self.rank, self.size = hc.rank, hc.size
         self.dtype = dt
         self._views: Any = None
-        #: True before the parts are made and once freed (an attribute: one lookup, hot paths)
+        # True before the parts are made and once freed (an attribute: one lookup, hot paths)
         self.closed = True
         self._near = {}
         self._sync = sync_state(hc)

@@ -245,20 +245,40 @@ def fault(hs, mpi, kind, *, pattern="all", hosts=2, per_host=2):
 
 
 def check_survivors(errors, survivors, victim, hosts_n, per_host, out):
+    """Every survivor raised within T + 2 s, and its error leads to the fault: it names the victim
+    (host or ranks), or it is a PeerError passed on from a node-mate that failed first ("rank q
+    failed in this ... call (see its error)"), whose own error leads there (the known gap of
+    docs/hosts.md: the node-mate that timed out a moment earlier is named, and its error names
+    the host)."""
     for r in survivors:
         assert r in errors, f"rank {r} raised nothing:\n{out}"
-        host, cls, dt, msg = errors[r]
+        dt = errors[r][2]
         assert dt <= T + 2, f"rank {r} raised {dt:.2f} s after the fault (limit {T + 2}):\n{out}"
-        if host == victim:  # the link case: the victim's side names the others
-            named = [h for h in (f"hm-h{i}" for i in range(hosts_n)) if h != victim]
-            ranks = [q for q in range(hosts_n * per_host) if q // per_host != hosts_n - 1]
-        else:
-            named = [victim]
-            ranks = [q for q in range(hosts_n * per_host) if q // per_host == hosts_n - 1]
-        rank_words = re.findall(r"ranks? \[?([\d, ]+)\]?", msg)
-        named_ranks = {int(v) for w in rank_words for v in w.replace(" ", "").split(",") if v}
-        assert any(h in msg for h in named) or set(ranks) & named_ranks, \
-            f"rank {r}'s error names neither {named} nor ranks {ranks}: {msg}"
+    for r in survivors:
+        chain = [r]
+        while True:
+            host, cls, dt, msg = errors[chain[-1]]
+            if names_fault(msg, host, victim, hosts_n, per_host):
+                break
+            passed_on = re.search(r"rank (\d+) failed in this (?:Halo's )?call", msg)
+            q = int(passed_on.group(1)) if passed_on and cls == "PeerError" else None
+            assert q is not None and q in errors and q not in chain and \
+                errors[q][0] == host, \
+                f"rank {r}'s error does not lead to the fault (chain {chain}): {msg}\n{out}"
+            chain.append(q)
+
+
+def names_fault(msg, host, victim, hosts_n, per_host):
+    """Whether an error raised on ``host`` names the other side of the fault (its hosts or ranks)."""
+    if host == victim:  # the link case: the victim's side names the others
+        named = [h for h in (f"hm-h{i}" for i in range(hosts_n)) if h != victim]
+        ranks = [q for q in range(hosts_n * per_host) if q // per_host != hosts_n - 1]
+    else:
+        named = [victim]
+        ranks = [q for q in range(hosts_n * per_host) if q // per_host == hosts_n - 1]
+    rank_words = re.findall(r"ranks? \[?([\d, ]+)\]?", msg)
+    named_ranks = {int(v) for w in rank_words for v in w.replace(" ", "").split(",") if v}
+    return any(h in msg for h in named) or bool(set(ranks) & named_ranks)
 
 
 @pytest.mark.parametrize("pattern", ["all", "node"])
@@ -281,9 +301,8 @@ def test_host_stopped_3_hosts(hosts, mpi):
     assert ended is not None and ended < T + 10, job.text
 
 
-@pytest.mark.xfail(reason="known gaps (docs/hosts.md): a rank that gets PeerError from a node-mate that "
-                          "timed out first names that rank, not the host; with Intel MPI the job does "
-                          "not end when the launcher is told not to clean up", strict=False)
+@pytest.mark.xfail(reason="known gap (docs/hosts.md): with Intel MPI the job does not end when the "
+                          "launcher is told not to clean up", strict=False)
 def test_host_killed(hosts, mpi):
     """All ranks of the last host killed (the launcher told not to end the job for it, where it
     can be told): the others raise within T + 2 s naming it, and the job ends."""
@@ -296,9 +315,8 @@ def test_host_killed(hosts, mpi):
     assert not any(left.values()), left
 
 
-@pytest.mark.xfail(reason="known gaps (docs/hosts.md): the launcher cannot end the job while a host is "
-                          "unreachable (Open MPI, Intel MPI); a PeerError passed on by a Halo names the "
-                          "node-mate that failed, not the host", strict=False)
+@pytest.mark.xfail(reason="known gap (docs/hosts.md): the launcher cannot end the job while a host is "
+                          "unreachable (Open MPI, Intel MPI)", strict=False)
 def test_host_link_down(hosts, mpi):
     """The last host's link taken down: the ranks on both sides raise within T + 2 s naming the
     other side (the hosts cannot reach each other; the job then ends, once the link is back

@@ -13,6 +13,9 @@ they agree without talking when a chunk's last block goes and its windows
 are freed.  Each rank's part of a block may have its own size (0 included).
 """
 
+import ctypes
+import errno
+import mmap
 import os
 
 from ._agree import agree, create_agreed
@@ -20,6 +23,16 @@ from ._clib import lib
 from ._types import as_int, mpi
 
 _R = lib.HM_REGION
+PAGE = mmap.PAGESIZE
+#: bytes of /dev/shm an MPI touches itself per shared window, besides the segments: MPICH 5.0.2
+#: writes 4 KiB (an empty window) or 8 KiB (measured with statvfs at 2, 3 and 4 ranks); counted
+#: twice over, since a touch past the room is a SIGBUS inside MPI, not an error
+MPI_WINDOW_BYTES = 4 * PAGE
+#: Linux's madvise(MADV_POPULATE_WRITE) (5.14): commits pages, and returns an error where a
+#: store would have raised SIGBUS (a full tmpfs)
+_POPULATE_WRITE = 23
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 #: where MPI libraries map their shared segments on Linux
 SHM_DIR = os.environ.get("HYBRIDMPI_SHM_DIR", "/dev/shm")
 #: bytes per rank of a new chunk (larger blocks get a chunk of their own size)
@@ -27,6 +40,58 @@ CHUNK_BYTES = 4 * 2**20
 #: the largest block a rank may ask for: its bytes, offsets and MPI displacements (MPI_Aint)
 #: stay far from 2**63 in every sum made with them
 MAX_BYTES = 2**62
+
+
+#: context ids (communicators and windows: every ``MPI_Comm_dup``, ``Split``,
+#: ``Win_allocate_shared`` and ``Win_create`` takes one) an MPI gives a process, by vendor:
+#: MPICH and its derivatives (Intel MPI, MVAPICH) 2,048 unless built otherwise (2,048 in MPICH's
+#: "Too many communicators (0/2048 free ...)"); Open MPI 2**16 - 4 (a 16-bit index, less
+#: MPI_COMM_WORLD, MPI_COMM_SELF and its own)
+CONTEXT_IDS = {"MPICH": 2048, "Intel MPI": 2048, "MVAPICH": 2048, "Open MPI": 2**16 - 4}
+#: of these, left to the application and the MPI's own communicators
+CONTEXT_IDS_LEFT = 64
+#: what a HybridComm holds: its communicator, node and leader communicators, core window
+HYBRIDCOMM_IDS = 4
+#: context ids the library's live objects hold in this process (HybridComms, arena chunks,
+#: Halo windows); ``[count]``
+_held = [0]
+
+
+def id_budget():
+    """(context ids the library may hold in this process, why): env
+    ``HYBRIDMPI_CONTEXT_IDS`` (the MPI's limit, for an MPI built with another), else the MPI's
+    limit by vendor (:data:`CONTEXT_IDS`, 2,048 when unknown), less :data:`CONTEXT_IDS_LEFT`."""
+    env = os.environ.get("HYBRIDMPI_CONTEXT_IDS")
+    if env:
+        limit, source = int(env), "env HYBRIDMPI_CONTEXT_IDS"
+    else:
+        vendor = mpi().get_vendor()[0]
+        limit = CONTEXT_IDS.get(vendor, 2048)
+        source = f"{vendor}'s limit"
+    return limit - CONTEXT_IDS_LEFT, f"{limit} ({source}) less {CONTEXT_IDS_LEFT} left to the application"
+
+
+def ids_problem(hc, ids, what):
+    """This rank's problem (RuntimeError, message) when ``ids`` more context ids would take the
+    library past :func:`id_budget`, else None (agreed by the caller: MPICH crashes or fails with
+    'Other MPI error' once its ids run out, on some ranks only)."""
+    budget, why = id_budget()
+    if _held[0] + ids <= budget:
+        return None
+    return RuntimeError, (f"rank {hc.rank}: {what} needs {ids} more MPI communicator/window "
+                          f"context id(s); hybridmpi holds {_held[0]} in this process and may hold "
+                          f"{budget}: {why}; free some Halos (methods fence, pscw, lock keep a "
+                          "window each), global memory or HybridComms first")
+
+
+def hold_ids(k):
+    """Count ``k`` context ids made (negative: freed)."""
+    _held[0] += k
+
+
+def held_ids():
+    """Context ids the library's live objects hold in this process."""
+    return _held[0]
 
 
 def round_up(nbytes):
@@ -47,31 +112,85 @@ def shm_room():
     return room, where
 
 
-def check_room(hc, nbytes, what, hint=""):
+def page_up(nbytes):
+    """``nbytes`` rounded up to whole pages."""
+    return -(-nbytes // PAGE) * PAGE
+
+
+def window_bytes(node):
+    """Bytes of /dev/shm a window of :func:`allocate_shared` may take when every node rank
+    ``r`` asks for ``node[r]`` bytes: each segment (one region more) in whole pages, since
+    segments are not contiguous, and the MPI's own pages."""
+    return sum(page_up(n + _R) for n in node) + MPI_WINDOW_BYTES
+
+
+def check_room(hc, nbytes, what, hint="", *, window=True, ids=0):
     """Refuse, on every rank, shared memory that would not fit in /dev/shm (collective).
 
     A tmpfs that runs out of room mid-run kills the process with SIGBUS
-    instead of failing the allocation, so the room is checked first.  Env
+    instead of failing the allocation, so the room is checked first, for
+    what will really be mapped (:func:`window_bytes`; ``window=False``:
+    only the pages of ``nbytes`` in a window that exists).  Env
     ``HYBRIDMPI_SHM_LIMIT`` (bytes per node) lowers the room further.
 
     Args:
         nbytes: this rank's bytes (the node's are summed).
+        ids: the MPI context ids (windows, communicators) it will make (checked first).
 
     Returns:
         The bytes every rank of this node asked for, in node rank order.
 
     Raises:
+        RuntimeError: on every rank, when ``ids`` more would take the library past
+            its budget of context ids (:func:`id_budget`).
         MemoryError: on every rank, naming ``what``; ``hint`` is appended.
     """
     node = hc.node_comm.allgather(nbytes)
-    need = sum(node)
+    need = window_bytes(node) if window else sum(page_up(n) + PAGE for n in node)
     room, where = shm_room()
-    problem = None
-    if room is not None and need > room:
-        problem = (f"rank {hc.rank}: {what} needs {need / 2**20:.1f} MiB of shared memory on "
-                   f"its node, {where} {room / 2**20:.1f} MiB free")
-    agree(hc.comm, problem and (MemoryError, problem + hint), what)  # every node agrees
+    problem = ids_problem(hc, ids, what) if ids else None
+    if problem is None and room is not None and need > room:
+        problem = MemoryError, (f"rank {hc.rank}: {what} needs {need / 2**20:.2f} MiB of shared "
+                                f"memory on its node (its segments in pages and the MPI's own), "
+                                f"{where} {room / 2**20:.2f} MiB free{hint}")
+    agree(hc.comm, problem, what)  # every node agrees
     return node
+
+
+def _populate(addr, nbytes):
+    """Commit the pages of [addr, addr + nbytes) of a shared mapping; returns an error
+    message where a store would have raised SIGBUS, else None.  A kernel without
+    MADV_POPULATE_WRITE (before 5.14) leaves them to the first store: the room check
+    alone guards them then."""
+    if nbytes <= 0:
+        return None
+    lo = addr // PAGE * PAGE
+    n = page_up(addr + nbytes) - lo
+    if _libc.madvise(lo, n, _POPULATE_WRITE) == 0:
+        return None
+    err = ctypes.get_errno()
+    if err == errno.EINVAL:  # an older kernel
+        return None
+    return os.strerror(err)
+
+
+def commit(hc, addr, nbytes, what, hint="", undo=None):
+    """Commit this rank's ``nbytes`` of shared memory at ``addr`` before anything is stored
+    there, and agree (collective over ``hc.comm``): memory that /dev/shm cannot hold raises
+    MemoryError on every rank (after ``undo()``), not SIGBUS on one.
+
+    Raises:
+        MemoryError: on every rank, naming ``what``; ``hint`` is appended.
+    """
+    error = _populate(addr, nbytes)
+    problem = error and (MemoryError, f"rank {hc.rank}: {what}: {nbytes} bytes of shared memory "
+                                      f"cannot be committed ({error}): {SHM_DIR} is full{hint}")
+    try:
+        agree(hc.comm, problem, what)
+    except MemoryError:
+        if undo is not None:
+            undo()
+        raise
 
 
 class Block:
@@ -138,6 +257,10 @@ def allocate_shared(hc, nbytes):
     return win, bases, pads
 
 
+#: chunks of broken HybridComms, never freed (their MPI_Win_free could wait on a failed peer)
+_KEPT: list = []
+
+
 class _Chunk:
     def __init__(self, arena, nbytes):
         hc = arena.ctx
@@ -161,6 +284,7 @@ class _Chunk:
                                 exc=RuntimeError, where="shared memory", undo=undo)
             rma.Lock_all(MPI.MODE_NOCHECK)
         self.rma = rma
+        hold_ids(1 + (rma is not None))
 
     def fit(self, nbytes):
         """Offset of the first free range of ``nbytes`` (-1 if none)."""
@@ -200,6 +324,7 @@ class _Chunk:
             del fl[i]
 
     def close(self):
+        hold_ids(-1 - (self.rma is not None))
         if self.rma is not None:
             self.rma.Unlock_all()
             self.rma.Free()
@@ -214,6 +339,9 @@ class Arena:
     def __init__(self, ctx):
         self.ctx = ctx   # the HybridComm's Context
         self.chunks = []
+        # the HybridComm's own context ids are counted with its arena, given back at its free
+        self._comm_ids = HYBRIDCOMM_IDS
+        hold_ids(HYBRIDCOMM_IDS)
 
     @property
     def windows(self):
@@ -236,7 +364,8 @@ class Arena:
             TypeError, ValueError: on every rank, when a rank's ``nbytes`` is not
                 an int in [0, MAX_BYTES] (nothing is allocated).
             MemoryError: on every rank, when a new chunk would not fit in
-                /dev/shm (or ``HYBRIDMPI_SHM_LIMIT``) or MPI cannot allocate it.
+                /dev/shm (or ``HYBRIDMPI_SHM_LIMIT``), MPI cannot allocate it, or
+                the block's pages cannot be committed (/dev/shm full).
         """
         hc = self.ctx
         problem = None
@@ -266,10 +395,13 @@ class Arena:
             offsets = [v[1][chosen] for v in views]
         chunk.take(offsets[hc.rank], nb)
         chunk.live += 1
-        return Block(self, chunk, offsets, sizes, hc.rank)
+        block = Block(self, chunk, offsets, sizes, hc.rank)
+        # its pages committed before its owner zeroes them: a full /dev/shm is a MemoryError
+        commit(hc, block.local, nb, what, hint, undo=block.free)
+        return block
 
     def _new_chunk(self, nb, what, hint):
-        node = check_room(self.ctx, nb, what, hint)
+        node = check_room(self.ctx, nb, what, hint, ids=1 + (self.ctx.num_nodes > 1))
         room, _ = shm_room()
         size = max(nb, CHUNK_BYTES)
         # A full chunk when it fits, else just what was asked for.
@@ -284,13 +416,23 @@ class Arena:
         chunk.live -= 1
         if chunk.live == 0:
             self.chunks.remove(chunk)
-            if not mpi().Is_finalized():
+            if mpi().Is_finalized():
+                hold_ids(-1 - (chunk.rma is not None))
+            elif self.ctx.broken() is not None:   # MPI_Win_free is collective: a peer may
+                _KEPT.append(chunk)               # never come; kept (its ids stay held)
+            else:
                 chunk.close()
 
     def free(self):
         """Free every chunk (collective; at HybridComm.free)."""
         chunks, self.chunks = self.chunks, []
+        hold_ids(-self._comm_ids)
+        self._comm_ids = 0
         if mpi().Is_finalized():
+            hold_ids(-sum(1 + (c.rma is not None) for c in chunks))
+            return
+        if self.ctx.broken() is not None:   # as in release: nothing collective
+            _KEPT.extend(chunks)
             return
         for c in chunks:
             c.close()

@@ -25,7 +25,7 @@ from ._notice import Notices, new_nonce
 from ._resource import Recorded
 from ._types import OPS, as_int
 from ._types import mpi as _mpi
-from .arena import Arena, allocate_shared
+from .arena import HYBRIDCOMM_IDS, Arena, allocate_shared, check_room, commit
 from .collectives import LEADER_WAIT, SLOT_BYTES, Collectives
 from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout
 
@@ -320,8 +320,17 @@ class HybridComm(Collectives, Recorded):
 
     def _init_core(self, MPI, radix, spin, memory_order, env):
         """The node's shared window of collective words and the C core's state over it, with
-        its wait policy (collective on the node)."""
-        self._win, bases, _ = allocate_shared(self, lib.hm_coll_segment_bytes(SLOT_BYTES))
+        its wait policy (collective on the node).  Its room in /dev/shm and the MPI's context
+        ids are checked first, and its pages committed before the C core writes them: on
+        failure every rank frees what it made and raises (RuntimeError, MemoryError)."""
+        nbytes = lib.hm_coll_segment_bytes(SLOT_BYTES)
+        try:
+            check_room(self, nbytes, "HybridComm()", ids=HYBRIDCOMM_IDS)
+            self._win, bases, _ = allocate_shared(self, nbytes)
+            commit(self, bases[self.node_rank], nbytes, "HybridComm()", undo=self._win.Free)
+        except (MemoryError, RuntimeError):
+            self._free_split()
+            raise
         self._segs = ffi.new("char *[]", [ffi.cast("char *", b) for b in bases])
         # Load/store access to the window is legal inside a passive epoch;
         # the C11 atomics do the ordering.
@@ -337,6 +346,13 @@ class HybridComm(Collectives, Recorded):
         self._win.Sync()
         self.node_comm.Barrier()
         return st
+
+    def _free_split(self):
+        """Free the communicators of :meth:`_split` (a HybridComm that could not be made)."""
+        if self.leader_comm != self._MPI.COMM_NULL:
+            self.leader_comm.Free()
+        self.node_comm.Free()
+        self.comm.Free()
 
     def _init_state(self, MPI, st, allreduce):
         """The state of a new comm over the C core's ``st``: its fast paths, scratch buffers,

@@ -10,7 +10,7 @@ which this rank's arguments were invalid, which its readers check before they co
 """
 
 from .._clib import ffi, lib
-from ..arena import allocate_shared, check_room
+from ..arena import allocate_shared, check_room, commit, hold_ids
 from ..arena import round_up as _round
 from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check
 
@@ -62,10 +62,14 @@ class SharedWindow:
                 self.base.append(self.block.addr(r, rank))
                 self.pad.append(None)
         else:
-            check_room(hc, off + _R, "Halo", _HINT)
+            check_room(hc, off, "Halo", _HINT, ids=1)
             self.win, self.base, self.pad = allocate_shared(hc, off)
-        # Zero the counters only: the buffers are written before they are read,
-        # and touching them all would commit the whole segment at once.
+            # every page committed now (MemoryError on every rank if /dev/shm cannot hold it),
+            # not at the first pack into a buffer (SIGBUS)
+            commit(hc, self.base[hc.node_rank], off, "Halo", _HINT, undo=self.win.Free)
+            hold_ids(1)
+        # Zero the counters only: the buffers are written before they are read (their pages
+        # are committed already: arena.commit).
         mine = self.base[hc.node_rank]
         for start in [0] + [v[0] for v in layout.values()]:
             ffi.memmove(ffi.cast("char *", mine + start), bytes(_R), _R)
@@ -133,6 +137,7 @@ class SharedWindow:
             self.block.free()
         else:
             self.win.Free()
+            hold_ids(-1)
 
 
 class Direction:

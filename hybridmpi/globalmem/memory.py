@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -12,9 +13,10 @@ from .._agree import agree
 from .._clib import ffi, lib
 from .._resource import Freed, Recorded
 from .._types import mpi
+from .._waits import wait_requests
 from ..arena import MAX_BYTES
 from ..comm import HybridComm
-from ..errors import FreedError
+from ..errors import FreedError, SyncTimeout
 from .requests import Owner, Request, get_flush, put_flush
 from .sync import int64_arg, int_arg, sync_state
 
@@ -147,6 +149,9 @@ class GlobalMemory(Freed, Recorded):
                 self.__dict__[name] = _Near(np.ndarray, dt, getattr(GlobalMemory, name).__get__(me),
                                             bases, list(self.counts), dt.itemsize, get)
         hc.comm.Barrier()  # every part zeroed before anyone reaches it
+        # its number among the HybridComm's global memory, the same on every rank (made
+        # collectively, in one order): free() checks that every rank frees the same one
+        self._serial = next(hc.context.service("globalmem_serials", lambda _ctx: itertools.count()))
         hc.context.adopt(self)
 
     @property
@@ -365,10 +370,20 @@ class GlobalMemory(Freed, Recorded):
     # ------------------------------------------------------------ life
 
     def free(self) -> None:
-        """Give the memory back to the arena (collective).  Idempotent."""
-        self.hc.context.disown(self)
+        """Give the memory back to the arena (collective, every rank freeing its global memory
+        in the same order).  Idempotent.
+
+        Raises:
+            RuntimeError: on every rank, when ranks free different GlobalMemory objects (the
+                memory stays usable: free them in one order); nothing is freed.
+            SyncTimeout: a rank did not call free() within the HybridComm's timeout (the
+                comm is then unusable).
+        """
         if self._views is None:
+            self.hc.context.disown(self)
             return
+        self._agree_free()
+        self.hc.context.disown(self)
         self._views = None
         self.closed = True
         self._near = {}
@@ -381,7 +396,32 @@ class GlobalMemory(Freed, Recorded):
         if self._win is not None and not mpi().Is_finalized():
             self._win.Flush_all()  # every pending operation on the window: none stays dirty
             self._sync.dirty.pop(id(self._win), None)
+        self._owner.freed = True  # its requests not yet complete raise FreedError when waited
         self._block.free()
+
+    def _agree_free(self):
+        """Check that every rank frees this memory now (an Iallgather of its number, under the
+        timeout and the peers' failure notices): ranks freeing different ones in
+        ``MPI_Win_free``, collective, would wait for each other forever."""
+        hc = self.hc
+        if hc.size == 1 or mpi().Is_finalized() or hc.closed or hc.context.broken() is not None:
+            return  # a broken comm's free() waits for nobody
+        mine = np.array([self._serial], dtype=np.int64)
+        every = np.empty(hc.size, dtype=np.int64)
+        req = hc.comm.Iallgather(mine, every)
+        stopped = wait_requests(hc.context, [req], hc.timeout)
+        if stopped is not None:
+            why = (f"rank {stopped.notice} failed" if stopped.notice is not None
+                   else f"ranks {sorted(set(range(hc.size)) - {hc.rank})} did not call it within "
+                        f"{hc.timeout:g} s")
+            hc.context.break_comm("SyncTimeout")
+            raise SyncTimeout(f"hybridmpi: rank {hc.rank}: GlobalMemory.free(): {why}",
+                              rank=hc.rank, counter="free")
+        if (every != self._serial).any():
+            raise RuntimeError(
+                f"hybridmpi: rank {hc.rank}: GlobalMemory.free(): ranks free different "
+                f"GlobalMemory objects (their numbers on this HybridComm, by rank: "
+                f"{every.tolist()}); free global memory in the same order on every rank")
 
     def __repr__(self):
         state = "freed" if self._views is None else f"{self.counts[self.rank]} local elements"

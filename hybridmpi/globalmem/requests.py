@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._waits import wait_requests
-from ..errors import SyncTimeout
+from ..errors import FreedError, SyncTimeout
 
 
 def put_flush(win: Any, origin: Any, rank: int, target: Any) -> None:
@@ -29,11 +29,12 @@ def _rma_timeout(hc, what):
 class Owner:
     """What the requests of one GlobalMemory share (made once, with the memory)."""
 
-    __slots__ = ("hc", "win")
+    __slots__ = ("hc", "win", "freed")
 
     def __init__(self, hc, win):
         self.hc = hc      # the HybridComm (its rank, timeout and waits)
         self.win = win    # the memory's RMA window (None on one node)
+        self.freed = False  # set by the memory's free(), which completed every transfer
 
 
 class Request:
@@ -100,10 +101,27 @@ class Request:
         for (_, target), win in flushes.items():
             win.Flush(target)
 
+    def _after_free(self):
+        """The memory was freed before this request completed here: its free() completed the
+        transfer (``Flush_all``) and its window may be gone, so no flush; the MPI request is
+        completed and :class:`FreedError` raised."""
+        self._done = True
+        self._keep = None
+        self._req.Wait()
+        raise FreedError(f"hybridmpi: rank {self._owner.hc.rank}: {self._what} request waited "
+                         "after its GlobalMemory was freed (free() completed the transfer)")
+
     def test(self) -> bool:
-        """True once the transfer is complete (never blocks)."""
-        if not self._done and self._req.Test():
-            self._finish()
+        """True once the transfer is complete (never blocks).
+
+        Raises:
+            FreedError: the memory was freed before the request completed.
+        """
+        if not self._done:
+            if self._owner.freed:
+                self._after_free()
+            if self._req.Test():
+                self._finish()
         return self._done
 
     def wait(self) -> None:
@@ -112,6 +130,7 @@ class Request:
         Raises:
             RuntimeError: the request was already waited.
             SyncTimeout: not complete within the HybridComm's timeout.
+            FreedError: the memory was freed before the request completed.
         """
         hc = self._owner.hc
         if self._waited:
@@ -119,6 +138,8 @@ class Request:
         self._waited = True
         if self._done:
             return
+        if self._owner.freed:
+            self._after_free()
         if wait_requests(hc.context, [self._req], hc.timeout, notices=False) is not None:
             raise _rma_timeout(hc, self._what)
         self._finish()

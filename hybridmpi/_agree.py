@@ -1,41 +1,177 @@
 """Collective agreement on errors: every rank checks its own arguments, then every rank
-raises the same exception, or none does."""
+raises the same exception, or none does.
+
+An agreement waits as every other call of the library waits: on non-blocking MPI requests,
+under the deadline (the HybridComm's timeout, or env ``HYBRIDMPI_TIMEOUT`` before a HybridComm
+exists), and, on a HybridComm's communicator, ended by a peer's failure notice.  So a rank in a
+constructor while a peer is in another call, or failed, raises instead of waiting forever.
+What a rank sends is pickled inside a ``try``: a value that cannot be pickled, or whose
+``repr`` raises, is a problem agreed like any other, never a raise on one rank alone.
+"""
 
 from __future__ import annotations
 
+import os
+import pickle
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from ._clib import ERRBIT
 from ._types import mpi
+from ._waits import wait_requests
+from .errors import SyncTimeout, agreed
 
 #: what a rank found wrong: None, a message (ValueError), or (exception class, message)
 Problem = Any
 
+#: the Context of each live HybridComm, by the id of its communicator (registered by the comm):
+#: an agreement over that communicator polls its failure notices and keeps its deadline
+_CONTEXTS: dict[int, tuple[Any, Any]] = {}
+
+
+class _Alone:
+    """What :func:`wait_requests` needs of a context where there is no HybridComm yet."""
+
+    spin = 16
+
+
+def register(comm: Any, ctx: Any) -> None:
+    """Make agreements over ``comm`` (a HybridComm's own communicator) notice-aware."""
+    _CONTEXTS[id(comm)] = (comm, ctx)
+
+
+def unregister(comm: Any) -> None:
+    """Forget ``comm`` (its HybridComm was freed)."""
+    hit = _CONTEXTS.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        del _CONTEXTS[id(comm)]
+
+
+def safe_repr(value: Any, most: int = 80) -> str:
+    """``repr(value)`` for a message: never raises, at most ``most`` characters."""
+    try:
+        text = repr(value)
+    except Exception as e:  # noqa: BLE001 - a user's __repr__ may raise anything
+        text = f"<a {type(value).__name__} whose repr raised {type(e).__name__}>"
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def checked(check: Callable[..., Any], rank: int, *args: Any) -> Any:
+    """``check(*args)``, a rank's check of its arguments; an exception from it (a ``__repr__``
+    or ``__index__`` that raises, an object numpy refuses) becomes the problem (TypeError)
+    instead of a raise on this rank alone."""
+    try:
+        return check(*args)
+    except Exception as e:  # noqa: BLE001 - whatever it is, the peers must hear of it
+        return TypeError, f"rank {rank}: an argument could not be checked ({type(e).__name__}: {e})"
+
+
+def _timeout_s(ctx: Any, deadline: float | None = None) -> float | None:
+    """The deadline of an agreement: the HybridComm's, else ``deadline``, else env
+    HYBRIDMPI_TIMEOUT."""
+    if ctx is not None:
+        ns = int(ctx.policy.timeout_ns)
+        return ns / 1e9 if ns else None
+    if deadline is not None:
+        return deadline if 0 < deadline < 1e9 else None
+    raw = os.environ.get("HYBRIDMPI_TIMEOUT", "").strip()
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError:
+        return None   # the HybridComm's own check of the environment says what is wrong
+    return value if 0 < value < 1e9 else None
+
+
+def _wait(comm: Any, req: Any, where: str, ctx: Any, deadline: float | None = None) -> None:
+    """Complete ``req`` like every other wait: spin then yield, under the deadline, and on a
+    HybridComm's communicator ended by a failure notice (PeerError, the comm broken)."""
+    timeout = _timeout_s(ctx, deadline)
+    stop = wait_requests(ctx or _Alone, [req], timeout, notices=ctx is not None)
+    if stop is None:
+        return
+    rank = comm.Get_rank()
+    if stop.notice is not None:
+        raise ctx.peer_error(where, stop.notice, ERRBIT)
+    if ctx is not None:
+        ctx.break_comm("SyncTimeout")
+    raise SyncTimeout(f"hybridmpi: rank {rank} timed out after {timeout:g} s in {where}: not every "
+                      "rank of the communicator joined it (a rank in another call, or one that "
+                      "failed or never calls)", rank=rank, counter="agreement")
+
+
+def _pickled(problem: Problem, data: Any, rank: int) -> bytes:
+    """(problem, data) pickled; a value that cannot be pickled becomes the problem."""
+    try:
+        return pickle.dumps((problem, data))
+    except Exception as e:  # noqa: BLE001 - a lambda, a generator, an object that refuses
+        why = f"{type(e).__name__}: {e}"
+    try:   # the problem alone: it says what was wrong with the argument (data may be it)
+        if problem:
+            return pickle.dumps((problem, None))
+    except Exception:  # noqa: BLE001 - the problem's own class or message cannot travel
+        pass
+    return pickle.dumps(((TypeError, f"rank {rank}: an argument cannot be sent to the other "
+                                     f"ranks to be compared ({why})"), None))
+
+
+def exchange(comm: Any, blob: bytes, where: str, ctx: Any = None,
+             deadline: float | None = None) -> list[bytes]:
+    """Allgather ``blob`` from every rank (two non-blocking collectives, each waited under the
+    deadline and, with ``ctx``, ended by failure notices); every rank's bytes in rank order."""
+    MPI = mpi()
+    size = comm.Get_size()
+    mine = np.array([len(blob)], dtype=np.int64)
+    sizes = np.empty(size, dtype=np.int64)
+    _wait(comm, comm.Iallgather(mine, sizes), where, ctx, deadline)
+    displs = np.zeros(size, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=displs[1:])
+    out = np.empty(max(int(sizes.sum()), 1), dtype=np.uint8)
+    send = np.frombuffer(blob, dtype=np.uint8) if blob else np.empty(0, dtype=np.uint8)
+    _wait(comm, comm.Iallgatherv(send, [out, (sizes, displs), MPI.BYTE]), where, ctx, deadline)
+    return [out[d:d + n].tobytes() for d, n in zip(displs.tolist(), sizes.tolist())]
+
 
 def agree(comm: Any, problem: Problem, where: str, *, data: Any = None,
-          more: bool = False) -> list[Any]:
+          more: bool = False, deadline: float | None = None) -> list[Any]:
     """Allgather every rank's ``problem`` and ``data``; raise the first problem on every rank.
+
+    Waits under the deadline and, on a HybridComm's communicator, polls its failure notices
+    (see the module's docstring): a peer in another call, or failed, makes this rank raise
+    SyncTimeout or PeerError instead of waiting forever.
 
     Args:
         comm: an mpi4py communicator; every rank of it calls.
         problem: None, a message, or ``(exception class, message)``.
         where: the call, the start of the message (``"hybridmpi: {where}: {message}"``).
-        data: anything picklable, gathered from every rank.
+        data: anything; a value that cannot be pickled makes a TypeError on every rank.
         more: append how many more ranks found problems.
+        deadline: seconds, on a communicator that is not a HybridComm's (default: env
+            ``HYBRIDMPI_TIMEOUT``; none).
 
     Returns:
         Every rank's ``data``, in rank order.
 
     Raises:
         The first rank's problem (ValueError unless a class was given), on every rank.
+        SyncTimeout: not every rank joined within the deadline.
+        PeerError: a peer's HybridComm broke (its failure notice came).
     """
-    views = comm.allgather((problem, data))
+    hit = _CONTEXTS.get(id(comm))
+    ctx = hit[1] if hit is not None and hit[0] is comm else None
+    if ctx is not None and ctx.broken() is not None:
+        # this rank already told every peer (its notice): none waits for it here
+        raise RuntimeError(f"hybridmpi: rank {ctx.rank}: {where}: its HybridComm is unusable "
+                           f"after an earlier error ({ctx.broken()}); free it")
+    views = [pickle.loads(b) for b in exchange(comm, _pickled(problem, data, comm.Get_rank()),
+                                                where, ctx, deadline)]
     bad = [p for p, _ in views if p]
     if bad:
         exc, text = bad[0] if isinstance(bad[0], tuple) else (ValueError, bad[0])
         if more and len(bad) > 1:
             text += f" (and {len(bad) - 1} more rank(s) found problems)"
-        raise exc(f"hybridmpi: {where}: {text}")
+        raise agreed(exc(f"hybridmpi: {where}: {text}"))
     return [d for _, d in views]
 
 

@@ -44,6 +44,10 @@ class Context:
             found a peer's error bits (its ``_peer_error``).
         describe_word: ``describe_word(addr)``, what a wait on ``addr`` waits for, in words,
             if the word is this comm's or its children's (hang diagnosis), else None.
+        agree_free: ``agree_free(what)``, whether the collective frees of an object may run: a
+            bounded agreement that every rank frees ``what`` now (False once the comm broke,
+            also by a peer's notice that ends it; RuntimeError on every rank when ranks free
+            different objects).
         record, unrecord: ``record(names, wrap)`` installs a profile's wrappers over the comm's
             operations, ``unrecord()`` takes them away (:class:`hybridmpi._resource.Recorded`).
     """
@@ -52,7 +56,8 @@ class Context:
                  "node_size", "node_id", "num_nodes", "is_leader", "node_ranks", "node_index",
                  "coll", "spin", "notices", "arena", "serial", "children", "profile",
                  "env_profile", "clock_offset", "hooks", "take_id", "release_id", "break_comm",
-                 "peer_error", "describe_word", "record", "unrecord", "_service", "_free_comm", "_broken")
+                 "peer_error", "describe_word", "record", "unrecord", "agree_free", "_service", "_free_comm",
+                 "_broken")
 
     def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, serial: int,
                  children: dict[int, Any], hooks: dict[str, Callable[..., Any]]) -> None:
@@ -73,6 +78,7 @@ class Context:
         self.break_comm, self.peer_error = hooks["break_comm"], hooks["peer_error"]
         self.describe_word = hooks["describe_word"]
         self.record, self.unrecord = hooks["record"], hooks["unrecord"]
+        self.agree_free = hooks["agree_free"]
         self._service, self._free_comm = hooks["service"], hooks["free_comm"]
         self._broken = hooks["broken"]
 

@@ -16,18 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from ._agree import agree
+from ._agree import agree, register, safe_repr, unregister
 from ._clib import ERRBIT, MISBIT, ffi, lib
 from ._context import Context
 from ._hooks import START_ENV_PROFILE
-from ._jobs import ends_job
 from ._notice import Notices, new_nonce
-from ._resource import Recorded
+from ._resource import Recorded, leave_on_error
 from ._types import OPS, as_int
 from ._types import mpi as _mpi
 from .arena import HYBRIDCOMM_IDS, Arena, allocate_shared, check_room, commit
 from .collectives import LEADER_WAIT, SLOT_BYTES, Collectives
-from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout
+from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
 
 try:  # barrier() and allreduce(float) on one node as one C call (Coll); slower without it
     from ._timed import Coll as _Coll
@@ -83,7 +82,7 @@ def check_seconds(value, what):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or value != value or value < 0:
-        return f"{what} must be a number of seconds >= 0 or None, got {value!r}"
+        return f"{what} must be a number of seconds >= 0 or None, got {safe_repr(value)}"
     return None
 
 
@@ -150,7 +149,12 @@ def hm_py_warn(word, value, seen, waited):
 
 def _free_all_at_finalize(*_args):
     for hc in list(_LIVE.values()):
-        hc.free()
+        try:
+            hc.free()
+        except Exception as e:  # noqa: BLE001 - MPI_Finalize goes on; say what was left
+            import sys
+
+            print(f"hybridmpi: at MPI_Finalize, {hc!r} was not freed: {e}", file=sys.stderr)
     return 0
 
 
@@ -252,13 +256,16 @@ class HybridComm(Collectives, Recorded):
         Sets ``env`` and the nonce."""
         # Checks that need no communication come first, then the ones that
         # need all ranks' view, so that every rank raises the same error.
-        problem = self._check_args(node_size, memory_order, timeout, radix, spin)
-        if problem is None and (type(allreduce) is not str or allreduce not in _ALLREDUCES):
-            problem = f"allreduce must be one of {list(_ALLREDUCES)}, got {allreduce!r}"
-        if problem is None:  # numpy integers become ints (checked above)
-            node_size = None if node_size is None else operator.index(node_size)
-            radix = operator.index(radix)
-            spin = None if spin is None else operator.index(spin)
+        try:   # nothing raises on one rank alone (a __repr__ or __index__ that raises)
+            problem = self._check_args(node_size, memory_order, timeout, radix, spin)
+            if problem is None and (type(allreduce) is not str or allreduce not in _ALLREDUCES):
+                problem = f"allreduce must be one of {list(_ALLREDUCES)}, got {safe_repr(allreduce)}"
+            if problem is None:  # numpy integers become ints (checked above)
+                node_size = None if node_size is None else operator.index(node_size)
+                radix = operator.index(radix)
+                spin = None if spin is None else operator.index(spin)
+        except Exception as e:  # noqa: BLE001 - agreed like any other problem
+            problem = TypeError, f"an argument could not be checked ({type(e).__name__}: {e})"
         env, env_problem = _env_settings()
         problem = problem or env_problem
         # The environment decides paths (zero copy, cross-memory attach) and waits: every
@@ -267,7 +274,10 @@ class HybridComm(Collectives, Recorded):
         # rank 0's random number names this HybridComm in failure notices: a notice left over
         # from a freed one (MPI may reuse its context) is told apart and dropped
         nonce = new_nonce()
-        views = agree(comm, problem, "HybridComm()",
+        # bounded by this rank's timeout (valid or not, agreed below) or env HYBRIDMPI_TIMEOUT:
+        # a rank here while a peer is in another call raises SyncTimeout instead of waiting
+        local = timeout if check_seconds(timeout, "") is None and timeout else None
+        views = agree(comm, problem, "HybridComm()", deadline=local or (env or {}).get("timeout"),
                       data=(node_size, radix, allreduce, agreed, nonce))
         if len({v[0:2] for v in views}) != 1:
             raise ValueError("hybridmpi: HybridComm(): ranks passed different node_size or "
@@ -387,8 +397,10 @@ class HybridComm(Collectives, Recorded):
                                    broken=lambda: self._broken, take_id=self._take_id,
                                    release_id=self._release_id, break_comm=self._break,
                                    peer_error=self._peer_error, describe_word=self._where_word,
-                                   record=self._record, unrecord=self._unrecord))
+                                   record=self._record, unrecord=self._unrecord,
+                                   agree_free=self._agree_free))
         self.arena = self.context.arena = Arena(self.context)  # shared memory of Halos, global memory
+        register(self.comm, self.context)  # agreements over it poll its notices, keep its deadline
 
     def _fast_paths(self, st):
         """Install ``barrier()`` and ``allreduce(float)`` of one node as C calls (``Coll``: about
@@ -419,25 +431,30 @@ class HybridComm(Collectives, Recorded):
         """This rank's problem with the arguments (None if none).  Integers may be numpy
         integers (not bools); nothing here raises, so every rank reaches the agreement."""
         if node_size is not None and (as_int(node_size) is None or node_size < 1):
-            return f"node_size must be a positive int or None, got {node_size!r}"
+            return f"node_size must be a positive int or None, got {safe_repr(node_size)}"
         if type(memory_order) is not str or memory_order not in _ORDERS:
-            return f"memory_order must be 'acq_rel' or 'seq_cst', got {memory_order!r}"
+            return f"memory_order must be 'acq_rel' or 'seq_cst', got {safe_repr(memory_order)}"
         problem = check_seconds(timeout, "timeout")
         if problem:
             return problem
         if as_int(radix) is None or not 2 <= radix <= lib.HM_MAX_RADIX:
-            return f"radix must be an int from 2 to {lib.HM_MAX_RADIX}, got {radix!r}"
+            return f"radix must be an int from 2 to {lib.HM_MAX_RADIX}, got {safe_repr(radix)}"
         if spin is not None and (as_int(spin) is None or not 0 <= spin <= _MAX_SPIN):
-            return f"spin must be an int from 0 to {_MAX_SPIN} or None, got {spin!r}"
+            return f"spin must be an int from 0 to {_MAX_SPIN} or None, got {safe_repr(spin)}"
         return None
 
     # ------------------------------------------------------------------ life
 
     def free(self) -> None:
         """Release the window and communicators (collective).  Idempotent."""
-        _LIVE.pop(id(self), None)
         if self._st is None:
+            _LIVE.pop(id(self), None)
             return
+        # the collective frees below run only when every rank frees this comm (else it breaks)
+        if not self._MPI.Is_finalized():
+            self._agree_free(f"HybridComm {self._nonce:x}")
+        _LIVE.pop(id(self), None)
+        unregister(self.comm)
         ctx = self.context
         if ctx.env_profile is not None:
             ctx.env_profile.end_env()
@@ -462,12 +479,36 @@ class HybridComm(Collectives, Recorded):
         MPI = self._MPI
         if MPI.Is_finalized():
             return
-        self._win.Unlock_all()
-        self._win.Free()
+        if self._broken is not None:   # MPI_Win_free is collective: a peer may never come
+            _KEPT.append(self._win)
+        else:
+            self._win.Unlock_all()
+            self._win.Free()
         if self.leader_comm != MPI.COMM_NULL:
             self._free_comm(self.leader_comm)
         self._free_comm(self.node_comm)
         self._free_comm(self.comm)
+
+    def _agree_free(self, what):
+        """Whether the collective MPI frees of ``what`` (an object of this comm, named the same
+        on every rank) may run: every rank frees it now.  A bounded agreement first, so that a
+        rank never waits in MPI_Win_free for a peer that broke (its notice ends the agreement:
+        this comm breaks too, False) or that frees another object (RuntimeError on every rank,
+        before anything is freed).  False at once when this comm broke."""
+        if self._broken is not None or self._st is None:
+            return False
+        if self.size == 1:
+            return True
+        try:
+            views = agree(self.comm, None, f"{what}.free()", data=what)
+        except PeerError:
+            return False
+        if len(set(views)) != 1:
+            raise agreed(RuntimeError(
+                f"hybridmpi: rank {self.rank}: ranks free different objects: "
+                + ", ".join(f"rank {r} {v}" for r, v in enumerate(views) if v != what or r == self.rank)
+                + "; free the objects of a HybridComm in the same order on every rank"))
+        return True
 
     def _free_comm(self, c):
         """Free an MPI communicator of this HybridComm, unless a failed call broke it: messages
@@ -543,14 +584,8 @@ class HybridComm(Collectives, Recorded):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None and self._st is not None:
-            # an exception leaves the block on this rank: peers waiting for this rank in a
-            # call raise too (error bits, notice), and then meet it in the collective free
-            self._break(f"an exception on this rank ({exc_type.__name__})",
-                        notify=not issubclass(exc_type, PeerError))
-            if ends_job(exc):
-                return  # abort_on_error ends the job: no collective free for a peer to miss
-        self.free()
+        if self._st is None or not leave_on_error(self.context, exc):
+            self.free()   # collective unless the comm broke (then nothing waits on a peer)
 
     def _unusable(self):
         if self._broken is not None and self._st is not None:  # broken, not yet freed

@@ -70,6 +70,21 @@ class PatternError(ValueError):
     """
 
 
+def agreed(exc: BaseException) -> BaseException:
+    """Mark ``exc`` as raised on every rank of its communicator together, leaving the objects
+    usable (an invalid call that every rank found invalid, or ranks that passed different
+    arguments): a ``with`` block that it leaves frees its object collectively, as a normal
+    exit does.  Any other exception leaving a block is this rank's own, and breaks the comm
+    instead of making a collective call that the peers may never join.  Returns ``exc``."""
+    exc.__hybridmpi_agreed__ = True  # type: ignore[attr-defined]
+    return exc
+
+
+def is_agreed(exc: BaseException | None) -> bool:
+    """Whether ``exc`` was raised on every rank together (:func:`agreed`)."""
+    return bool(getattr(exc, "__hybridmpi_agreed__", False))
+
+
 @contextlib.contextmanager
 def abort_on_error(code: int = 1) -> Iterator[None]:
     """End the whole MPI job when the body raises on this rank, as ``python -m mpi4py`` does:

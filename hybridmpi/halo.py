@@ -9,14 +9,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._agree import agree
+from ._agree import agree, safe_repr
 from ._clib import MISBIT, ffi, lib
 from ._resource import Freed, Recorded
 from ._timed import Hot as _Hot
 from ._timed import State as _State
 from ._types import DTYPES, mpi
 from .comm import TAG_SLOTS
-from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout
+from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV, Exchange, Fault, Paths
@@ -163,12 +163,12 @@ class Halo(Freed, Recorded):
         if broken is not None:   # agreed: ranks whose comm is fine raise too, none waits
             problem = f"its HybridComm is unusable after an earlier error ({broken}); free it"
         elif dt not in DTYPES:
-            problem = f"unsupported dtype {dtype!r}; use one of {sorted(d.name for d in DTYPES)}"
+            problem = f"unsupported dtype {safe_repr(dtype)}; use one of {sorted(d.name for d in DTYPES)}"
         elif (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
               or block < 1):
-            problem = f"block must be an int >= 1, got {block!r}"
+            problem = f"block must be an int >= 1, got {safe_repr(block)}"
         elif type(method) is not str or (method not in METHODS and method != "auto"):
-            problem = f"unknown method {method!r}{source}; use one of {list(METHODS) + ['auto']}"
+            problem = f"unknown method {safe_repr(method)}{source}; use one of {list(METHODS) + ['auto']}"
         near = 0 if problem else max([ids.size * dt.itemsize * block for p, ids in pattern.send.items()
                                       if p in pattern.intranode] + [0])
         if problem is not None:
@@ -386,8 +386,9 @@ class Halo(Freed, Recorded):
         arguments were invalid too, the Halo stays usable.  No message of the call is left
         behind for the next one."""
         t = self._transport
-        if self.hc.size == 1 or (not len(self.pattern.neighbors)
-                                 and not t.node_collective):
+        if self.hc.size == 1:
+            raise agreed(exc)
+        if not len(self.pattern.neighbors) and not t.node_collective:
             raise exc
         bad = t.bad_call
         e = self._state.start(d)
@@ -398,6 +399,8 @@ class Halo(Freed, Recorded):
             raise exc from None
         if rc != lib.HM_OK:
             self._failed(exc)
+        elif self._state.broken is None:   # every peer's arguments were invalid: still usable
+            agreed(exc)
         raise exc
 
     def _timeout_error(self, detail, peer, counter, epoch):
@@ -453,7 +456,8 @@ class Halo(Freed, Recorded):
     def _op(op, dtype):
         code = _REVERSE_OPS.get(op) if type(op) is str else None
         if code is None:
-            raise ValueError(f"hybridmpi: Halo.reverse: op must be one of {list(_REVERSE_OPS)}, got {op!r}")
+            raise ValueError(f"hybridmpi: Halo.reverse: op must be one of {list(_REVERSE_OPS)}, "
+                             f"got {safe_repr(op)}")
         if dtype.kind == "c" and op in ("min", "max"):
             raise TypeError("hybridmpi: Halo.reverse: min and max are not defined for complex")
         return code
@@ -646,14 +650,19 @@ class Halo(Freed, Recorded):
 
     def free(self) -> None:
         """Release the shared window and MPI objects (collective).  Idempotent."""
-        self.hc.context.disown(self)
+        ctx = self.hc.context
+        if self._transport is None:
+            return
+        # every rank frees this Halo now, or its comm broke: then nothing below waits on a peer
+        together = not mpi().Is_finalized() and ctx.agree_free(f"Halo {self._ident}")
+        ctx.disown(self)
         self._cool()
         t, self._transport = self._transport, None
         vectors, self._vectors = self._vectors, []
-        if t is None or mpi().Is_finalized():
+        if mpi().Is_finalized():
             return
-        if self._state.broken is None:   # else messages of the failed call may still come: kept
-            self.hc.context.release_id(self._ident)
+        if together and self._state.broken is None:   # else messages of the failed call may
+            ctx.release_id(self._ident)                # still come: the id is kept
         t.free()
         for _, block, _ in vectors:
             block.free()

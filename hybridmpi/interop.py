@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._agree import safe_repr
 from ._lists import agree_pattern as _agree
 from ._lists import alltoallv as _alltoallv
 from ._lists import comm_of
@@ -128,7 +129,7 @@ def sf_lists(hc: HybridComm, sf: Any, size: int | None = None) -> Lists:
     if size is not None:
         n = as_int(size)
         if n is None or n < 0:
-            problem = f"rank {rank}: size must be an int >= 0 or None, got {size!r}"
+            problem = f"rank {rank}: size must be an int >= 0 or None, got {safe_repr(size)}"
         size = n
     try:
         from mpi4py import MPI

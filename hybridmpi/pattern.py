@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import interop
+from ._agree import safe_repr
 from ._lists import agree_pattern as _agree
 from ._lists import alltoallv as _alltoallv
 from ._lists import comm_of
@@ -109,7 +110,7 @@ class GhostPattern:
         ``lists`` with the int64 id arrays."""
         n = as_int(size)
         if n is None or not 0 <= n <= _MAX_ID:
-            return f"rank {rank}: size must be an int >= 0, got {size!r}"
+            return f"rank {rank}: size must be an int >= 0, got {safe_repr(size)}"
         size = n
         problem = None
         for name, table in (("send", send), ("recv", recv)):
@@ -123,7 +124,7 @@ class GhostPattern:
             for key, ids in table.items():
                 peer = as_int(key)
                 if peer is None:
-                    problem = f"rank {rank}: {name} peer {key!r} is not an int"
+                    problem = f"rank {rank}: {name} peer {safe_repr(key)} is not an int"
                 elif not 0 <= peer < nranks:
                     problem = f"rank {rank}: {name} peer {peer} out of range [0, {nranks})"
                 elif peer == rank:

@@ -34,6 +34,7 @@ from ._agree import agree
 from ._clib import ffi, lib
 from ._marks import CLK as _CLK
 from ._marks import now as _now
+from ._resource import leave_on_error
 from ._types import mpi
 from .errors import FreedError
 
@@ -181,9 +182,9 @@ class profile:
             problem = "this profile object was already used; make a new one"
         elif hc.context.profile is not None:
             problem = "a profile of this HybridComm is already on"
-        # agreed first by a collective of the comm's own, which raises PeerError (instead of
-        # waiting) when a rank's HybridComm broke; then every rank is here for the details
-        hc.allreduce(int(problem is not None), op="max")
+        # a bounded agreement over the comm's own communicator: it never matches a user's
+        # collective call, and a peer that broke (its notice) or is in another call makes it
+        # raise PeerError or SyncTimeout instead of waiting
         agree(hc.comm, problem and (RuntimeError, f"rank {hc.rank}: {problem}"), "profile")
         self._offset = _clock_offset(hc)
         self._state = "on"
@@ -199,24 +200,19 @@ class profile:
 
     def __exit__(self, exc_type, exc, tb):
         self._stop()
-        hc, mine = self.hc, exc_type is not None
+        hc = self.hc
         self._state = "failed"
         if hc.context.broken() is not None or hc.closed:
             return False   # this rank's comm broke: its peers raise in their own exit
-        # Whether every rank left the block normally, by a collective that raises PeerError
-        # when a rank's comm broke: a rank that raised inside the block never leaves the
-        # others waiting in the exchange of arrival times.
-        try:
-            worst = hc.allreduce(hc.rank + 1 if mine else 0, op="max")
-        except Exception:
-            if mine:
-                return False   # the block's own exception goes on
-            raise
-        if worst:
-            if mine:
-                return False
-            raise RuntimeError(f"hybridmpi: rank {hc.rank}: profile: rank {worst - 1} raised in the "
-                               "profile's block; there are no rows")
+        if exc is not None:
+            # this rank's own exception breaks the comm (peers waiting on it raise, as for a
+            # failure outside a block): no collective call that a peer may never join; one
+            # raised on every rank together leaves every rank here, without rows
+            leave_on_error(hc.context, exc)
+            return False
+        # a bounded agreement that every rank left normally: a peer whose exception broke the
+        # comm makes it raise PeerError (its notice) instead of waiting in the exchange below
+        agree(hc.comm, None, "profile")
         self._finish()
         return False
 

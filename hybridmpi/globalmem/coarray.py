@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._agree import agree
+from .._agree import agree, safe_repr
 from .._resource import Freed, Recorded
 from .._types import mpi
 from ..comm import HybridComm
@@ -46,10 +46,11 @@ class _Section:
         try:
             view = local[idx]
         except (IndexError, OverflowError) as e:  # OverflowError: an int beyond an int64
-            raise IndexError(f"hybridmpi: rank {rank}: Coarray: index {index!r} is outside the shape "
+            raise IndexError(f"hybridmpi: rank {rank}: Coarray: index {safe_repr(index)} is outside "
+                             "the shape "
                              f"{local.shape}: {e}") from None
         except (TypeError, ValueError) as e:  # slice(0.5, 2), a step of 0
-            raise type(e)(f"hybridmpi: rank {rank}: Coarray: bad index {index!r}: {e}") from None
+            raise type(e)(f"hybridmpi: rank {rank}: Coarray: bad index {safe_repr(index)}: {e}") from None
         self.start = view.__array_interface__["data"][0] - local.__array_interface__["data"][0]
         self.shape, self.strides, self.idx = view.shape, view.strides, idx
         self.nbytes = view.nbytes
@@ -101,7 +102,8 @@ class Coarray(Freed, Recorded):
             if any(n < 0 for n in shape):
                 problem = ValueError, f"rank {hc.rank}: extents must be >= 0, got {shape}"
         except Exception:   # a shape that cannot even be iterated: agreed, never raised alone
-            problem = TypeError, f"rank {hc.rank}: shape must be an int or a tuple of ints, got {shape!r}"
+            problem = TypeError, (f"rank {hc.rank}: shape must be an int or a tuple of ints, "
+                                  f"got {safe_repr(shape)}")
         shapes = agree(hc.comm, problem, "Coarray()", data=shape)
         if len(set(shapes)) != 1:
             raise ValueError(f"hybridmpi: Coarray(): ranks passed different shapes: {shapes}")

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._agree import agree
+from .._agree import agree, safe_repr
 from .._clib import ffi, lib
 from .._resource import Freed, Recorded
 from .._types import mpi
@@ -91,7 +91,7 @@ class GlobalMemory(Freed, Recorded):
         except Exception:   # anything numpy refuses is a problem to agree on, not a raise here
             dt = None
         if dt is None or dt.kind not in "biufc":
-            problem = TypeError, f"dtype must be a numeric numpy dtype, got {dtype!r}"
+            problem = TypeError, f"dtype must be a numeric numpy dtype, got {safe_repr(dtype)}"
         elif isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)):
             problem = TypeError, f"count must be an int, got {type(count).__name__}"
         elif count < 0:

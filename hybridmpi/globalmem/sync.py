@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .._agree import safe_repr
 from .._clib import ERRBIT, copy_policy, ffi, lib
 from .._types import mpi
 from .._waits import wait_requests
@@ -30,7 +31,7 @@ def int_arg(value, what, rank):
     """``value`` as an int; TypeError for bools and non-integers."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"hybridmpi: rank {rank}: {what} must be an int, got {type(value).__name__} "
-                        f"{value!r:.40}")
+                        f"{safe_repr(value, 40)}")
     return int(value)
 
 

@@ -227,6 +227,8 @@ def case_misuse_raises_on_every_rank(comm, rng, node_size=None):
                 raise KeyError("inside")
         except KeyError:
             pass
+        except hybridmpi.PeerError:   # a peer's own KeyError broke the comm before this rank
+            pass                      # left the barrier (a rank's own error leaves no agreement)
         assert lib.hm_prof[2] == 0 and unwrapped(hc, "barrier")
         try:
             failed.rows()

@@ -321,7 +321,7 @@ int hm_coll_bad(hm_coll *c)
 size_t hm_dtype_size(int dtype)
 {
     switch (dtype) {
-    case HM_F64: case HM_I64: return 8;
+    case HM_F64: case HM_I64: case HM_PYINT: return 8;
     case HM_F32: case HM_I32: return 4;
     case HM_C128: return 16;
     default: return 0;
@@ -368,7 +368,7 @@ int hm_combine(void *dst, const void *src, uint64_t n, int dtype, int op)
     if (op < 0 || op >= HM_NOPS)
         return HM_EARG;
     switch (dtype) {
-    case HM_F64: combine_double(dst, src, n, op); return HM_OK;
+    case HM_F64: case HM_PYINT: combine_double(dst, src, n, op); return HM_OK;
     case HM_F32: combine_float(dst, src, n, op); return HM_OK;
     case HM_I64: combine_int64_t(dst, src, n, op); return HM_OK;
     case HM_I32: combine_int32_t(dst, src, n, op); return HM_OK;

@@ -42,8 +42,11 @@ enum { HM_ACQ_REL = 0, HM_SEQ_CST = 1 };
 enum { HM_TREE = 0, HM_LINEAR = 1, HM_DISSEMINATION = 2 };
 enum { HM_GATHER = 1, HM_RELEASE = 2, HM_BOTH = 3 };
 
-/* Element types and reduction operations. */
-enum { HM_F64 = 0, HM_F32 = 1, HM_I64 = 2, HM_I32 = 3, HM_C128 = 4, HM_NTYPES = 5 };
+/* Element types and reduction operations.  HM_PYINT: a Python int carried as a double
+ * (exact below 2**53), reduced as HM_F64 but a distinct type in the call signatures, so
+ * that an int on one rank and a float on another is a mismatch. */
+enum { HM_F64 = 0, HM_F32 = 1, HM_I64 = 2, HM_I32 = 3, HM_C128 = 4, HM_PYINT = 5,
+       HM_NTYPES = 6 };
 enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
 
 /* Return codes. */

@@ -9,6 +9,7 @@ failure notices are in ``comm.py``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,11 @@ from ._types import DTYPE_NAMES, DTYPES, OP_NAMES, OPS, op_code
 from ._waits import wait_requests
 from .errors import PeerArgumentError
 
-_F64, _I64, _C128 = lib.HM_F64, lib.HM_I64, lib.HM_C128
+_F64, _C128 = lib.HM_F64, lib.HM_C128
+_PYINT, _SUM, _PROD = lib.HM_PYINT, lib.HM_SUM, lib.HM_PROD
+_INF = float("inf")
+#: integers of smaller magnitude are exact in a float64
+_EXACT = 2**53
 # The tables' lookups bound once: a name imported with "from" is called as a module
 # attribute would be (no LOAD_METHOD in CPython 3.11), 0.1 us more per call.
 _op_of = OPS.get
@@ -81,6 +86,7 @@ class Collectives:
     _other_leaders: Callable[[], str]
     _break: Callable[..., None]
     _unusable: Callable[[], Exception]
+    _int_bounds: tuple[int, ...] | None = None  # set on the first allreduce of a Python int
 
     @staticmethod
     def _call(kind, count, dtype, op):
@@ -128,6 +134,8 @@ class Collectives:
 
     @staticmethod
     def _sig(count, dtype, op):
+        if dtype == _PYINT:
+            return f"(a Python int, op={OP_NAMES.get(op, op)})"
         return (f"(count={count}, dtype={DTYPE_NAMES.get(dtype, dtype)}, "
                 f"op={OP_NAMES.get(op, op)})")
 
@@ -301,6 +309,8 @@ class Collectives:
 
         Returns:
             The result, of the same kind as ``x`` (a new array for arrays).
+            Python ints come back exact, of any size, as mpi4py's; numpy
+            integers wrap on overflow, as MPI's reductions do.
 
         Raises:
             TypeError: unsupported type or dtype, or min/max of complex.
@@ -334,12 +344,12 @@ class Collectives:
                 buf[0] = x
                 dt, convert = _F64, _first
             elif tx is int:
-                buf = self._scalar[_I64]
-                try:
-                    buf[0] = x
-                except OverflowError:
-                    raise ValueError(f"hybridmpi: allreduce: int {x} does not fit in int64") from None
-                dt, convert = _I64, _first_int
+                # A Python int travels as a float64 (of its own type code, so that an int
+                # here and a float elsewhere is a mismatch) while that is exact: a value past
+                # the op's bound goes as an infinity, which makes the result non-finite on
+                # every rank, so that every rank takes the exact path below.
+                bound = (self._int_bounds or self._set_int_bounds())[opc]
+                v = float(x) if -bound < x < bound else (_INF if x > 0 else -_INF)
             elif tx is complex:
                 if opc >= lib.HM_MIN:
                     raise TypeError("hybridmpi: allreduce: min and max are not defined for complex")
@@ -361,11 +371,62 @@ class Collectives:
             if r != r and st.err.code:
                 self._fail(st.err.code, "allreduce")
             return r
+        if tx is int:
+            buf = self._f64
+            buf[0] = v
+            self._reduce(buf, buf, 1, _PYINT, opc)
+            r = buf[0]
+            # Every rank decides alike, whatever order combined the values: below 2**53 the
+            # result is exact (the bounds keep every partial sum there, and a product of
+            # nonzero factors never shrinks back below it once rounded; one with a 0 factor
+            # is 0, or nan when an infinity went in); an infinity sent makes it inf or nan.
+            if -_EXACT < r < _EXACT:
+                return int(r)
+            return self._exact_int(x, opc)
         if isinstance(x, (np.ndarray, np.generic)):
             self._reduce_array(None, out, dt, opc)
             return out if isinstance(x, np.ndarray) else out[()]
         self._reduce(buf, buf, 1, dt, opc)
         return convert(buf)
+
+    def _set_int_bounds(self):
+        """The bounds below which (in magnitude) a Python int goes as a float64, by op code:
+        sum's keeps every partial sum of ``size`` values below 2**53; prod's keeps every
+        partial product finite (an inf times a 0 would be nan in one order and 0 in another);
+        min's and max's is 2**53."""
+        bounds = [_EXACT] * len(OPS)
+        bounds[_SUM] = _EXACT // self.size
+        bounds[_PROD] = 2 ** max(1, min(53, 1023 // self.size))
+        self._int_bounds = tuple(bounds)
+        return self._int_bounds
+
+    def _exact_int(self, x, opc):
+        """The allreduce of Python ints, exact: every rank's int gathered (its length, then
+        its bytes, over the duplicated communicator, under the deadline) and folded in rank
+        order."""
+        MPI = self._MPI
+        nbytes = (x.bit_length() + 8) // 8  # room for the sign bit
+        lengths = np.empty(self.size, dtype=np.int64)
+        self._exact_wait(self.comm.Iallgather(np.array([nbytes], dtype=np.int64), lengths))
+        data = np.empty(int(lengths.sum()), dtype=np.uint8)
+        mine = np.frombuffer(x.to_bytes(nbytes, "little", signed=True), dtype=np.uint8)
+        self._exact_wait(self.comm.Iallgatherv(mine, [data, lengths, MPI.UNSIGNED_CHAR]))
+        raw = data.tobytes()
+        ends = np.cumsum(lengths).tolist()
+        values = [int.from_bytes(raw[a:b], "little", signed=True)
+                  for a, b in zip([0, *ends[:-1]], ends)]
+        return _FOLDS[opc](values)
+
+    def _exact_wait(self, req):
+        stop = wait_requests(self.context, [req], self.timeout)
+        if stop is None:
+            return
+        what = "allreduce of Python ints (the exact path)"
+        if stop.notice is not None:
+            raise self._peer_error(what, stop.notice, ERRBIT)
+        raise self._timeout(f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in "
+                            f"{what}: not every rank joined", None, "allreduce",
+                            int(self._st.epoch), [])
 
     def _op(self, op):
         """The C core code of a reduction op (a name or an MPI op)."""
@@ -432,15 +493,15 @@ class Collectives:
         self._reduce_array(sendbuf, recvbuf, dt, opc)
 
 
-_NP_OF_CODE = {code: dt for dt, code in DTYPES.items()}
+_NP_OF_CODE = {code: dt for dt, code in DTYPES.items()} | {_PYINT: np.dtype(np.float64)}
 
 
 def _first(buf):
     return buf[0]
 
 
-def _first_int(buf):
-    return int(buf[0])
+#: the exact fold of Python ints, in rank order, by op code
+_FOLDS = {lib.HM_SUM: sum, lib.HM_PROD: math.prod, lib.HM_MIN: min, lib.HM_MAX: max}
 
 
 def _complex(buf):

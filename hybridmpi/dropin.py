@@ -86,7 +86,8 @@ def allreduce(x: Any, op: Any = "sum", comm: Any = None) -> Any:
         comm: an intracommunicator; default ``MPI.COMM_WORLD``.
 
     Returns:
-        The combined value, of the same kind as ``x``.
+        The combined value, of the same kind as ``x``; Python ints exact, of any size, as
+        mpi4py's ``comm.allreduce`` gives them.
     """
     last = _LAST
     if comm is last[0]:

@@ -1,0 +1,114 @@
+"""Limits: MPI context ids (HybridComms, fence Halos), the free order of global memory, a request
+waited after its memory was freed.  Every failure raises on every rank; the program goes on.
+
+Usage: python -m mpi4py limits_cases.py [--node-size K] [--only case1,case2]
+"""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _harness import main
+
+import hybridmpi
+from hybridmpi import GhostPattern, GlobalMemory, Halo, HybridComm
+from hybridmpi.arena import held_ids
+from hybridmpi.errors import FreedError
+
+
+def ring(hc, n=4):
+    r, p = hc.rank, hc.size
+    return GhostPattern(hc, send={(r + 1) % p: np.arange(n)}, recv={(r - 1) % p: np.arange(n, 2 * n)},
+                        size=2 * n)
+
+
+def made_until_refused(make):
+    """Objects from ``make()`` until it raises; (objects, the exception)."""
+    made = []
+    while True:
+        try:
+            made.append(make())
+        except Exception as e:  # the refusal is what the case checks
+            return made, e
+
+
+def case_hybridcomms_past_the_mpi_limit(comm, rng, **cfg):
+    """HybridComms until the MPI's context ids would run out (MPICH: the 511th raised 'Other MPI
+    error'; the budget lowered here by env HYBRIDMPI_CONTEXT_IDS, so that the case is short):
+    RuntimeError naming the limit on every rank; free some, make more."""
+    os.environ["HYBRIDMPI_CONTEXT_IDS"] = str(held_ids() + 64 + 40)
+    try:
+        made, e = made_until_refused(lambda: HybridComm(comm, node_size=cfg["node_size"]))
+    finally:
+        del os.environ["HYBRIDMPI_CONTEXT_IDS"]
+    assert isinstance(e, RuntimeError) and "context id" in str(e), repr(e)
+    assert len(made) == 10, len(made)
+    assert comm.allgather(len(made)) == [len(made)] * comm.size
+    for hc in made[:3]:
+        hc.free()
+    made[:3] = [HybridComm(comm, node_size=cfg["node_size"]) for _ in range(3)]
+    for hc in made:
+        hc.free()
+
+
+def case_fence_halos_past_the_budget(comm, rng, **cfg):
+    """Halo(method="fence") keeps a window each (about 2,000 live crashed in
+    MPI_Win_allocate_shared): past the budget (lowered here by env HYBRIDMPI_CONTEXT_IDS)
+    RuntimeError on every rank; free some, make more, and they work."""
+    with HybridComm(comm, node_size=cfg["node_size"]) as hc:
+        pat = ring(hc)
+        os.environ["HYBRIDMPI_CONTEXT_IDS"] = str(held_ids() + 64 + 20)
+        try:
+            made, e = made_until_refused(lambda: Halo(pat, method="fence"))
+        finally:
+            del os.environ["HYBRIDMPI_CONTEXT_IDS"]
+        assert isinstance(e, RuntimeError) and "HYBRIDMPI_CONTEXT_IDS" in str(e), repr(e)
+        assert comm.allgather(len(made)) == [len(made)] * comm.size and len(made) <= 20
+        for h in made[:2]:
+            h.free()
+        made[:2] = [Halo(pat, method="fence") for _ in range(2)]
+        x = rng.standard_normal(pat.size)
+        made[0].update(x)
+        for h in made:
+            h.free()
+
+
+def case_global_memory_freed_in_two_orders(comm, rng, **cfg):
+    """Two GlobalMemory objects of 8 MiB (a window each) freed in opposite orders on two ranks
+    (was a deadlock in MPI_Win_free): RuntimeError on every rank, then freed in one order."""
+    if comm.size < 2:
+        return
+    with HybridComm(comm, node_size=cfg["node_size"]) as hc:
+        a, b = GlobalMemory(hc, 2**20), GlobalMemory(hc, 2**20)
+        first = a if hc.rank % 2 == 0 else b
+        try:
+            first.free()
+            raise AssertionError("no error")
+        except RuntimeError as e:
+            assert "same order" in str(e), e
+        assert not a.closed and not b.closed
+        a.local[:] = rng.standard_normal(a.local.size)  # still usable
+        a.free()
+        b.free()
+
+
+def case_rput_waited_after_free(comm, rng, **cfg):
+    """An Rput across nodes waited after its GlobalMemory was freed: FreedError (was mpi4py's
+    raw 'Invalid MPI_Win')."""
+    with HybridComm(comm, node_size=1) as hc:
+        g = GlobalMemory(hc, 2**20)  # a chunk of its own: its window goes with it
+        peer = (hc.rank + 1) % hc.size
+        req = g.Rput(rng.standard_normal(8), peer)
+        g.free()
+        try:
+            req.wait()
+            assert hc.size == 1, "no error"   # on one rank the put is a copy, complete at once
+        except FreedError as e:
+            assert "freed" in str(e), e
+
+
+if __name__ == "__main__":
+    main([case_hybridcomms_past_the_mpi_limit, case_fence_halos_past_the_budget,
+          case_global_memory_freed_in_two_orders, case_rput_waited_after_free])

@@ -12,7 +12,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from _harness import main
 
-import hybridmpi
 from hybridmpi import GhostPattern, GlobalMemory, Halo, HybridComm
 from hybridmpi.arena import held_ids
 from hybridmpi.errors import FreedError

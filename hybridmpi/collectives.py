@@ -106,19 +106,20 @@ class Collectives:
         rc = lib.hm_coll_bad(st)
         if rc == lib.HM_OK and self.num_nodes > 1:
             if self.is_leader:
-                sig = self._leader_sig(lib.HM_K_BAD, 0, 0, 0, 0)
+                sig = self._leader_sig(lib.HM_K_BAD, 0, 0, 0, 0, _KIND_NAMES[lib.HM_K_BAD])
                 if self._sig_differs(sig):
                     self._break("ValueError")
         if rc != lib.HM_OK:
             self._break(type(exc).__name__)
         raise exc
 
-    def _leader_sig(self, kind, count, dt, opc, failed):
-        """Allreduce (max) of the node signatures over the leaders: what each node called."""
+    def _leader_sig(self, kind, count, dt, opc, failed, what):
+        """Allreduce (max) of the node signatures over the leaders: what each node called
+        (``what``: the call, as its errors name it)."""
         sig = self._sig_buf
         sig[:] = (failed, kind, -kind, count, -count, dt, -dt, opc, -opc)
         self._leader_call(self.leader_comm.Iallreduce,
-                          (self._MPI.IN_PLACE, sig, self._MPI.MAX))
+                          (self._MPI.IN_PLACE, sig, self._MPI.MAX), what)
         return sig
 
     def _other_node_failed(self, sig, what):
@@ -209,7 +210,7 @@ class Collectives:
         # The leaders meet in an allreduce of what their nodes called (a barrier too), so a
         # node that failed or called something else makes every node raise.
         kind = lib.HM_K_BARRIER_TREE if m == lib.HM_TREE else lib.HM_K_BARRIER_LINEAR
-        sig = self._leader_sig(kind, 0, 0, 0, _FAILED if rc else 0)
+        sig = self._leader_sig(kind, 0, 0, 0, _FAILED if rc else 0, f"barrier({method})")
         if rc:
             self._fail(rc, f"barrier({method})")
         self._other_node_failed(sig, f"barrier({method})")
@@ -241,7 +242,7 @@ class Collectives:
         # combining buffers of different sizes would be erroneous MPI, and a
         # node whose ranks disagreed or failed must not leave the others waiting.
         bad = _FAILED if rc else int(lib.hm_allreduce_verdict(st, 0) != -1)
-        sig = self._leader_sig(lib.HM_K_ALLREDUCE_TREE, total, dt, opc, bad)
+        sig = self._leader_sig(lib.HM_K_ALLREDUCE_TREE, total, dt, opc, bad, "allreduce")
         if rc:
             self._fail(rc, "allreduce")
         self._other_node_failed(sig, "allreduce")
@@ -252,12 +253,12 @@ class Collectives:
             slot = np.frombuffer(ffi.buffer(lib.hm_coll_slot(st, 0), count * dtype.itemsize),
                                  dtype=dtype)
             self._leader_call(self.leader_comm.Iallreduce,
-                              (self._MPI.IN_PLACE, slot, self._mpi_ops[opc]))
+                              (self._MPI.IN_PLACE, slot, self._mpi_ops[opc]), "allreduce")
         rc = lib.hm_allreduce_chunk(st, ffi.NULL, rptr, count, total, dt, opc, lib.HM_RELEASE)
         if rc:
             self._fail(rc, "allreduce")
 
-    def _leader_call(self, nonblocking, args, what="allreduce"):
+    def _leader_call(self, nonblocking, args, what):
         """Run an internode collective (under the deadline if there is one); if it fails,
         the node's ranks waiting for this leader get its error bits."""
         try:

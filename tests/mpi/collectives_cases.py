@@ -462,10 +462,39 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
     hc.free()
 
 
+
+def case_internode_timeout_names_the_call(comm, rng, **cfg):
+    """On virtual nodes of one rank, rank 1 stays away from a barrier: the leaders time out
+    waiting on the other nodes, and the message names the barrier (it said "in allreduce")."""
+    if comm.size < 2:
+        return
+    wrong = []  # checked once every rank is past the frees: a failed check must not strand a peer
+    for method in ("dissemination", "tree", "linear"):
+        hc = hybridmpi.HybridComm(comm, node_size=1, memory_order=cfg["memory_order"], timeout=0.5)
+        timed_out = False
+        if comm.rank != 1:
+            try:
+                hc.barrier(method=method)
+            except hybridmpi.SyncTimeout as e:
+                timed_out = True
+                if f"barrier({method})" not in str(e) or "allreduce" in str(e):
+                    wrong.append(str(e))
+            except hybridmpi.PeerError as e:  # another rank's timeout reached this one first
+                if "allreduce" in str(e):
+                    wrong.append(str(e))
+            else:
+                wrong.append(f"barrier({method}): no SyncTimeout")
+        if comm.allreduce(int(timed_out)) < 1:
+            wrong.append(f"barrier({method}): no rank timed out")
+        hc.free()
+    assert not wrong, wrong
+
+
 CASES = [case_layout, case_values_match_mpi4py, case_python_scalars, case_python_ints_exact,
          case_stress_interleaved,
          case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_waits_let_other_threads_run,
-         case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank]
+         case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank,
+         case_internode_timeout_names_the_call]
 
 
 if __name__ == "__main__":

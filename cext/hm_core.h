@@ -453,5 +453,9 @@ typedef struct hm_pairs {
 } hm_pairs;
 
 int hm_signal_wait(hm_pairs *p);
+/* An invalid sync_images on this rank, counted as a call naming each of p's peers: each
+ * counter stored with the call's invalid mark, nothing waited.  A peer's hm_signal_wait whose
+ * call matches it returns HM_EMISMATCH (err.peer: its index) instead of HM_OK. */
+void hm_signal_invalid(hm_pairs *p);
 
 #endif

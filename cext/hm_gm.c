@@ -18,13 +18,32 @@ int64_t hm_compare_swap(void *addr, int64_t expected, int64_t value)
     return expected;
 }
 
+/* The word after a pair's counter: bit (k % 64) set while the writer's call k naming the
+ * reader was invalid (written by the writer alone, before the counter's release store). */
+static inline _Atomic uint64_t *invalid_marks(void *counter)
+{
+    return (_Atomic uint64_t *)counter + 1;
+}
+
+static inline void mark_call(void *counter, uint64_t k, int invalid)
+{
+    _Atomic uint64_t *m = invalid_marks(counter);
+    uint64_t bit = (uint64_t)1 << (k % 64), old = atomic_load_explicit(m, memory_order_relaxed);
+    if (!!(old & bit) != invalid)
+        atomic_store_explicit(m, old ^ bit, memory_order_relaxed);
+}
+
 int hm_signal_wait(hm_pairs *p)
 {
     HM_PROFILED;
     int ord = p->policy.order;
     p->err.code = HM_OK;
-    for (int i = 0; i < p->n; i++)
-        store_rel((hm_counter *)p->signal[i], ++p->calls[p->peer[i]], ord);
+    for (int i = 0; i < p->n; i++) {
+        uint64_t k = ++p->calls[p->peer[i]];
+        mark_call(p->signal[i], k, 0);
+        store_rel((hm_counter *)p->signal[i], k, ord);
+    }
+    int invalid = -1;  /* the first peer whose matching call had invalid arguments */
     for (int i = 0; i < p->n; i++) {
         uint64_t seen = 0, want = p->calls[p->peer[i]];
         int rc = wait_geq((const hm_counter *)p->wait[i], want, &p->policy, &seen);
@@ -32,6 +51,23 @@ int hm_signal_wait(hm_pairs *p)
             rc = HM_EPEER;  /* the peer's HybridComm broke: it will not come */
         if (rc != HM_OK)
             return wait_failed(&p->err, &p->policy, rc, i, HM_CNT_SYNC_IMAGES, want, seen);
+        if (invalid < 0 && (atomic_load_explicit(invalid_marks(p->wait[i]), memory_order_acquire)
+                            >> (want % 64) & 1))
+            invalid = i;
     }
+    if (invalid >= 0)  /* every peer's call was waited for: the counts stay matched */
+        return wait_failed(&p->err, &p->policy, HM_EMISMATCH, invalid, HM_CNT_SYNC_IMAGES,
+                           p->calls[p->peer[invalid]], 0);
     return HM_OK;
+}
+
+void hm_signal_invalid(hm_pairs *p)
+{
+    HM_PROFILED;
+    int ord = p->policy.order;
+    for (int i = 0; i < p->n; i++) {
+        uint64_t k = ++p->calls[p->peer[i]];
+        mark_call(p->signal[i], k, 1);
+        store_rel((hm_counter *)p->signal[i], k, ord);
+    }
 }

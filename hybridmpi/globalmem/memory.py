@@ -13,10 +13,9 @@ from .._agree import agree, safe_repr
 from .._clib import ffi, lib
 from .._resource import Freed, Recorded
 from .._types import mpi
-from .._waits import wait_requests
 from ..arena import MAX_BYTES
 from ..comm import HybridComm
-from ..errors import FreedError, SyncTimeout
+from ..errors import FreedError
 from .requests import Owner, Request, get_flush, put_flush
 from .sync import int64_arg, int_arg, sync_state
 
@@ -382,7 +381,10 @@ class GlobalMemory(Freed, Recorded):
         if self._views is None:
             self.hc.context.disown(self)
             return
-        self._agree_free()
+        # every rank frees this memory now (RuntimeError everywhere when ranks free different
+        # ones, nothing freed), or its comm broke: then nothing below waits on a peer
+        if not mpi().Is_finalized():
+            self.hc.context.agree_free(f"GlobalMemory {self._serial}")
         self.hc.context.disown(self)
         self._views = None
         self.closed = True
@@ -398,30 +400,6 @@ class GlobalMemory(Freed, Recorded):
             self._sync.dirty.pop(id(self._win), None)
         self._owner.freed = True  # its requests not yet complete raise FreedError when waited
         self._block.free()
-
-    def _agree_free(self):
-        """Check that every rank frees this memory now (an Iallgather of its number, under the
-        timeout and the peers' failure notices): ranks freeing different ones in
-        ``MPI_Win_free``, collective, would wait for each other forever."""
-        hc = self.hc
-        if hc.size == 1 or mpi().Is_finalized() or hc.closed or hc.context.broken() is not None:
-            return  # a broken comm's free() waits for nobody
-        mine = np.array([self._serial], dtype=np.int64)
-        every = np.empty(hc.size, dtype=np.int64)
-        req = hc.comm.Iallgather(mine, every)
-        stopped = wait_requests(hc.context, [req], hc.timeout)
-        if stopped is not None:
-            why = (f"rank {stopped.notice} failed" if stopped.notice is not None
-                   else f"ranks {sorted(set(range(hc.size)) - {hc.rank})} did not call it within "
-                        f"{hc.timeout:g} s")
-            hc.context.break_comm("SyncTimeout")
-            raise SyncTimeout(f"hybridmpi: rank {hc.rank}: GlobalMemory.free(): {why}",
-                              rank=hc.rank, counter="free")
-        if (every != self._serial).any():
-            raise RuntimeError(
-                f"hybridmpi: rank {hc.rank}: GlobalMemory.free(): ranks free different "
-                f"GlobalMemory objects (their numbers on this HybridComm, by rank: "
-                f"{every.tolist()}); free global memory in the same order on every rank")
 
     def __repr__(self):
         state = "freed" if self._views is None else f"{self.counts[self.rank]} local elements"

@@ -10,11 +10,12 @@ from .._agree import safe_repr
 from .._clib import ERRBIT, copy_policy, ffi, lib
 from .._types import mpi
 from .._waits import wait_requests
-from ..errors import SyncTimeout
+from ..errors import PeerArgumentError, SyncTimeout
 
 _R = lib.HM_REGION
 _TAG_SYNC = 1
 _EMPTY = bytearray(0)
+_INVALID = bytearray(b"\x01")  # what an invalid call sends each far peer (a valid one: nothing)
 #: communicators whose Iprobe drives MPI progress in waits (one per live Sync across nodes)
 _PROGRESS: list[Any] = []
 
@@ -62,6 +63,9 @@ class Sync:
         self.plans = {}
         self.dirty = {}  # RMA windows with non-blocking operations not yet flushed, by id
         self.broken = None
+        self.got = bytearray(1)
+        #: receives this rank owes each far peer since its own invalid calls: (request, buffer)
+        self.owed: dict[int, list[Any]] = {}
         if self.comm is not None:
             _PROGRESS.append(self.comm)
             lib.hm_set_progress(lib.hm_py_progress)
@@ -136,7 +140,12 @@ class Sync:
                 win.Sync()
 
     def sync_images(self, ranks, what):
-        near, far, p, _ = self._plan(ranks, what)
+        try:
+            near, far, p, _ = self._plan(ranks, what)
+        except Exception:
+            if not self.broken:
+                self._invalid()
+            raise
         if self.broken:
             self.check()
         if self.dirty:
@@ -145,10 +154,17 @@ class Sync:
         reqs = None
         if far:
             comm = self.comm
-            reqs = [comm.Irecv(_EMPTY, r, _TAG_SYNC) for r in far]
+            got = self._got(len(far))
+            reqs = [comm.Irecv(got[i:i + 1], r, _TAG_SYNC) for i, r in enumerate(far)]
             reqs += [comm.Isend(_EMPTY, r, _TAG_SYNC) for r in far]
+            if self.owed:   # receives owed since an invalid call of this rank: matched first
+                reqs += [q for r in far for q, _ in self.owed.pop(r, ())]
         if near and lib.hm_signal_wait(p):
             peer = near[p.err.peer]
+            if p.err.code == lib.HM_EMISMATCH:   # every peer came: the counts stay matched
+                if reqs:
+                    self._complete(reqs, far, what)
+                raise self._peer_invalid(peer, what)
             if p.err.code == lib.HM_EPEER:
                 self.broken = "PeerError"
                 raise hc.context.peer_error(what, peer, int(p.err.seen))
@@ -163,10 +179,46 @@ class Sync:
             for win in hc.arena.rma_windows():
                 win.Sync()
 
+    def _got(self, n):
+        """One byte per far peer of a call: 1 where its matching call was invalid."""
+        if len(self.got) < n:
+            self.got = bytearray(n)
+        got = self.got
+        got[:n] = bytes(n)
+        return memoryview(got)
+
+    def _invalid(self):
+        """This rank's sync_images had invalid arguments: it counts as a call naming every
+        other rank, marked invalid, so that a peer whose call matches it raises
+        PeerArgumentError instead of waiting, and the counts stay matched (a later valid
+        call pairs as before; when every rank's call was invalid, nothing changes)."""
+        hc = self.hc
+        others = tuple(r for r in range(hc.size) if r != hc.rank)
+        if not others:
+            return
+        near, far, p, _ = self._plan(others, "sync_images")
+        if near:
+            lib.hm_signal_invalid(p)
+        for r in far:
+            self.comm.Isend(_INVALID, r, _TAG_SYNC).Free()
+            # the peer's call that matches this one sends too: received with this rank's next
+            # call naming it (or dropped at free)
+            buf = bytearray(1)
+            self.owed.setdefault(r, []).append((self.comm.Irecv(buf, r, _TAG_SYNC), buf))
+
+    def _peer_invalid(self, peer, what):
+        hc = self.hc
+        return PeerArgumentError(f"hybridmpi: rank {hc.rank}: {what}: rank {peer} passed invalid "
+                                 "arguments to its matching sync_images call (see its error)",
+                                 rank=hc.rank, peer=peer)
+
     def _complete(self, reqs, far, what):
         hc = self.hc
         stop = wait_requests(hc.context, reqs, hc.timeout)
         if stop is None:
+            bad = [far[i] for i in range(len(far)) if self.got[i]]
+            if bad:
+                raise self._peer_invalid(bad[0], what)
             return
         if stop.notice is not None:
             self.broken = "PeerError"
@@ -206,6 +258,11 @@ class Sync:
 
     def free(self):
         self.block.free()
+        for q, _ in (q for owed in self.owed.values() for q in owed):
+            if not mpi().Is_finalized():
+                q.Cancel()
+                q.Free()
+        self.owed = {}
         if self.comm is not None:
             _PROGRESS.remove(self.comm)
             if not _PROGRESS:

@@ -1,3 +1,4 @@
+# ruff: noqa: B023 - every closure here is called inside the iteration that makes it
 """The ways around the calls: leaving a ``with`` block on one rank's own exception, the
 agreements of constructors, patterns and the profile, arguments that cannot be sent or shown.
 
@@ -232,8 +233,38 @@ def case_unpicklable_or_unprintable_argument_on_one_rank(comm, rng, node_size=No
     hc.free()
 
 
+# ------------------------------------------------------------ sync_images
+
+def case_sync_images_invalid_on_one_rank(comm, rng, node_size=None):
+    """One rank passes invalid ranks to sync_images ([p, p], [size], "x") while the others
+    name it: it raises its own error, the others PeerArgumentError at once (before: they
+    waited for the whole timeout); the counts stay matched, so the next valid sync_images of
+    every rank pairs as before; on one node and across nodes."""
+    if comm.size == 1:
+        return
+    with HybridComm(comm, node_size=node_size) as hc:
+        mem = GlobalMemory(hc, 4)
+        bad = hc.size - 1
+        for arg in ([0, 0], [hc.size], "x"):
+            peers = [r for r in range(hc.size) if r != hc.rank]
+            got, t = _outcome(comm, lambda: mem.sync_images(arg if hc.rank == bad else [bad]))
+            _judge(comm, got, t, lambda r: (ValueError, TypeError) if r == bad
+                   else (hybridmpi.PeerArgumentError,))
+            got, t = _outcome(comm, lambda: mem.sync_images(peers))
+            _judge(comm, got, t, lambda r: (None,))
+        # every rank invalid: each raises its own error, nothing else changes
+        got, t = _outcome(comm, lambda: mem.sync_images([hc.size]))
+        _judge(comm, got, t, lambda r: (ValueError,))
+        peers = [r for r in range(hc.size) if r != hc.rank]
+        got, t = _outcome(comm, lambda: mem.sync_images(peers))
+        _judge(comm, got, t, lambda r: (None,))
+        mem.sync_all()
+        mem.free()
+
+
 if __name__ == "__main__":
     main([case_own_exception_leaves_every_block, case_agreed_exception_keeps_the_comm,
           case_peer_left_before_this_rank_frees, case_constructor_against_a_collective,
           case_hybridcomm_against_a_collective, case_profile_against_allreduce,
-          case_unpicklable_or_unprintable_argument_on_one_rank])
+          case_unpicklable_or_unprintable_argument_on_one_rank,
+          case_sync_images_invalid_on_one_rank])

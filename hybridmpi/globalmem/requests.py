@@ -64,9 +64,10 @@ class Request:
 
     @staticmethod
     def _wait_all(requests: list[Request]) -> None:
-        """:func:`waitall`: each element checked in turn (a Request, not yet waited), then all
-        waited."""
+        """:func:`waitall`: each element checked in turn (a Request, not yet waited, not listed
+        before), then all waited."""
         pending: list[Request] = []
+        seen: set[int] = set()
         for item in requests:
             if not isinstance(item, Request):
                 raise TypeError(f"hybridmpi: waitall: expected Requests, got {type(item).__name__}")
@@ -74,6 +75,10 @@ class Request:
             if r._waited:
                 raise RuntimeError(f"hybridmpi: rank {r._owner.hc.rank}: waitall: a {r._what} request "
                                    "was already waited")
+            if id(r) in seen:  # waiting it twice: RuntimeError, as Request.wait() twice
+                raise RuntimeError(f"hybridmpi: rank {r._owner.hc.rank}: waitall: a {r._what} request "
+                                   "is listed twice")
+            seen.add(id(r))
             if not r._done:
                 pending.append(r)
         for item in requests:
@@ -146,10 +151,11 @@ class Request:
 
 
 def waitall(requests: Iterable[Request]) -> None:
-    """Wait for every request of a list (checked first: none may have been waited).
+    """Wait for every request of a list (checked first: none may have been waited, none listed
+    twice).
 
     Raises:
         TypeError: an element is not a Request.
-        RuntimeError: a request was already waited (nothing is waited then).
+        RuntimeError: a request was already waited, or is listed twice (nothing is waited then).
     """
     Request._wait_all(list(requests))  # noqa: SLF001 - the module's own

@@ -94,6 +94,14 @@ def wait_twice():
     req.wait()
 
 
+def waitall_twice():
+    req = MEM.Rget(np.empty(2), OTHER)
+    try:
+        hybridmpi.waitall([req, req])
+    finally:
+        req.wait()
+
+
 def co_put(index, values):
     CO[OTHER][index] = values
 
@@ -194,6 +202,7 @@ CASES = [
     ("GlobalMemory", "counter.fetch_add(next, 2, 1)  # parts of 2", IndexError, "outside rank",
      lambda: COUNTER.fetch_add(OTHER, 2, 1), 1),
     ("GlobalMemory", "mem.Rget(out, next) waited twice", RuntimeError, "waited twice", wait_twice, 1),
+    ("GlobalMemory", "hybridmpi.waitall([req, req])", RuntimeError, "listed twice", waitall_twice, 1),
     ("GlobalMemory", "mem.sync_images([size])", ValueError, "out of range",
      lambda: MEM.sync_images([P]), 1),
     ("GlobalMemory", "mem.sync_images([next, next])", ValueError, "twice",

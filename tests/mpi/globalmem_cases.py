@@ -361,10 +361,34 @@ def case_objects_on_a_freed_comm(comm, rng, **cfg):
             raise AssertionError("an object made on a freed HybridComm")
 
 
+
+def case_waitall_same_request_twice(comm, rng, **cfg):
+    """waitall([r, r]) raises RuntimeError, as waiting a request twice does (it returned), on
+    every rank that calls it, before anything is waited: r can be waited after."""
+    with make_hc(comm, cfg) as hc, GlobalMemory(hc, 4) as mem:
+        mem.local[:] = fresh(rng, np.float64, 4)
+        mem.sync_all()
+        nxt = (comm.rank + 1) % comm.size
+        want = comm.sendrecv(mem.local.copy(), dest=(comm.rank - 1) % comm.size, source=nxt)
+        out = fresh(rng, np.float64, 4)
+        put = mem.Rput(mem.local[:1].copy(), comm.rank, 0)  # the value it holds: gets read it
+        req = mem.Rget(out, nxt)
+        for reqs in ([req, req], [put, req, put]):
+            try:
+                hybridmpi.waitall(reqs)
+            except RuntimeError as e:
+                assert "listed twice" in str(e) and f"rank {comm.rank}" in str(e), e
+            else:
+                raise AssertionError(f"waitall of {len(reqs)} requests, one listed twice, returned")
+        hybridmpi.waitall([req, put])  # neither was waited by the calls that raised
+        assert np.array_equal(out, want), (out, want)
+        mem.sync_all()
+
+
 CASES = [case_local_view, case_put_get_every_path, case_random_put_get, case_overlapping_nonblocking,
          case_producer_consumer, case_sync_images_subsets, case_fetch_add, case_coarray_sections,
          case_sync_timeout,
-         case_many_objects, case_objects_on_a_freed_comm]
+         case_many_objects, case_objects_on_a_freed_comm, case_waitall_same_request_twice]
 
 if __name__ == "__main__":
     main(CASES, memory_order="acq_rel")

@@ -167,6 +167,9 @@ class Halo(Freed, Recorded):
         elif (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
               or block < 1):
             problem = f"block must be an int >= 1, got {safe_repr(block)}"
+        elif dt.itemsize * int(block) >= 2**31:  # the C core holds a point's bytes in an int
+            problem = (f"block {int(block)} of {dt.name} makes {dt.itemsize * int(block)} bytes per "
+                       "point; it must be under 2**31")
         elif type(method) is not str or (method not in METHODS and method != "auto"):
             problem = f"unknown method {safe_repr(method)}{source}; use one of {list(METHODS) + ['auto']}"
         near = 0 if problem else max([ids.size * dt.itemsize * block for p, ids in pattern.send.items()

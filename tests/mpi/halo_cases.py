@@ -704,6 +704,13 @@ def case_bad_halo_calls(comm, rng, **cfg):
         expect(TypeError, lambda: Halo("pattern"), "GhostPattern")
         expect(TypeError, lambda: Halo(pat, dtype=np.int8 if r == 0 else np.float64), "rank 0", "dtype")
         expect(ValueError, lambda: Halo(pat, block=0 if r == comm.size - 1 else 1), "block")
+        # a point of 2**31 bytes or more: ValueError on every rank (was cffi's raw OverflowError)
+        lone = GhostPattern(hc, send={}, recv={}, size=1)
+        for p in (lone, pat):
+            expect(ValueError, lambda p=p: Halo(p, block=2**28), "block 268435456 of float64", "2**31")
+            expect(ValueError, lambda p=p: Halo(p, dtype=np.float32, block=2**29 if r == 0 else 2),
+                   "block")
+        Halo(lone, dtype=np.complex128, block=2**27 - 1).free()  # just under: accepted
         expect(ValueError, lambda: Halo(pat, method="carrier-pigeon"), "unknown method")
         if comm.size > 1:
             expect(ValueError, lambda: Halo(pat, method="flat" if r == 0 else "atomic"), "different")

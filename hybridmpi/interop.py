@@ -33,6 +33,21 @@ def _attr(obj, name):
     return value() if callable(value) else value
 
 
+def _not_ids(what, arr, rank):
+    """from_global's message when ``arr`` holds anything but integers (any float dtype: a float id
+    is not truncated, 4.9 is no id 4), else None."""
+    if arr.dtype.kind in "iu" or arr.size == 0:
+        return None
+    return f"rank {rank}: {what} must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}"
+
+
+def _duplicate(ids):
+    """The smallest value that ``ids`` holds twice (from_global's choice), else None."""
+    values, counts = np.unique(ids, return_counts=True)
+    twice = values[counts > 1]
+    return int(twice[0]) if twice.size else None
+
+
 def remote_lists(hc: HybridComm, size: int, n_owned: int, ghost_local: np.ndarray, owner: np.ndarray,
                  remote: np.ndarray) -> Lists:
     """The lists of the pattern of ghosts at local ids ``ghost_local``, each owned by rank ``owner[i]`` at
@@ -77,14 +92,21 @@ def index_map_lists(hc: HybridComm, index_map: Any) -> Lists:
     try:
         n = int(_attr(index_map, "size_local"))
         lo, hi = (int(v) for v in _attr(index_map, "local_range"))
-        ghosts = np.asarray(_attr(index_map, "ghosts"), dtype=np.int64).reshape(-1)
-        owners = np.asarray(_attr(index_map, "owners"), dtype=np.int64).reshape(-1)
+        ghosts = np.asarray(_attr(index_map, "ghosts")).reshape(-1)
+        owners = np.asarray(_attr(index_map, "owners")).reshape(-1)
         size_global = int(_attr(index_map, "size_global"))
-        if hi - lo != n:
-            problem = f"rank {rank}: the IndexMap's local_range {lo, hi} does not hold size_local {n}"
-        elif owners.size != ghosts.size:
-            problem = (f"rank {rank}: the IndexMap has {ghosts.size} ghosts but {owners.size} "
-                       "owners")
+        problem = _not_ids("ghosts", ghosts, rank) or _not_ids("owners", owners, rank)
+        if problem is None:
+            ghosts, owners = ghosts.astype(np.int64), owners.astype(np.int64)
+            dup = _duplicate(ghosts)
+            if hi - lo != n:
+                problem = (f"rank {rank}: the IndexMap's local_range {lo, hi} does not hold "
+                           f"size_local {n}")
+            elif owners.size != ghosts.size:
+                problem = (f"rank {rank}: the IndexMap has {ghosts.size} ghosts but {owners.size} "
+                           "owners")
+            elif dup is not None:
+                problem = f"rank {rank}: duplicate ghost id {dup}"
     except Exception as e:  # noqa: BLE001 - whatever it raised, every rank must agree
         problem = (f"rank {rank}: from_index_map needs a DOLFINx IndexMap (size_local, "
                    f"local_range, ghosts, owners, size_global), got {type(index_map).__name__}: {e}")
@@ -149,9 +171,13 @@ def sf_lists(hc: HybridComm, sf: Any, size: int | None = None) -> Lists:
         elif problem is None and nroots < 0:
             problem = (f"rank {rank}: the star forest has no graph (a DMPlex's point SF on one "
                        "rank): pass size=, the length of the local array")
-        iremote = np.asarray(iremote, dtype=np.int64).reshape(-1, 2)
+        iremote = np.asarray(iremote)
+        ilocal = None if ilocal is None else np.asarray(ilocal).reshape(-1)
+        problem = problem or _not_ids("the star forest's iremote", iremote.reshape(-1), rank) or (
+            None if ilocal is None else _not_ids("the star forest's ilocal", ilocal, rank))
+        iremote = iremote.astype(np.int64).reshape(-1, 2)
         local = (np.arange(len(iremote), dtype=np.int64) if ilocal is None
-                 else np.asarray(ilocal, dtype=np.int64).reshape(-1))
+                 else ilocal.astype(np.int64))
         owner, remote = iremote[:, 0], iremote[:, 1]
     except Exception as e:  # noqa: BLE001 - whatever it raised, every rank must agree
         problem = problem or f"rank {rank}: from_sf needs a petsc4py SF, got {type(sf).__name__}: {e}"
@@ -170,9 +196,13 @@ def sf_lists(hc: HybridComm, sf: Any, size: int | None = None) -> Lists:
     _agree(comm, problem)
     far = owner != rank
     ghost_local, owner, remote = local[far], owner[far], remote[far]
-    dup = np.unique(ghost_local, return_counts=True)
-    twice = dup[0][dup[1] > 1]
-    _agree(comm, f"rank {rank}: leaf {int(twice[0])} appears twice" if twice.size else None)
+    twice = _duplicate(ghost_local)
+    # a ghost is an (owner, root) pair: two leaves of one pair are from_global's duplicate id
+    pairs, counts = np.unique(np.stack([owner, remote], axis=1), axis=0, return_counts=True)
+    pair = pairs[counts > 1]
+    _agree(comm, f"rank {rank}: leaf {twice} appears twice" if twice is not None
+           else f"rank {rank}: duplicate ghost id (rank {int(pair[0, 0])}'s root {int(pair[0, 1])}, "
+           "the root of two leaves)" if pair.size else None)
     return remote_lists(hc, nroots, nroots - ghost_local.size, ghost_local, owner, remote)
 
 

@@ -30,6 +30,13 @@ def test_interop(ranks, args):
     run_mpi("interop_cases.py", ranks, *args, timeout=300)
 
 
+@pytest.mark.parametrize("args", [[], ["--node-size", "1"]], ids=["node", "node_size1"])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_interop_duck_typed(ranks, args):
+    """The cases on fake IndexMaps and star forests: they need neither dolfinx nor petsc4py."""
+    run_mpi("interop_cases.py", ranks, *args, "--only", "case_fake_ids_as_from_global", timeout=120)
+
+
 def test_partition_after_import_dolfinx():
     """DOLFINx brings its own libmetis: after `import dolfinx` (or petsc4py), mesh.partition
     still gives the same parts as in a process without it (pymetis then runs apart)."""

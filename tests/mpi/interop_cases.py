@@ -233,8 +233,96 @@ def case_petsc_ghost_vec_recipe(comm, rng, **cfg):
         vec.destroy()
 
 
+
+# ------------------------------------------------------------------ duck-typed inputs (no dolfinx, petsc4py)
+
+N = 4  # points each rank owns in the fakes' ring
+
+
+class FakeIndexMap:
+    """What from_index_map reads of a DOLFINx IndexMap: each rank owns N points; ghosts default
+    to the next rank's first point."""
+
+    def __init__(self, hc, ghosts=None, owners=None):
+        r, p = hc.rank, hc.size
+        self.size_local, self.local_range, self.size_global = N, (r * N, r * N + N), p * N
+        self.ghosts = np.array([(r + 1) % p * N], np.int64) if ghosts is None else ghosts
+        self.owners = np.array([(r + 1) % p], np.int32) if owners is None else owners
+
+
+class FakeSF:
+    """What from_sf reads of a petsc4py star forest: roots and leaves index one array of
+    ``nroots``; by default leaf N is the next rank's root 0."""
+
+    def __init__(self, hc, ilocal=None, iremote=None, nroots=N + 1):
+        nxt = (hc.rank + 1) % hc.size
+        self.hc, self.nroots = hc, nroots
+        self.ilocal = np.array([N], np.int32) if ilocal is None else ilocal
+        self.iremote = np.array([nxt, 0], np.int32) if iremote is None else iremote
+
+    def getComm(self):
+        hc = self.hc
+
+        class Comm:
+            def tompi4py(self):
+                return hc.comm
+        return Comm()
+
+    def getGraph(self):
+        return self.nroots, self.ilocal, self.iremote
+
+
+def _rejected(make, words):
+    """``make()`` raises PatternError naming ``words`` (on every rank: the harness gathers)."""
+    try:
+        make()
+    except PatternError as e:
+        assert all(w in str(e) for w in words), (words, str(e))
+    else:
+        raise AssertionError(f"accepted, expected PatternError with {words}")
+
+
+def case_fake_ids_as_from_global(comm, rng, **cfg):
+    """from_index_map and from_sf reject what from_global rejects, with its messages, on every
+    rank when one rank has it: float ids (4.9 was truncated to 4; any float dtype, as from_global),
+    a ghost listed twice (was accepted)."""
+    if comm.size < 2:
+        return
+    with hybridmpi.HybridComm(comm, **cfg) as hc:
+        r, nxt = hc.rank, (hc.rank + 1) % hc.size
+        first, off = nxt * N + int(rng.integers(N)), int(rng.integers(N))
+        first0, nxt0, off0 = comm.bcast((first, nxt, off))  # rank 0's, which the messages name
+        assert GhostPattern.from_index_map(hc, FakeIndexMap(hc)).size == N + 1
+        assert GhostPattern.from_sf(hc, FakeSF(hc)).size == N + 1
+        bad = r == 0
+        for ghosts, owners, words in [
+                (np.array([first + 0.9]), None, ["ghosts must be a 1-D integer array", "float64"]),
+                (np.array([float(first)]), None, ["ghosts must be a 1-D integer array", "float64"]),
+                (None, np.array([nxt + 0.0]), ["owners must be a 1-D integer array", "float64"]),
+                (np.array([first, first]), np.array([nxt, nxt]), ["duplicate ghost id"])]:
+            _rejected(lambda g=ghosts, o=owners: GhostPattern.from_index_map(
+                hc, FakeIndexMap(hc, g, o) if bad else FakeIndexMap(hc)), words)
+        # from_global's message, word for word, for the same duplicate
+        lone = np.array([first, first])
+        _rejected(lambda: GhostPattern.from_index_map(
+            hc, FakeIndexMap(hc, lone, np.array([nxt, nxt])) if bad else FakeIndexMap(hc)),
+            [f"rank 0: duplicate ghost id {first0}"])
+        _rejected(lambda: GhostPattern.from_global(
+            hc, np.arange(r * N, r * N + N), lone if bad else np.array([nxt * N])),
+            [f"rank 0: duplicate ghost id {first0}"])
+        for kw, words in [
+                ({"iremote": np.array([nxt, off + 0.9])}, ["iremote must be a 1-D integer array"]),
+                ({"ilocal": np.array([N + 0.0])}, ["ilocal must be a 1-D integer array"]),
+                ({"ilocal": np.array([N, N + 1], np.int32), "nroots": N + 2,
+                  "iremote": np.array([nxt, off, nxt, off], np.int32)},
+                 [f"rank 0: duplicate ghost id (rank {nxt0}'s root {off0}"])]:
+            _rejected(lambda kw=kw: GhostPattern.from_sf(
+                hc, FakeSF(hc, **kw) if bad else FakeSF(hc)), words)
+        assert GhostPattern.from_sf(hc, FakeSF(hc)).size == N + 1  # still usable
+
+
 CASES = [case_index_map_matches_dolfinx, case_index_map_bad_input, case_point_sf_matches_petsc,
-         case_sf_bad_input, case_petsc_ghost_vec_recipe]
+         case_sf_bad_input, case_petsc_ghost_vec_recipe, case_fake_ids_as_from_global]
 
 if __name__ == "__main__":
     if "--list" in sys.argv:

@@ -608,7 +608,9 @@ class HybridComm(Collectives, Recorded):
         st = self._st
         err = st.err
         if rc == lib.HM_EMISMATCH and err.bad_rank == lib.HM_BAD_ELSEWHERE:
-            # the ranks of this node agree; another node's passed other or invalid arguments
+            # the ranks of this node agree; another node's passed other or invalid arguments,
+            # and its comm broke: this one breaks too (every later call raises on every rank)
+            self._break("ValueError", notify=False)
             raise PeerArgumentError(f"hybridmpi: {what}: ranks on different nodes passed different "
                                     "arguments (count, dtype or op), or invalid ones",
                                     rank=self.rank)

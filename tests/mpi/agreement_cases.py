@@ -233,6 +233,24 @@ def case_unpicklable_or_unprintable_argument_on_one_rank(comm, rng, node_size=No
     hc.free()
 
 
+def case_invalid_collective_on_one_rank_across_nodes(comm, rng, node_size=None):
+    """One rank passes an invalid allreduce, the others a valid one: every rank raises, and
+    every rank's comm is unusable afterwards (before: across nodes, the ranks of the other
+    nodes raised PeerArgumentError but kept a usable comm while the failing node's broke)."""
+    if comm.size == 1:
+        return
+    hc = HybridComm(comm, node_size=node_size)
+    bad = hc.size - 1
+    got, t = _outcome(comm, lambda: hc.allreduce("x" if hc.rank == bad else 1.0))
+    _judge(comm, got, t, lambda r: (TypeError,) if r == bad
+           else (hybridmpi.PeerArgumentError, hybridmpi.PeerError))
+    broken = comm.allgather(hc.context.broken() is not None)
+    assert all(broken) or not any(broken), f"some comms broke, others not: {broken}"
+    got, t = _outcome(comm, hc.barrier)
+    _judge(comm, got, t, lambda r: (RuntimeError, hybridmpi.PeerError) if broken[0] else (None,))
+    hc.free()
+
+
 # ------------------------------------------------------------ sync_images
 
 def case_sync_images_invalid_on_one_rank(comm, rng, node_size=None):
@@ -267,4 +285,4 @@ if __name__ == "__main__":
           case_peer_left_before_this_rank_frees, case_constructor_against_a_collective,
           case_hybridcomm_against_a_collective, case_profile_against_allreduce,
           case_unpicklable_or_unprintable_argument_on_one_rank,
-          case_sync_images_invalid_on_one_rank])
+          case_sync_images_invalid_on_one_rank, case_invalid_collective_on_one_rank_across_nodes])

@@ -18,7 +18,7 @@ import numpy as np
 from ._clib import ERRBIT, ffi, lib
 from ._types import DTYPE_NAMES, DTYPES, OP_NAMES, OPS, op_code
 from ._waits import wait_requests
-from .errors import PeerArgumentError, agreed
+from .errors import PeerArgumentError
 
 _F64, _C128 = lib.HM_F64, lib.HM_C128
 _PYINT, _SUM, _PROD = lib.HM_PYINT, lib.HM_SUM, lib.HM_PROD
@@ -86,7 +86,6 @@ class Collectives:
     _other_leaders: Callable[[], str]
     _break: Callable[..., None]
     _unusable: Callable[[], Exception]
-    _broken: str | None
     _int_bounds: tuple[int, ...] | None = None  # set on the first allreduce of a Python int
 
     @staticmethod
@@ -112,8 +111,6 @@ class Collectives:
                     self._break("ValueError")
         if rc != lib.HM_OK:
             self._break(type(exc).__name__)
-        elif self._broken is None:   # every rank found its arguments invalid: the comm is usable
-            agreed(exc)
         raise exc
 
     def _leader_sig(self, kind, count, dt, opc, failed, what):
@@ -348,12 +345,7 @@ class Collectives:
                 buf[0] = x
                 dt, convert = _F64, _first
             elif tx is int:
-                # A Python int travels as a float64 (of its own type code, so that an int
-                # here and a float elsewhere is a mismatch) while that is exact: a value past
-                # the op's bound goes as an infinity, which makes the result non-finite on
-                # every rank, so that every rank takes the exact path below.
-                bound = (self._int_bounds or self._set_int_bounds())[opc]
-                v = float(x) if -bound < x < bound else (_INF if x > 0 else -_INF)
+                pass  # below, after the agreement on bad arguments: _allreduce_int
             elif tx is complex:
                 if opc >= lib.HM_MIN:
                     raise TypeError("hybridmpi: allreduce: min and max are not defined for complex")
@@ -376,22 +368,32 @@ class Collectives:
                 self._fail(st.err.code, "allreduce")
             return r
         if tx is int:
-            buf = self._f64
-            buf[0] = v
-            self._reduce(buf, buf, 1, _PYINT, opc)
-            r = buf[0]
-            # Every rank decides alike, whatever order combined the values: below 2**53 the
-            # result is exact (the bounds keep every partial sum there, and a product of
-            # nonzero factors never shrinks back below it once rounded; one with a 0 factor
-            # is 0, or nan when an infinity went in); an infinity sent makes it inf or nan.
-            if -_EXACT < r < _EXACT:
-                return int(r)
-            return self._exact_int(x, opc)
+            return self._allreduce_int(x, opc)
         if isinstance(x, (np.ndarray, np.generic)):
             self._reduce_array(None, out, dt, opc)
             return out if isinstance(x, np.ndarray) else out[()]
         self._reduce(buf, buf, 1, dt, opc)
         return convert(buf)
+
+    def _allreduce_int(self, x, opc):
+        """The allreduce of a Python int, exact.
+
+        It travels as a float64 (of its own type code, HM_PYINT, so that an int here and a
+        float elsewhere is a mismatch) while that is exact: a value past the op's bound goes
+        as an infinity.  Every rank then decides alike, whatever order combined the values:
+        below 2**53 the result is exact (the bounds keep every partial sum there, and a
+        product of nonzero factors never shrinks back below it once rounded; one with a 0
+        factor is 0, or nan when an infinity went in); an infinity sent makes it inf or nan,
+        and every rank takes the exact path.
+        """
+        bound = (self._int_bounds or self._set_int_bounds())[opc]
+        buf = self._f64
+        buf[0] = float(x) if -bound < x < bound else (_INF if x > 0 else -_INF)
+        self._reduce(buf, buf, 1, _PYINT, opc)
+        r = buf[0]
+        if -_EXACT < r < _EXACT:
+            return int(r)
+        return self._exact_int(x, opc)
 
     def _set_int_bounds(self):
         """The bounds below which (in magnitude) a Python int goes as a float64, by op code:

@@ -7,7 +7,12 @@ place before anything that can fail, imports and argument parsing included.
 """
 
 import argparse
+import contextlib
+import hashlib
+import io
 import json
+import os
+import shlex
 import sys
 import time
 import traceback
@@ -16,6 +21,12 @@ from . import __version__
 from ._extras import MissingExtra, need
 from ._jobs import abort_job, launched, world
 
+#: seconds the ranks of an MPI job wait for each other to compare their command lines (env
+#: HYBRIDMPI_TIMEOUT when set): a rank that runs another program, or none, ends the job then
+_AGREE_S = 60.0
+#: the numeric options of the benchmarks that may be 0 (the others, and any whose default is 0
+#: "chosen by size", must be >= 1; floats >= 0)
+_ZERO_OK = ("warmup",)
 #: seconds a rank other than 0 waits before printing an argument error and aborting: when
 #: every rank got the same arguments, rank 0 ends the job meanwhile and the line shows once
 _ONCE_S = 1.0
@@ -69,6 +80,11 @@ class _BadArguments(Exception):
     """An argument error: its one line, for :func:`main` to print."""
 
 
+class _Mismatch(Exception):
+    """The ranks of an MPI job were launched with different command lines: its one line, which
+    every rank prints before it exits with code 2 (every rank knows it: no abort)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise _BadArguments(f"{self.prog}: error: {message}\n")
@@ -92,6 +108,77 @@ def _positive_int(text):
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return v
+
+
+def _at_least(convert, least):
+    """``convert`` (int or float), refusing values below ``least`` as argparse refuses a bad
+    value: one line, exit code 2."""
+    def check(text):
+        v = convert(text)
+        if v < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
+        return v
+    check.__name__ = convert.__name__  # argparse names it in "invalid int value"
+    return check
+
+
+class _BenchParser(_Parser):
+    """A benchmark's parser: its int and float options are bounded (``--iters -3`` printed
+    negative times, ``--iters 0`` a ZeroDivisionError traceback)."""
+
+    def add_argument(self, *names, **kwargs):
+        convert = kwargs.get("type")
+        if convert in (int, float):
+            zero_ok = (convert is float or kwargs.get("default") == 0
+                       or any(n.lstrip("-").replace("-", "_") in _ZERO_OK for n in names))
+            kwargs["type"] = _at_least(convert, 0 if zero_ok else 1)
+        return super().add_argument(*names, **kwargs)
+
+
+def _agree_seconds():
+    try:
+        t = float(os.environ.get("HYBRIDMPI_TIMEOUT") or _AGREE_S)
+    except ValueError:
+        return _AGREE_S
+    return t if t > 0 else _AGREE_S
+
+
+def _agree_command_line(argv, failure):
+    """Under MPI with several ranks: check, on MPI_COMM_WORLD and before anything collective,
+    that every rank has the same command line (an MPMD launch can give each its own).
+
+    A nonblocking allgather of a digest of ``argv``, polled under a deadline, so that a rank
+    launched with another program (or a ``--help`` that exits at once) cannot leave the
+    others waiting.
+
+    Raises:
+        _Mismatch: the command lines differ (on every rank; a rank whose own parse failed,
+            ``failure``, names its own error).
+        _BadArguments: not every rank joined before the deadline (the job is aborted).
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = hashlib.sha256(json.dumps(argv).encode()).digest()
+    every = bytearray(len(mine) * size)
+    req = comm.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])
+    wait = _agree_seconds()
+    deadline = time.monotonic() + wait
+    while not req.Test():
+        if time.monotonic() > deadline:
+            raise _BadArguments(f"hybridmpi: error on rank {rank}: not every rank came to compare "
+                                f"command lines within {wait:g} s (a rank runs another program?)\n")
+        time.sleep(0.001)
+    digests = [bytes(every[i * len(mine):(i + 1) * len(mine)]) for i in range(size)]
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if not differ:
+        return
+    if isinstance(failure, _BadArguments):
+        raise _Mismatch(str(failure))
+    raise _Mismatch(f"hybridmpi: error on rank {rank}: the ranks were launched with different "
+                    f"command lines (ranks {differ} differ from rank 0's; this rank has "
+                    f"{shlex.join(['hybridmpi', *argv])!r}); give every rank the same\n")
 
 
 def _load(args):
@@ -241,7 +328,7 @@ def parser():
     from .bench import KINDS
 
     q = sub.add_parser("bench", help="the paper's benchmarks (run under mpiexec)")
-    kinds = q.add_subparsers(dest="kind", metavar="KIND", parser_class=_Parser)
+    kinds = q.add_subparsers(dest="kind", metavar="KIND", parser_class=_BenchParser)
     kinds.required = True
     for kind, (arguments, _, _, about) in KINDS.items():
         k = kinds.add_parser(kind, help=about, description=about)
@@ -307,9 +394,21 @@ def main(argv=None):
             import mpi4py
 
             mpi4py.rc.thread_level = level
-        if launched()[1] > 1:
+        several = launched()[1] > 1
+        if several:
             from mpi4py import MPI  # noqa: F401 -- starts MPI before anything can fail
-        args = parser().parse_args(argv)
+        # every rank parses, its output (--help, --version) held back until the ranks agree
+        held, failure = io.StringIO(), None
+        try:
+            with contextlib.redirect_stdout(held):
+                args = parser().parse_args(argv)
+        except (_BadArguments, SystemExit) as e:
+            failure = e
+        if several:
+            _agree_command_line(argv, failure)
+        sys.stdout.write(held.getvalue())
+        if failure is not None:
+            raise failure
         if level is not None and getattr(args, "thread_level", level) != level:
             # an abbreviation or a repeated option: MPI already started at another level
             raise _BadArguments(f"hybridmpi {args.command}: error: give --thread-level once and in "
@@ -319,6 +418,9 @@ def main(argv=None):
         for module in _NEEDS.get(command, ()):
             need(module, f"'hybridmpi {command}'")
         args.func(args)
+    except _Mismatch as e:  # every rank found it: each prints its line and exits 2
+        sys.stderr.write(str(e))
+        return 2
     except _BadArguments as e:
         return _quit(2, str(e), wait=_ONCE_S)
     except MissingExtra as e:  # every rank lacks it, or this one alone: one line, no traceback

@@ -64,6 +64,10 @@ def test_version_and_help():
     ["bench", "barrier", "--iters", "x"], ["demo", "--iters", "0"], ["plot"], ["plot", "missing.json"],
     ["plot", "not-json.json"], ["plot", "not-ours.json"], ["mesh", "--h", "0"],
     ["mesh", "--mesh", "missing.vtu"],
+    # a benchmark's numbers: negative times were printed for -3, a ZeroDivisionError for 0
+    ["bench", "barrier", "--iters", "-3"], ["bench", "barrier", "--iters", "0"],
+    ["bench", "allreduce", "--reps", "0"], ["bench", "sync", "--warmup", "-1"],
+    ["bench", "ghost", "--iters", "-1"], ["bench", "profile", "--sleep-ms", "-1"],
 ])
 def test_bad_arguments_one_line_exit_2(args, tmp_path):
     (tmp_path / "not-json.json").write_text("{")
@@ -291,6 +295,43 @@ def test_bad_argument_on_every_rank_ends_the_job(tmp_path):
                        cwd=tmp_path)
     assert "hybridmpi bench barrier: error: argument --iters: invalid int value: 'x'" in out, out
     assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("other", [["--help"], ["--version"], ["bench", "barrier", "--help"],
+                                   ["bench", "barrier", "--iters", "-3", "--reps", "2", "--json", ""],
+                                   ["bench", "barrier", "--iters", "20", "--reps", "3", "--json", ""]],
+                         ids=["help", "version", "bench-help", "iters-3", "reps"])
+def test_different_command_lines_exit_2_on_every_rank(other, tmp_path):
+    """An MPMD launch gives rank 1 another command line: every rank prints one line and exits 2
+    at once (before, a --help or --version on rank 1 exited 0 there while rank 0 waited forever in
+    HybridComm(), and --iters -3 on rank 1 alone hung)."""
+    argv = ["-m", "hybridmpi", "bench", "barrier", "--iters", "20", "--reps", "2", "--json", "",
+            ":", "-n", "1", sys.executable, "-m", "hybridmpi", *other]
+    t0 = time.monotonic()
+    rc, out = launch(1, argv, timeout=LIMIT, check=False, abort=False, cwd=tmp_path)
+    assert rc == 2 and time.monotonic() - t0 < QUICK, (rc, out)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 2 and "Traceback" not in out and "usage:" not in out, out
+    assert "hybridmpi: error on rank 0: the ranks were launched with different command lines" in out
+    if "-3" in other:
+        assert "hybridmpi bench barrier: error: argument --iters: must be >= 1, got -3" in out, out
+    else:
+        assert "hybridmpi: error on rank 1: the ranks were launched with different command lines" in out
+
+
+def test_help_and_version_on_every_rank(tmp_path):
+    for argv, words in ((["--version"], "hybridmpi "), (["bench", "barrier", "--help"], "usage:")):
+        out = launch(2, ["-m", "hybridmpi", *argv], timeout=LIMIT, abort=False, cwd=tmp_path)
+        assert out.count(words) == 2, out
+
+
+def test_a_rank_running_another_program_ends_the_job(tmp_path):
+    """Rank 1 runs another program: rank 0 compares command lines with nobody, and ends the job
+    at the deadline (HYBRIDMPI_TIMEOUT) instead of waiting in HybridComm()."""
+    argv = ["-m", "hybridmpi", "bench", "barrier", "--iters", "20", "--reps", "2", "--json", "",
+            ":", "-n", "1", sys.executable, "-c", "from mpi4py import MPI; import time; time.sleep(60)"]
+    out = ends_quickly(1, argv, abort=False, cwd=tmp_path, env={"HYBRIDMPI_TIMEOUT": "3"})
+    assert "hybridmpi: error on rank 0: not every rank came to compare command lines within 3 s" in out
 
 
 def test_import_failing_on_one_rank_ends_an_example(tmp_path):

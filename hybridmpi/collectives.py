@@ -18,7 +18,7 @@ import numpy as np
 from ._clib import ERRBIT, ffi, lib
 from ._types import DTYPE_NAMES, DTYPES, OP_NAMES, OPS, op_code
 from ._waits import wait_requests
-from .errors import PeerArgumentError
+from .errors import PeerArgumentError, agreed
 
 _F64, _C128 = lib.HM_F64, lib.HM_C128
 _PYINT, _SUM, _PROD = lib.HM_PYINT, lib.HM_SUM, lib.HM_PROD
@@ -86,6 +86,7 @@ class Collectives:
     _other_leaders: Callable[[], str]
     _break: Callable[..., None]
     _unusable: Callable[[], Exception]
+    _broken: str | None
     _int_bounds: tuple[int, ...] | None = None  # set on the first allreduce of a Python int
 
     @staticmethod
@@ -111,6 +112,8 @@ class Collectives:
                     self._break("ValueError")
         if rc != lib.HM_OK:
             self._break(type(exc).__name__)
+        elif self._broken is None:   # every rank found its arguments invalid: the comm is usable
+            agreed(exc)
         raise exc
 
     def _leader_sig(self, kind, count, dt, opc, failed, what):

@@ -426,13 +426,16 @@ class Arena:
     def free(self):
         """Free every chunk (collective; at HybridComm.free)."""
         chunks, self.chunks = self.chunks, []
+        if self.ctx.broken() is not None and not mpi().Is_finalized():
+            # as in release: nothing collective; the comm's communicators and window and these
+            # chunks are kept, so their context ids stay counted (the budget refuses a new
+            # HybridComm before the MPI runs out, after many recoveries)
+            _KEPT.extend(chunks)
+            return
         hold_ids(-self._comm_ids)
         self._comm_ids = 0
         if mpi().Is_finalized():
             hold_ids(-sum(1 + (c.rma is not None) for c in chunks))
-            return
-        if self.ctx.broken() is not None:   # as in release: nothing collective
-            _KEPT.extend(chunks)
             return
         for c in chunks:
             c.close()

@@ -12,6 +12,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from _harness import main
 
+import hybridmpi
 from hybridmpi import GhostPattern, GlobalMemory, Halo, HybridComm
 from hybridmpi.arena import held_ids
 from hybridmpi.errors import FreedError
@@ -108,6 +109,35 @@ def case_rput_waited_after_free(comm, rng, **cfg):
             assert "freed" in str(e), e
 
 
+def case_recoveries_past_the_budget(comm, rng, **cfg):
+    """A HybridComm broken by one rank's own exception, again and again: a broken comm keeps
+    its communicators, window and chunks (their collective frees could wait on a failed peer),
+    and they stay counted, so a new HybridComm is refused with RuntimeError on every rank
+    before the MPI runs out (before: about 700 recoveries crashed inside MPICH's shared-memory
+    allocation; the budget is lowered here by env HYBRIDMPI_CONTEXT_IDS)."""
+    if comm.size == 1:
+        return
+    os.environ["HYBRIDMPI_CONTEXT_IDS"] = str(held_ids() + 64 + 40)
+    refused = None
+    try:
+        for _ in range(30):
+            try:
+                with HybridComm(comm, node_size=cfg["node_size"]) as hc:
+                    if hc.rank == 0:
+                        raise KeyError("this rank's own error")
+                    hc.barrier()
+            except (KeyError, hybridmpi.PeerError):
+                pass
+            except RuntimeError as e:
+                refused = e
+                break
+    finally:
+        del os.environ["HYBRIDMPI_CONTEXT_IDS"]
+    assert refused is not None and "context id" in str(refused), repr(refused)
+    assert comm.allgather(type(refused).__name__) == ["RuntimeError"] * comm.size
+
+
 if __name__ == "__main__":
     main([case_hybridcomms_past_the_mpi_limit, case_fence_halos_past_the_budget,
-          case_global_memory_freed_in_two_orders, case_rput_waited_after_free])
+          case_global_memory_freed_in_two_orders, case_rput_waited_after_free,
+          case_recoveries_past_the_budget])

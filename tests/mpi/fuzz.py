@@ -84,6 +84,7 @@ KNOWN = {
     "SyncTimeout",
     "FreedError",
     "PatternError",
+    "OwnError",
 }
 #: classes a rank with right arguments may raise once something failed (RuntimeError: "this
 #: object is unusable after an earlier error"); ValueError too with --strict 0 (the guide's
@@ -133,9 +134,75 @@ MISUSE = {
     "barrier-method": ("coll", ("all", "one"), ("ValueError",)),
     "profile-twice": ("prof", ("all",), ("RuntimeError",)),
     "neighbor-order": ("nbo", ("all",), ("ValueError",)),
+    # one rank's own exception leaves a with block (HybridComm, Halo, GlobalMemory, Coarray,
+    # profile) while the others are in a call: the comm breaks (a new HybridComm follows)
+    "with-raise": ("withraise", ("one",), ("OwnError",)),
+    # ranks in a constructor against the others in barrier/allreduce/update, on a side
+    # HybridComm of a short timeout (each such draw waits SHORT_TIMEOUT s; --slow-misuse)
+    "ctor-deadline": ("deadline", ("one",), ("SyncTimeout", "PeerError")),
+    # a constructor argument that cannot be pickled or whose repr/__index__ raises
+    "ctor-unsendable": ("unsend", ("all", "one"), ("TypeError", "ValueError")),
+    # two objects freed in different orders on different ranks: RuntimeError everywhere
+    "free-order": ("freeorder", ("all",), ("RuntimeError",)),
 }
-#: misuse kinds whose one-rank form leaves the comm possibly broken (the program then ends soon)
-TAINTING = {"hop", "coll", "sync", "nbo"}
+#: misuse kinds whose one-rank form leaves the comm possibly broken (the program then ends
+#: soon, or frees everything and goes on with a new HybridComm); sync_images with invalid ranks
+#: on one rank leaves it usable (the peers that named it raise PeerArgumentError)
+TAINTING = {"hop", "coll", "nbo"}
+#: misuse kinds that always break the comm: a probe follows, then the program ends or restarts
+BREAKS = {"withraise"}
+#: misuse kinds that wait for a deadline: drawn with --slow-misuse (rarely by default)
+SLOW = {"ctor-deadline"}
+#: the timeout of the side HybridComm of ctor-deadline draws
+SHORT_TIMEOUT = 1.0
+
+
+class OwnError(Exception):
+    """A rank's own error inside a with block (misuse kind with-raise)."""
+
+
+class BadRepr:
+    """An argument whose repr and __index__ raise (misuse kind ctor-unsendable)."""
+
+    def __repr__(self):
+        raise AttributeError("this object's repr raises")
+
+    def __index__(self):
+        raise AttributeError("this object's __index__ raises")
+
+
+def unsendable(kind):
+    """An argument that cannot be pickled, or whose repr/__index__ raises."""
+    if kind == "gen":  # not a valid shape, count, block or dtype either
+        return (v for v in ("a", 3))
+    if kind == "lambda":
+        return lambda: 0
+    return BadRepr()
+
+
+#: Python ints at the int64 edges, for allreduce of Python ints (pyint steps)
+PYINTS = (
+    0,
+    1,
+    -1,
+    3,
+    -7,
+    2**31,
+    -(2**31),
+    2**53 - 1,
+    2**53,
+    2**53 + 1,
+    -(2**53) - 1,
+    2**62,
+    -(2**62),
+    2**63 - 1,
+    -(2**63),
+    2**63,
+    2**64 + 3,
+    -(2**64) - 5,
+    3**45,
+    -(10**30),
+)
 
 
 def classes(exc):
@@ -322,27 +389,41 @@ class Gen:
     # ------------------------------------------------------------ program
 
     def program(self, n_steps):
+        self.start_hc()
+        while len(self.steps) < n_steps:
+            if self.end_at is not None and len(self.steps) >= self.end_at:
+                # the comm may be broken: free everything; go on with a new HybridComm
+                if not self.cfg.restart or n_steps - len(self.steps) < 15:
+                    break
+                self.finish()
+                self.start_hc(restart=True)
+                continue
+            self.gen_step()
+        self.finish()
+        return self.steps
+
+    def start_hc(self, restart=False):
         rng = self.rng
-        self.add(
-            {
-                "op": "hc",
-                "memory_order": self.choice(["acq_rel"] * 4 + ["seq_cst"]),
-                "allreduce": self.choice(["recursive_doubling", "recursive_doubling", "tree"]),
-                "radix": self.choice([2, 3, 4, 4]),
-                "env": self.choice(["default", "zc0", "cma0", "both0", "both0"]),
-                "check_every": self.cfg.check_every or self.choice([1, 2, 5, 10, 25, 50]),
-            }
-        )
+        step = {
+            "op": "hc",
+            "memory_order": self.choice(["acq_rel"] * 4 + ["seq_cst"]),
+            "allreduce": self.choice(["recursive_doubling", "recursive_doubling", "tree"]),
+            "radix": self.choice([2, 3, 4, 4]),
+            "env": self.choice(["default", "zc0", "cma0", "both0", "both0"]),
+            "check_every": self.cfg.check_every or self.choice([1, 2, 5, 10, 25, 50]),
+        }
+        if restart:  # a new HybridComm after the last one was freed (broken or not)
+            step["restart"] = True
+            self.pats = {}
+            self.dead_halos, self.dead_mems, self.reqs = [], [], []
+            self.prof = False
+            self.one_used = False
+            self.end_at = None
+        self.add(step)
         self.gen_pattern()
         for _ in range(_i(rng.integers(1, 4))):
             self.gen_halo()
         self.gen_mem()
-        while len(self.steps) < n_steps:
-            if self.end_at is not None and len(self.steps) >= self.end_at:
-                break
-            self.gen_step()
-        self.finish()
-        return self.steps
 
     def gen_step(self):
         rng = self.rng
@@ -366,6 +447,7 @@ class Gen:
             "prof": 1.5,
             "wait_reqs": 2,
             "flush": 1,
+            "pyint": 2,
             "misuse": 12 if self.cfg.misuse else 0,
         }
         if not live:
@@ -813,6 +895,8 @@ class Gen:
         if not kinds:
             return self.gen_hop()
         name = self.choice(kinds)
+        if name in SLOW and self.rng.random() >= self.cfg.slow_misuse:
+            return self.gen_hop()
         cat, modes, classes = MISUSE[name]
         modes = [m for m in modes if (m != "one" or not self.one_used) and (name, m) not in self.cfg.no_modes]
         if not modes:
@@ -829,6 +913,13 @@ class Gen:
             if cat in TAINTING:
                 self.end_at = len(self.steps) + 1 + _i(self.rng.integers(0, 9))
         self.add(step)
+        if cat in BREAKS:
+            # every later call raises on every rank: a probe, then the end (or a new comm)
+            self.add({"op": "probe_broken"})
+            self.end_at = len(self.steps)
+        post = getattr(self, "post_" + cat, None)
+        if post is not None:
+            post(step)
 
     def mis_hop(self, name, mode, bad):
         cands = self.idle_halos()
@@ -1033,6 +1124,115 @@ class Gen:
         orders = [[0, 2, 1, 3] if r % 2 == 0 else [2, 0, 3, 1] for r in range(self.P)]
         return {"op": "misuse_nbo", "acts": acts, "orders": orders}
 
+    def mis_withraise(self, name, mode, bad):
+        """Rank ``bad`` leaves a with block of one object on its own exception while the
+        others are in a call (or in none: they meet the broken comm in the probe)."""
+        if self.P < 2:
+            return None
+        objs = (
+            [["hc", None]]
+            + [["halo", h] for h in self.halos]
+            + [["mem", m] for m in self.mems]
+            + [["co", c] for c in self.cos]
+            + ([["prof", None]] if self.prof else [])
+        )
+        obj = self.choice(objs)
+        calls = ["barrier", "allreduce", "none"]
+        if self.mems:
+            calls.append("sync_all")
+        # fence and pscw wait inside MPI, where no failure is seen (the guide: baselines)
+        upd = [h for h in self.idle_halos() if self.halos[h]["method"] not in ("fence", "pscw")]
+        if upd:
+            calls += ["update", "update"]
+        call = self.choice(calls)
+        step = {"op": "misuse_with", "obj": obj, "call": call, "delay_ms": _i(self.rng.integers(0, 60))}
+        if call == "update":
+            step["hid"] = self.choice(upd)
+            step["arr"] = self.choice(["k0", "k1", "ka", "f"])
+        elif call == "sync_all":
+            step["mid"] = self.choice(self.mems)
+        return step
+
+    def mis_deadline(self, name, mode, bad):
+        """Ranks in a constructor, the others in barrier/allreduce/update, on a side
+        HybridComm with a short timeout."""
+        if self.P < 2:
+            return None
+        ctor = {bad} | {r for r in range(self.P) if r != bad and self.rng.random() < 0.3}
+        if len(ctor) == self.P:
+            ctor.discard((bad + 1) % self.P)
+        methods = [m for m in self.cfg.methods if m not in ("fence", "pscw")] or ["atomic"]
+        return {
+            "op": "misuse_deadline",
+            "ctor": sorted(ctor),
+            "make": self.choice(["Halo", "GlobalMemory", "Coarray", "from_global", "profile"]),
+            "call": self.choice(["barrier", "allreduce", "update"]),
+            "method": self.choice(methods),
+        }
+
+    def mis_unsend(self, name, mode, bad):
+        whats = ["gm-dtype", "gm-count", "co-shape", "co-dtype"]
+        if self.pats:
+            whats += ["halo-dtype", "halo-block"]
+        what = self.choice(whats)
+        step = {
+            "op": "misuse_unsend",
+            "what": what,
+            "val": self.choice(["gen", "lambda", "badrepr"]),
+            "method": self.choice(self.cfg.methods),
+        }
+        if what.startswith("halo"):
+            step["pid"] = self.choice(self.pats)
+        return step
+
+    def mis_freeorder(self, name, mode, bad):
+        """Two objects, each rank frees one of them first (not all the same one)."""
+        if "free-pending" in self.cfg.avoid and any(s["pending"] for s in self.halos.values()):
+            return None
+        cands = [["halo", h] for h in self.idle_halos()]
+        if not self.reqs:
+            cands += [["mem", m] for m in self.mems]
+        if len(cands) < 2:
+            return None
+        k = self.rng.permutation(len(cands))[:2]
+        objs = [cands[int(k[0])], cands[int(k[1])]]
+        which = [_i(self.rng.integers(0, 2)) for _ in range(self.P)]
+        if len(set(which)) == 1:
+            j = _i(self.rng.integers(0, self.P))
+            which[j] = 1 - which[j]
+        return {"op": "misuse_freeorder", "objs": objs, "which": which}
+
+    def post_freeorder(self, step):
+        """Both objects stay usable: use each; then, half of the time, free them in one order."""
+        for kind, oid in step["objs"]:
+            if kind == "halo":
+                self.add(self.hop_action(oid, self.choice(["update", "reverse"])))
+            else:
+                self.add({"op": "republish", "mid": oid})
+        if self.rng.random() < 0.5:
+            for kind, oid in step["objs"]:
+                if kind == "halo":
+                    del self.halos[oid]
+                    self.dead_halos.append(oid)
+                    self.add({"op": "free_halo", "id": oid})
+                else:
+                    del self.mems[oid]
+                    self.dead_mems.append(oid)
+                    self.add({"op": "free_mem", "id": oid})
+
+    def gen_pyint(self):
+        """allreduce of Python ints at the int64 edges and beyond (exact, any op)."""
+        vals = []
+        style = self.choice(["edge", "mixed", "mixed", "zeros"])
+        for _ in range(self.P):
+            if style == "zeros" and self.rng.random() < 0.7:
+                vals.append(0)
+            elif style == "edge" or self.rng.random() < 0.5:
+                vals.append(self.choice(PYINTS))
+            else:
+                vals.append(_i(self.rng.integers(-50, 51)))
+        self.add({"op": "pyint", "vals": vals, "red": self.choice(["sum", "prod", "min", "max"])})
+
     def mis_prof(self, name, mode, bad):
         if not self.prof:
             return None
@@ -1189,6 +1389,7 @@ class Program:
         self.stray = []  # objects that invalid constructor calls made anyway
         self.prof_on = False
         self.planted = False
+        self.breaks = []  # (key, time) where a rank's own exception broke the comm (misuse_with)
 
     # ------------------------------------------------------------ recording
 
@@ -1336,6 +1537,28 @@ class Program:
             return not self.prof_on
         elif op == "misuse_prof":
             return self.prof_on
+        elif op == "misuse_with":
+            kind, oid = st["obj"]
+            if kind == "prof" and not self.prof_on:
+                return False
+            if oid is not None and oid not in self.shalo and oid not in self.smem and oid not in self.sco:
+                return False
+            if st["call"] == "update" and not self.hop_ready(
+                {"hid": st["hid"], "arr": "k0", "call": "update"}
+            ):
+                return False
+            if st["call"] == "sync_all" and st["mid"] not in self.smem:
+                return False
+            return True
+        elif op == "misuse_freeorder":
+            for kind, oid in st["objs"]:
+                if kind == "halo" and not self.hop_ready({"hid": oid, "arr": "k0", "call": "update"}):
+                    return False
+                if kind == "mem" and oid not in self.smem:
+                    return False
+            return True
+        elif op == "misuse_unsend" and "pid" in st:
+            need.append(st["pid"])
         for x in need:
             if x not in self.pats and x not in self.shalo and x not in self.smem and x not in self.sco:
                 return False
@@ -1383,6 +1606,12 @@ class Program:
                 by.setdefault(tuple(t[0]), {})[r] = Rec(*t)
         keys = [k for k in self.order if k in by]
         self.order = [k for k in self.order if k not in by]
+        for key in keys:
+            m = self.meta[key]
+            if m.get("withraise"):
+                x = by[key].get(m["bad"])
+                if x is not None and x.cls not in (None, "nocall"):
+                    self.breaks.append((key, x.t0))
         for n, key in enumerate(keys):
             recs = by[key]
             f = self.judge(key, recs)
@@ -1424,18 +1653,42 @@ class Program:
         def c(x):
             return first(x.cls)
 
+        if m.get("reset"):  # a new HybridComm: nothing of the last one counts
+            self.phase, self.broken, self.broken_why = "clean", {}, {}
+            self.breaks = [b for b in self.breaks if b[0] > key]
+        if m.get("deadline"):
+            return self.judge_deadline(m, part, raised, fail)
         # anything, any time
         for r, x in part.items():
             if x.cls is not None and not isa(x.cls, KNOWN):
                 return fail("crash", f"rank {r} raised {c(x)}, not one of the library's exceptions")
             if isa(x.cls, {"SyncTimeout"}):
                 return fail("hang", f"rank {r} timed out (a wait that never ended)")
-            if x.cls is not None and x.t1 - x.t0 > PROMPT_S and x.cls != "Skip":
+            if x.cls is not None and x.t1 - x.t0 > PROMPT_S and x.cls != "Skip" and not m.get("withraise"):
                 return fail("slow", f"rank {r} raised {c(x)} after {x.t1 - x.t0:.2f} s (> {PROMPT_S} s)")
             if x.verr is not None:
                 if x.vcat == "onesided" and self.phase != "clean":
                     continue
                 return fail("wrong-value", f"rank {r}: {x.verr}")
+        if m.get("probe"):
+            # after a break: every call raises on every rank
+            for r, x in part.items():
+                if x.cls is None:
+                    return fail("sticky", f"rank {r}'s call returned although the comm broke before")
+                if not isa(x.cls, GOOD_RAISE | {"FreedError"}):
+                    return fail(
+                        "class", f"rank {r} raised {c(x)} on a broken comm (expected PeerError, RuntimeError)"
+                    )
+            if not m.get("side"):
+                self.taint(key, raised, set())
+            return self.note(key, raised)
+        if m.get("lenient"):  # the free of a broken side comm: returns or raises, never waits
+            for r, x in raised.items():
+                if not isa(x.cls, GOOD_RAISE | {"FreedError", "Skip"}):
+                    return fail("class", f"rank {r} raised {c(x)} freeing a broken comm")
+            return self.note(key, raised)
+        if m.get("withraise"):
+            return self.judge_with(key, m, part, raised, fail)
         bad = m.get("bad")
         badset = set(range(P)) if bad == "all" else ({bad} if isinstance(bad, int) else set())
         exp = set(m.get("exp") or ())
@@ -1469,6 +1722,16 @@ class Program:
             return self.note(key, raised)
         if self.phase == "clean":
             if not m.get("misuse"):
+                bt = min((t for k, t in self.breaks if k > key), default=None)
+                if (
+                    raised
+                    and bt is not None
+                    and all(isa(x.cls, {"PeerError", "RuntimeError"}) and x.t1 >= bt for x in raised.values())
+                ):
+                    # a call before the break in program order, still running when a faster
+                    # rank's own exception broke the comm (misuse_with)
+                    self.taint(key, raised, set())
+                    return self.note(key, raised)
                 if raised:
                     r, x = next(iter(raised.items()))
                     return fail("raised", f"rank {r} raised {c(x)} in a valid call")
@@ -1518,6 +1781,12 @@ class Program:
                             "disagree",
                             f"rank {r} returned normally although rank {bad}'s "
                             f"invalid call ({m['mk']}) reached it (rank {bad} raised {jcls})",
+                        )
+                    pc = m.get("peer_cls")
+                    if pc and r in raised and r not in badset and not isa(raised[r].cls, {pc, "Skip"}):
+                        return fail(
+                            "class",
+                            f"rank {r} raised {c(raised[r])} while rank {bad} raised {jcls}; expected {pc}",
                         )
                 if (any(r not in badset for r in raised) or m.get("taints")) and not m.get("agreed"):
                     self.taint(key, raised, badset)
@@ -1569,6 +1838,75 @@ class Program:
         self.taint(key, raised, badset)
         return self.note(key, raised)
 
+    def judge_with(self, key, m, part, raised, fail):
+        """Rank ``bad``'s own exception left a with block: it raises it; the others PeerError
+        within 2 s of it (or return right values when they needed nothing of it); the comm is
+        broken from then on."""
+        bad = m["bad"]
+        b = part.get(bad)
+        if b is not None and b.cls != "Skip":
+            if b.cls is None or not isa(b.cls, {"OwnError"}):
+                return fail(
+                    "class", f"rank {bad}'s own exception in a with block became {b.cls or 'a return'}"
+                )
+        tb = b.t0 if b is not None else None
+        for r, x in raised.items():
+            if r == bad:
+                continue
+            if not isa(x.cls, {"PeerError", "Skip"}):
+                return fail(
+                    "class",
+                    f"rank {r} raised {first(x.cls)} while rank {bad}'s own exception left a with block "
+                    "(expected PeerError)",
+                )
+            if tb is not None and x.t1 - max(tb, x.t0) > PROMPT_S:
+                return fail(
+                    "slow", f"rank {r} raised {x.t1 - max(tb, x.t0):.2f} s after rank {bad}'s exception"
+                )
+        for r in m.get("must", ()):
+            if r in part and part[r].cls is None:
+                return fail(
+                    "disagree",
+                    f"rank {r} returned although its call needs rank {bad}, whose own exception left "
+                    "a with block",
+                )
+        self.phase = "tainted"
+        if b is not None and b.cls not in (None, "Skip"):
+            self.broken[bad] = key
+            self.broken_why[bad] = "its own exception left a with block"
+        self.taint(key, {r: x for r, x in raised.items() if r != bad}, set())
+        return self.note(key, raised)
+
+    def judge_deadline(self, m, part, raised, fail):
+        """Ranks in a constructor against ranks in a call: every rank that needs the others
+        raises SyncTimeout or PeerError, each within 2 s of the first (a side comm: the
+        program's own comm is untouched)."""
+        for r, x in part.items():
+            if x.cls is not None and not isa(x.cls, KNOWN):
+                return fail("crash", f"rank {r} raised {first(x.cls)}, not one of the library's exceptions")
+            if x.verr is not None:
+                return fail("wrong-value", f"rank {r}: {x.verr}")
+        t_first = min((x.t1 for x in raised.values()), default=None)
+        for r, x in raised.items():
+            ok = {"SyncTimeout", "PeerError", "Skip"}
+            if x.t0 >= t_first:  # came after the first rank raised: its comm may know already
+                ok.add("RuntimeError")
+            if not isa(x.cls, ok):
+                return fail("class", f"rank {r} raised {first(x.cls)}, expected {sorted(ok)}")
+            if x.t1 - t_first > PROMPT_S:
+                return fail(
+                    "slow", f"rank {r} raised {x.t1 - t_first:.2f} s after the first rank (> {PROMPT_S} s)"
+                )
+        for r in m["must"]:
+            if r in part and part[r].cls is None:
+                side = "a constructor" if r in m["ctor"] else "its call"
+                return fail(
+                    "disagree",
+                    f"rank {r} returned from {side} although ranks {m['ctor']} were in a constructor "
+                    f"and the others in {m['call']}",
+                )
+        return None
+
     def note(self, key, raised):
         for r, x in raised.items():
             self.raised_at[(key, r)] = x.cls
@@ -1604,6 +1942,10 @@ class Program:
             opts.append(f"--avoid {','.join(sorted(c.avoid))}")
         if c.check_every:
             opts.append(f"--check-every {c.check_every}")
+        if c.slow_misuse != 0.2:
+            opts.append(f"--slow-misuse {c.slow_misuse:g}")
+        if not c.restart:
+            opts.append("--restart 0")
         if not c.strict:
             opts.append("--strict 0")
         if c.keep_arg:
@@ -1671,7 +2013,7 @@ class Program:
                     radix=st["radix"],
                     allreduce=st["allreduce"],
                 ),
-                meta={"sync": True},
+                meta={"sync": True, "reset": bool(st.get("restart"))},
                 pause=False,
             )
         finally:
@@ -1682,6 +2024,8 @@ class Program:
                     os.environ[k] = v
         self.hc = hc
         self.prof_on = False
+        self.prof = None
+        self.pcount = {}
 
     def do_hc_free(self, st):
         # calls still pending (steps left out with --keep): ended first, in Halo order
@@ -3097,6 +3441,9 @@ class Program:
             meta["deps"] = {r: ({bad} if r != bad else set()) for r in range(P)}
             meta["must"] = [r for r in range(P) if r != bad]
             good = [bad] if R != bad else []
+            # the counts stay matched: the comm stays usable, the namers raise PeerArgumentError
+            meta["agreed"] = True
+            meta["peer_cls"] = "PeerArgumentError"
         else:
             good = []
         if mem is None:
@@ -3225,6 +3572,253 @@ class Program:
         # its agreement travels on the comm's own communicator: no allreduce is recorded
         self.call(key, lambda: hybridmpi.profile(self.hc).__enter__(), meta=meta)
 
+    def do_misuse_with(self, st):
+        """Rank ``bad`` raises its own OwnError inside a with block; the others make a call."""
+        key = (st["i"], 0)
+        bad, call = st["bad"], st["call"]
+        kind, oid = st["obj"]
+        meta = self.misuse_meta(st, {"sync": True, "withraise": True})
+        if call == "update":
+            hm = self.halo_meta(st["hid"], "update", key)
+            deps = hm["deps"]
+        elif call == "none":
+            deps = {r: set() for r in range(P)}
+        else:
+            deps = {r: set(range(P)) - {r} for r in range(P)}
+        meta["deps"] = deps
+        meta["must"] = [r for r in range(P) if r != bad and bad in deps[r]]
+        if R == bad:
+            if kind == "prof":
+                prof = self.prof
+                self.prof = None
+                obj = None
+            else:
+                obj = {
+                    "hc": lambda: self.hc,
+                    "halo": lambda: (self.ohalo.get(oid) or {}).get("h"),
+                    "mem": lambda: self.omem.get(oid),
+                    "co": lambda: self.oco.get(oid),
+                }[kind]()
+            delay = st["delay_ms"] * 1e-3
+
+            def fn():
+                if kind == "prof":
+                    if prof is None:
+                        self.skip()
+                    time.sleep(delay)
+                    try:
+                        raise OwnError(f"rank {R}'s own error inside a profile block")
+                    except OwnError as e:
+                        prof.__exit__(OwnError, e, e.__traceback__)
+                        raise
+                if obj is None:
+                    self.skip()
+                with obj:
+                    time.sleep(delay)
+                    raise OwnError(f"rank {R}'s own error inside a {kind} block")
+
+            return self.call(key, fn, meta=meta)
+        if call == "none":
+            return self.nocall(key, meta)
+        if call == "barrier":
+            return self.call(key, lambda: self.hc.barrier(), meta=meta, p=[("HybridComm", "barrier")])
+        if call == "allreduce":
+
+            def check(got, cls):
+                return None if cls or got == float(P) else f"allreduce(1.0) returned {got!r}, want {float(P)}"
+
+            return self.call(
+                key,
+                lambda: self.hc.allreduce(1.0),
+                check,
+                vcat="coll",
+                meta=meta,
+                p=[("HybridComm", "allreduce")],
+            )
+        if call == "sync_all":
+            mem = self.omem.get(st["mid"])
+            return self.call(
+                key,
+                (lambda: mem.sync_all()) if mem is not None else self.skip,
+                meta=meta,
+                p=[("GlobalMemory", "sync_all"), ("HybridComm", "barrier")],
+            )
+        hid = st["hid"]
+        s = self.shalo[hid]
+        pm = self.pats[s["pid"]]
+        o = self.ohalo.get(hid)
+        xs = self.fill_all(s, pm, key)
+        if o is None:
+            return self.call(key, self.skip, meta=meta)
+        x = self.get_array(o, st["arr"])
+        x.reshape(pm.size[R], s["block"])[...] = xs[R]
+        before = x.copy()
+        want = pm.forward(R, xs)
+
+        def hcheck(_, cls):
+            return self.check_halo(x, before, want, cls)
+
+        self.call(key, lambda: o["h"].update(x), hcheck, vcat="partial", meta=meta, p=[("Halo", "update")])
+
+    def do_probe_broken(self, st):
+        """After a rank's own exception broke the comm: a barrier and an allreduce raise on
+        every rank."""
+        meta = {"sync": True, "deps": None, "probe": True}
+        self.call((st["i"], 0), lambda: self.hc.barrier(), meta=dict(meta))
+        self.call((st["i"], 1), lambda: self.hc.allreduce(1.0), meta=dict(meta))
+
+    def do_misuse_deadline(self, st):
+        """On a side HybridComm (timeout SHORT_TIMEOUT): ranks st['ctor'] make an object, the
+        others call barrier/allreduce/update; then the side comm is broken and freed."""
+        i = st["i"]
+        ctor = set(st["ctor"])
+        comm.Barrier()  # no drift into the side comm's short deadline (not a library call)
+        _, side = self.call(
+            (i, 0),
+            lambda: hybridmpi.HybridComm(comm, node_size=self.cfg.node_size, timeout=SHORT_TIMEOUT),
+            meta={"sync": True},
+            pause=False,
+        )
+        n = 4
+        ghost_of = (R + 1) % P
+
+        def ring():
+            return hybridmpi.GhostPattern.from_global(
+                side, np.arange(R * n, R * n + n), np.array([ghost_of * n], np.int64)
+            )
+
+        _, pat = self.call((i, 1), ring if side is not None else self.skip, meta={"sync": True}, pause=False)
+        _, h = self.call(
+            (i, 2),
+            (lambda: hybridmpi.Halo(pat, method=st["method"])) if pat is not None else self.skip,
+            meta={"sync": True},
+            pause=False,
+        )
+        deps = {r: ({(r + 1) % P} if st["call"] == "update" else set(range(P)) - {r}) for r in range(P)}
+        must = [r for r in range(P) if r in ctor or deps[r] & ctor]
+        meta = self.misuse_meta(
+            st, {"sync": True, "deadline": True, "ctor": sorted(ctor), "call": st["call"], "must": must}
+        )
+        x = np.concatenate((np.arange(R * n, R * n + n, dtype=np.float64), [-1.0]))
+        want = x.copy()
+        want[n] = ghost_of * n
+        before = x.copy()
+        if R in ctor:
+            make = st["make"]
+            fn = {
+                "Halo": lambda: hybridmpi.Halo(pat),
+                "GlobalMemory": lambda: hybridmpi.GlobalMemory(side, 4),
+                "Coarray": lambda: hybridmpi.Coarray(side, (2, 3)),
+                "from_global": ring,
+                "profile": lambda: hybridmpi.profile(side).__enter__(),
+            }[make]
+            check = None
+        else:
+            fn = {
+                "barrier": lambda: side.barrier(),
+                "allreduce": lambda: side.allreduce(1.0),
+                "update": lambda: h.update(x),
+            }[st["call"]]
+
+            def check(_, cls):
+                return self.check_halo(x, before, want, cls) if st["call"] == "update" else None
+
+        if h is None:
+            fn = self.skip
+        self.call((i, 3), fn, check, meta=meta, pause=False)
+        self.call(
+            (i, 4),
+            (lambda: side.barrier()) if side is not None else self.skip,
+            meta={"sync": True, "deps": None, "probe": True, "side": True},
+            pause=False,
+        )
+        self.call(
+            (i, 5),
+            side.free if side is not None else self.skip,
+            meta={"sync": False, "lenient": True},
+            pause=False,
+        )
+
+    def do_misuse_unsend(self, st):
+        """A constructor argument that cannot travel (pickled or shown) on the bad ranks."""
+        key = (st["i"], 0)
+        meta = self.misuse_meta(st, {"sync": True, "deps": None, "agreed": True})
+        meta["must"] = list(range(P))
+        what = st["what"]
+        bad = self.i_am_bad(st)
+        v = unsendable(st["val"]) if bad else None
+        if what.startswith("halo"):
+            pat = self.opat.get(st["pid"])
+            kw = {"dtype": np.float64, "block": 1, "method": st["method"]}
+            if bad:
+                kw[what[5:]] = v
+
+            def fn():
+                if pat is None:
+                    self.skip()
+                return hybridmpi.Halo(pat, **kw)
+        elif what == "gm-dtype":
+
+            def fn():
+                return hybridmpi.GlobalMemory(self.hc, 4, v if bad else np.float64)
+        elif what == "gm-count":
+
+            def fn():
+                return hybridmpi.GlobalMemory(self.hc, v if bad else 4, np.float64)
+        elif what == "co-dtype":
+
+            def fn():
+                return hybridmpi.Coarray(self.hc, (2, 3), v if bad else np.float64)
+        else:  # co-shape: a generator as the shape, or a bad extent in it
+            shape = (2, 3)
+            if bad:
+                shape = v if st["val"] == "gen" else (2, v)
+
+            def fn():
+                return hybridmpi.Coarray(self.hc, shape, np.float64)
+
+        cls, obj = self.call(key, fn, meta=meta)
+        if obj is not None:
+            self.stray.append(obj)
+
+    def do_misuse_freeorder(self, st):
+        """Each rank frees one of two objects first: RuntimeError on every rank, nothing freed."""
+        key = (st["i"], 0)
+        meta = self.misuse_meta(st, {"sync": True, "deps": None, "agreed": True})
+        meta["must"] = list(range(P))
+        kind, oid = st["objs"][st["which"][R]]
+        obj = (self.ohalo.get(oid) or {}).get("h") if kind == "halo" else self.omem.get(oid)
+        self.call(key, obj.free if obj is not None else self.skip, meta=meta)
+
+    def do_pyint(self, st):
+        """allreduce of Python ints: the exact Python result, as a Python int."""
+        key = (st["i"], 0)
+        vals, red = st["vals"], st["red"]
+        want = vals[0]
+        for v in vals[1:]:
+            want = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b, "min": min, "max": max}[red](
+                want, v
+            )
+
+        def check(got, cls):
+            if cls:
+                return None
+            if type(got) is not int or got != want:
+                return (
+                    f"allreduce({vals[R]}, {red!r}) of {vals} returned {got!r} "
+                    f"({type(got).__name__}), want {want}"
+                )
+            return None
+
+        self.call(
+            key,
+            lambda: self.hc.allreduce(vals[R], op=red),
+            check,
+            vcat="coll",
+            meta={"sync": True, "deps": None},
+            p=[("HybridComm", "allreduce")],
+        )
+
     def cleanup(self):
         """After a failure: free what is left (the watchdog ends the job if that hangs)."""
         try:
@@ -3325,6 +3919,20 @@ def parse(argv=None):
         "op-none (no None among the invalid reverse ops)",
     )
     ap.add_argument("--list-kinds", action="store_true")
+    ap.add_argument(
+        "--slow-misuse",
+        type=float,
+        default=0.2,
+        help="how often the misuse kinds that wait for a deadline (ctor-deadline: about "
+        f"{SHORT_TIMEOUT:g} s each) are drawn, relative to the others: 0 never, 1 as often",
+    )
+    ap.add_argument(
+        "--restart",
+        type=int,
+        default=1,
+        help="1: after a misuse that may break the comm, free everything and go on with a new "
+        "HybridComm (0: the program ends there)",
+    )
     ap.add_argument(
         "--plant",
         default=None,

@@ -5,7 +5,7 @@
         [--node-size K] [--check-every C] [--max-delay-us D] [--timeout T] [--watchdog W]
         [--same-order fence,pscw] [--avoid vector-pending,op-none,...] [--strict 0|1]
         [--strict-local 0|1] [--replay] [--program FILE] [--keep SPEC] [--dump FILE]
-        [--plant value|raise|hang:STEP] [--list-kinds]
+        [--plant value|raise|hang:STEP] [--slow-misuse W] [--restart 0|1] [--list-kinds]
 
 What it guarantees to check.  After every step of a program that the docs allow (and of any
 misuse), each rank either holds exactly the values the model predicts, or raises; when one
@@ -28,7 +28,22 @@ frees in any order, GlobalMemory ``Put``/``Get``/``Rput``/``Rget``/``fetch_add``
 barrier/allreduce/Allreduce, the profile (start, stop, rows checked against the calls made,
 print, JSON), and misuse (bad offsets, lengths, shapes, dtypes, non-arrays, bad ops, freed
 objects, begin twice, end without begin...) on every rank or on one rank while the others
-pass good arguments.  ``--list-kinds`` lists the misuse kinds.
+pass good arguments.  ``--list-kinds`` lists the misuse kinds.  Also: allreduce of Python ints
+at the int64 edges and beyond (``pyint``: every op, the exact Python result, an int); one
+rank's own exception leaving a ``with`` block of the HybridComm, a Halo, a GlobalMemory, a
+Coarray or the profile while the others are in barrier/allreduce/update/sync_all or in no call
+(``with-raise``: its own exception there, ``PeerError`` within 2 s of it on the ranks that need
+it, then a probe: barrier and allreduce raise on every rank); ranks in a constructor
+(``Halo()``, ``GlobalMemory()``, ``Coarray()``, ``from_global``, the profile) against the
+others in barrier/allreduce/update (``ctor-deadline``, on a side HybridComm of timeout
+``SHORT_TIMEOUT``: ``SyncTimeout``/``PeerError`` on each side, within 2 s of the first; drawn
+at ``--slow-misuse`` times the others' rate, 0.2 by default); a constructor argument that
+cannot be pickled or whose repr/``__index__`` raises (``ctor-unsendable``: ``TypeError`` or
+``ValueError`` everywhere, the comm stays usable); two objects freed in different orders
+(``free-order``: ``RuntimeError`` everywhere, both stay usable); ``sync_images`` with invalid
+ranks on one rank (``sync-images-bad``: the ranks naming it raise ``PeerArgumentError``, the
+comm stays usable).  After a misuse that breaks (or may break) the comm, the program frees
+everything and goes on with a new HybridComm (``--restart 0``: it ends there).
 
 Checking.  Each rank checks its own values right after each call (no collective); the
 outcomes (exception class, message, time, value errors) are gathered every C steps only
@@ -2206,11 +2221,13 @@ class Program:
         return pm.reverse(R, xs, rop)
 
     def get_array(self, o, name, fresh_shape=None):
+        """The named array of a Halo on this rank; None for a vector whose vector() raised here
+        (after an error: the call is then skipped on this rank)."""
         if name == "f":
             a = np.empty(o["shape"], o["arrays"]["k0"].dtype)
             o["arrays"]["f"] = a
             return a
-        return o["arrays"][name]
+        return o["arrays"].get(name)
 
     def do_hop(self, st, key=None, order_meta=None):
         key = key or (st["i"], 0)
@@ -2222,7 +2239,7 @@ class Program:
         if call.endswith("_end"):
             pend = s["pending"]
             s["pending"] = None
-            if o is None:
+            if o is None or pend["x"] is None:
                 return self.call(key, self.skip, meta=meta)
             x = pend["x"]
             before = pend["before"]
@@ -2234,7 +2251,8 @@ class Program:
             self.call(key, lambda: getattr(o["h"], call)(x), check, meta=meta, p=[("Halo", call)])
             return
         xs = self.fill_all(s, pm, key)
-        if o is None:
+        x = self.get_array(o, st["arr"]) if o is not None else None
+        if x is None:
             if call.endswith("_begin"):
                 s["pending"] = {
                     "call": call,
@@ -2245,7 +2263,6 @@ class Program:
                     "before": None,
                 }
             return self.call(key, self.skip, meta=meta)
-        x = self.get_array(o, st["arr"])
         x.reshape(pm.size[R], s["block"])[...] = xs[R]
         before = x.copy()
         rop = st.get("rop")
@@ -2987,9 +3004,9 @@ class Program:
         if st["mk"] == "halo-vector-mismatch":
             meta["may_succeed"] = True
         xs = self.fill_all(s, pm, key)
-        if o is None:
+        x = self.get_array(o, a["arr"]) if o is not None else None
+        if x is None:
             return self.call(key, self.skip, meta=meta)
-        x = self.get_array(o, a["arr"])
         x.reshape(pm.size[R], s["block"])[...] = xs[R]
         before = x.copy()
         rop = a.get("rop")

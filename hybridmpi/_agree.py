@@ -101,19 +101,20 @@ def _wait(comm: Any, req: Any, where: str, ctx: Any, deadline: float | None = No
                       "failed or never calls)", rank=rank, counter="agreement")
 
 
-def _pickled(problem: Problem, data: Any, rank: int) -> bytes:
-    """(problem, data) pickled; a value that cannot be pickled becomes the problem."""
+def _pickled(problem: tuple[str, Problem], data: Any, rank: int) -> bytes:
+    """((where, problem), data) pickled; a value that cannot be pickled becomes the problem."""
+    where, problem = problem
     try:
-        return pickle.dumps((problem, data))
+        return pickle.dumps(((where, problem), data))
     except Exception as e:  # noqa: BLE001 - a lambda, a generator, an object that refuses
         why = f"{type(e).__name__}: {e}"
     try:   # the problem alone: it says what was wrong with the argument (data may be it)
         if problem:
-            return pickle.dumps((problem, None))
+            return pickle.dumps(((where, problem), None))
     except Exception:  # noqa: BLE001 - the problem's own class or message cannot travel
         pass
-    return pickle.dumps(((TypeError, f"rank {rank}: an argument cannot be sent to the other "
-                                     f"ranks to be compared ({why})"), None))
+    return pickle.dumps(((where, (TypeError, f"rank {rank}: an argument cannot be sent to the "
+                                             f"other ranks to be compared ({why})")), None))
 
 
 def exchange(comm: Any, blob: bytes, where: str, ctx: Any = None,
@@ -164,8 +165,16 @@ def agree(comm: Any, problem: Problem, where: str, *, data: Any = None,
         # this rank already told every peer (its notice): none waits for it here
         raise RuntimeError(f"hybridmpi: rank {ctx.rank}: {where}: its HybridComm is unusable "
                            f"after an earlier error ({ctx.broken()}); free it")
-    views = [pickle.loads(b) for b in exchange(comm, _pickled(problem, data, comm.Get_rank()),
+    views = [pickle.loads(b) for b in exchange(comm, _pickled((where, problem), data, comm.Get_rank()),
                                                 where, ctx, deadline)]
+    calls = [w for (w, _), _ in views]
+    if len(set(calls)) > 1:   # ranks in different constructors or frees: none goes on
+        rank = comm.Get_rank()
+        raise agreed(ValueError(
+            f"hybridmpi: rank {rank}: {where}: ranks are in different calls: "
+            + ", ".join(f"rank {r} in {w}" for r, w in enumerate(calls) if w != calls[rank] or r == rank)
+            + "; every rank must make the collective calls of a HybridComm in the same order"))
+    views = [(p, d) for (_, p), d in views]
     bad = [p for p, _ in views if p]
     if bad:
         exc, text = bad[0] if isinstance(bad[0], tuple) else (ValueError, bad[0])

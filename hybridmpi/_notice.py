@@ -40,15 +40,26 @@ class Notices:
         self.sent.append(note)
         comm = self.comm
         me = comm.Get_rank()
-        for r in range(comm.Get_size()):
-            if r != me:
-                comm.Isend(note, r, ERROR_TAG).Free()
+        reqs = [comm.Isend(note, r, ERROR_TAG) for r in range(comm.Get_size()) if r != me]
+        # drive MPI's progress a little: an eager message may otherwise wait in this rank's
+        # queue until it next enters MPI (a peer would poll for it in vain meanwhile)
+        for _ in range(8):
+            if self.MPI.Request.Testall(reqs):
+                break
+        for q in reqs:
+            if q != self.MPI.REQUEST_NULL:
+                q.Free()
 
-    def poll(self) -> int | None:
-        """The rank whose failure notice this rank received, else None."""
+    def poll(self, tries: int = 1) -> int | None:
+        """The rank whose failure notice this rank received, else None.  ``tries`` probes at
+        most (one probe may only move an arrived message into MPI's queue: a check made once
+        before a call that waits inside MPI probes more than once)."""
         if self.first is None:
             MPI = self.MPI
             status = MPI.Status()
+            for _ in range(tries - 1):
+                if self.comm.Iprobe(MPI.ANY_SOURCE, ERROR_TAG, status):
+                    break
             while self.comm.Iprobe(MPI.ANY_SOURCE, ERROR_TAG, status):
                 note = np.empty(1, dtype=np.int64)
                 self.comm.Recv(note, status.Get_source(), ERROR_TAG)

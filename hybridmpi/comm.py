@@ -500,7 +500,7 @@ class HybridComm(Collectives, Recorded):
         if self.size == 1:
             return True
         try:
-            views = agree(self.comm, None, f"{what}.free()", data=what)
+            views = agree(self.comm, None, "free()", data=what)   # one call name: the objects compared below
         except PeerError:
             return False
         if len(set(views)) != 1:

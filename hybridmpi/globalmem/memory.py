@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._agree import agree, safe_repr
-from .._clib import ffi, lib
+from .._clib import ERRBIT, ffi, lib
 from .._resource import Freed, Recorded
 from .._types import mpi
 from ..arena import MAX_BYTES
@@ -236,6 +236,7 @@ class GlobalMemory(Freed, Recorded):
             return rank, None
         if n == 0:
             return rank, None
+        self._peers_alive(what)
         nb, BYTE = a.nbytes, self._BYTE
         return rank, rma(self._win, (a, nb, BYTE), rank,
                          (self._disp[rank] + offset * self._itemsize, nb, BYTE))
@@ -292,6 +293,15 @@ class GlobalMemory(Freed, Recorded):
         elif self._views[rank] is None:
             self._win.Flush(rank)
 
+    def _peers_alive(self, what):
+        """Before a one-sided call to another node, which waits inside MPI (no deadline there):
+        raise PeerError if a rank's failure notice came (a failed target may never let the
+        call complete; its comm broke, so this one breaks too)."""
+        ctx = self.hc.context
+        peer = ctx.notices.poll(tries=4)
+        if peer is not None:
+            raise ctx.peer_error(f"GlobalMemory.{what}", peer, ERRBIT)
+
     def _atomic(self, rank, offset, what):
         self._usable(what)
         if self.dtype != np.int64:
@@ -316,6 +326,7 @@ class GlobalMemory(Freed, Recorded):
         if self._win is None:
             return int(lib.hm_fetch_add(ffi.cast("void *", self._addrs[rank] + 8 * offset), value))
         MPI = mpi()
+        self._peers_alive("fetch_add")
         res = np.zeros(1, dtype=np.int64)
         self._win.Fetch_and_op(np.array([value], dtype=np.int64), res, rank,
                                self._disp[rank] + 8 * offset, MPI.SUM)
@@ -331,6 +342,7 @@ class GlobalMemory(Freed, Recorded):
         if self._win is None or (rank == self.rank and self._self_cas):
             return int(lib.hm_compare_swap(ffi.cast("void *", self._addrs[rank] + 8 * offset),
                                            expected, value))
+        self._peers_alive("compare_swap")
         res = np.zeros(1, dtype=np.int64)
         self._win.Compare_and_swap(np.array([value], dtype=np.int64), np.array([expected], dtype=np.int64),
                                    res, rank, self._disp[rank] + 8 * offset)

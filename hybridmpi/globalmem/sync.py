@@ -93,11 +93,15 @@ class Sync:
 
     def _plan(self, ranks, what):
         """Counters and peers of a sync_images argument, checked and built once per argument."""
-        try:
-            key = ranks if type(ranks) is int else tuple(ranks)
-            plan = self.plans.get(key)
-        except TypeError:
-            key = plan = None
+        # cached only for an int or a list or tuple of ints (exact types): an iterator is not
+        # consumed by the key, and True or 1.0, equal to 1 as keys, are checked (and refused)
+        if type(ranks) is int:
+            key = ranks
+        elif type(ranks) in (list, tuple) and all(type(r) is int for r in ranks):
+            key = tuple(ranks)
+        else:
+            key = None
+        plan = None if key is None else self.plans.get(key)
         if plan is not None:
             return plan
         ranks = self._ranks(ranks, what)

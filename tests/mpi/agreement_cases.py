@@ -255,6 +255,51 @@ def case_invalid_collective_on_one_rank_across_nodes(comm, rng, node_size=None):
     hc.free()
 
 
+def case_ranks_in_different_constructors(comm, rng, node_size=None):
+    """Rank 0 in one constructor or free, the others in another (profile against from_global,
+    GlobalMemory against profile or Coarray, a free against a constructor): ValueError on every
+    rank at once, naming the calls (before: the agreements matched each other, and the ranks
+    went on into MPI calls the others never joined: a hang, or a shape read as a dtype)."""
+    if comm.size == 1:
+        return
+    with HybridComm(comm, node_size=node_size) as hc:
+        spare = GlobalMemory(hc, 2)
+        calls = {"profile": lambda: hybridmpi.profile(hc).__enter__(), "from_global": lambda: _ring(hc),
+                 "GlobalMemory": lambda: GlobalMemory(hc, 10), "Coarray": lambda: Coarray(hc, 10),
+                 "free": spare.free}
+        for first, other in (("profile", "from_global"), ("GlobalMemory", "profile"),
+                             ("GlobalMemory", "Coarray"), ("free", "profile"), ("free", "GlobalMemory")):
+            got, t = _outcome(comm, calls[first] if hc.rank == 0 else calls[other])
+            _judge(comm, got, t, lambda r: (ValueError,))
+            assert "ranks are in different calls" in str(got), got
+        assert hc.allreduce(1) == hc.size   # every rank raised alone: the comm stays usable
+        spare.free()
+
+
+def case_one_sided_call_to_a_failed_rank(comm, rng, node_size=None):
+    """Across nodes, a blocking Put or fetch_add aimed at a rank whose own exception broke the
+    comm a moment before: PeerError (before: a wait inside MPI_Win_flush past the timeout)."""
+    if comm.size == 1 or node_size is None:
+        return
+    for call in ("put", "fetch_add"):
+        hc = HybridComm(comm, node_size=1)
+        gm = GlobalMemory(hc, 4, np.int64)
+        hc.barrier()
+
+        def body():
+            with gm:
+                if hc.rank == 0:
+                    raise KeyError("rank 0's own error")
+                time.sleep(0.3)
+                if call == "put":
+                    gm.Put(np.ones(1, np.int64), 0, 0)
+                else:
+                    gm.fetch_add(0, 0, 1)
+        got, t = _outcome(comm, body)
+        _judge(comm, got, t, lambda r: (KeyError,) if r == 0 else (hybridmpi.PeerError,))
+        hc.free()
+
+
 # ------------------------------------------------------------ sync_images
 
 def case_sync_images_invalid_on_one_rank(comm, rng, node_size=None):
@@ -281,6 +326,18 @@ def case_sync_images_invalid_on_one_rank(comm, rng, node_size=None):
         got, t = _outcome(comm, lambda: mem.sync_images(peers))
         _judge(comm, got, t, lambda r: (None,))
         mem.sync_all()
+        # an iterator is used once (before: the plan cache consumed it, cached an empty plan
+        # under its ranks, and every later call naming them returned without waiting); a bool
+        # or a float is refused also after the int's plan was cached (True == 1 as keys)
+        if hc.rank == 0:
+            mem.sync_images(iter([bad]))
+        elif hc.rank == bad:
+            time.sleep(0.3)
+            mem.sync_images([0])
+        got, t = _outcome(comm, lambda: mem.sync_images([True] if hc.rank == 0 and bad == 1 else
+                                                          [1.0] if hc.rank == 0 else []))
+        _judge(comm, got, t, lambda r: (TypeError,) if r == 0 else (None,)
+               if r != bad else (None,))
         mem.free()
 
 
@@ -289,4 +346,5 @@ if __name__ == "__main__":
           case_peer_left_before_this_rank_frees, case_constructor_against_a_collective,
           case_hybridcomm_against_a_collective, case_profile_against_allreduce,
           case_unpicklable_or_unprintable_argument_on_one_rank,
-          case_sync_images_invalid_on_one_rank, case_invalid_collective_on_one_rank_across_nodes])
+          case_sync_images_invalid_on_one_rank, case_invalid_collective_on_one_rank_across_nodes,
+          case_ranks_in_different_constructors, case_one_sided_call_to_a_failed_rank])

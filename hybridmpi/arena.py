@@ -265,6 +265,8 @@ class _Chunk:
     def __init__(self, arena, nbytes):
         hc = arena.ctx
         MPI = mpi()
+        arena.made += 1
+        self.serial = arena.made   # the same on every rank: chunks are made collectively
         win, self.base, _ = create_agreed(
             hc, lambda: allocate_shared(hc, nbytes), failed=f"MPI_Win_allocate_shared of {nbytes} bytes",
             exc=MemoryError, where="shared memory", free=lambda made: made[0].Free())
@@ -339,6 +341,7 @@ class Arena:
     def __init__(self, ctx):
         self.ctx = ctx   # the HybridComm's Context
         self.chunks = []
+        self.made = 0    # chunks made so far
         # the HybridComm's own context ids are counted with its arena, given back at its free
         self._comm_ids = HYBRIDCOMM_IDS
         hold_ids(HYBRIDCOMM_IDS)
@@ -418,8 +421,10 @@ class Arena:
             self.chunks.remove(chunk)
             if mpi().Is_finalized():
                 hold_ids(-1 - (chunk.rma is not None))
-            elif self.ctx.broken() is not None:   # MPI_Win_free is collective: a peer may
-                _KEPT.append(chunk)               # never come; kept (its ids stay held)
+            elif not self.ctx.agree_free(f"shared memory chunk {chunk.serial}"):
+                # MPI_Win_free is collective: the comm broke (also found by this agreement),
+                # and a peer may never come; kept (its ids stay held)
+                _KEPT.append(chunk)
             else:
                 chunk.close()
 

@@ -493,16 +493,17 @@ class HybridComm(Collectives, Recorded):
         """Whether the collective MPI frees of ``what`` (an object of this comm, named the same
         on every rank) may run: every rank frees it now.  A bounded agreement first, so that a
         rank never waits in MPI_Win_free for a peer that broke (its notice ends the agreement:
-        this comm breaks too, False) or that frees another object (RuntimeError on every rank,
-        before anything is freed).  False at once when this comm broke."""
+        this comm breaks too, False; also when a peer did not come within the timeout) or that
+        frees another object (RuntimeError on every rank, before anything is freed).  False at
+        once when this comm broke."""
         if self._broken is not None or self._st is None:
             return False
         if self.size == 1:
             return True
         try:
             views = agree(self.comm, None, "free()", data=what)   # one call name: the objects compared below
-        except PeerError:
-            return False
+        except (PeerError, SyncTimeout):   # the comm broke (a peer's notice, or none came in
+            return False                   # time): nothing collective follows, and free goes on
         if len(set(views)) != 1:
             raise agreed(RuntimeError(
                 f"hybridmpi: rank {self.rank}: ranks free different objects: "

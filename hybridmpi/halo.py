@@ -656,8 +656,14 @@ class Halo(Freed, Recorded):
         ctx = self.hc.context
         if self._transport is None:
             return
-        # every rank frees this Halo now, or its comm broke: then nothing below waits on a peer
-        together = not mpi().Is_finalized() and ctx.agree_free(f"Halo {self._ident}")
+        # A Halo with a window of its own (fence, pscw, lock) frees it collectively: every rank
+        # frees this Halo now (else RuntimeError everywhere), or its comm broke (then nothing
+        # below waits on a peer).  The others free nothing collective here (their arena blocks
+        # agree in the arena, when a chunk goes), in any order.
+        t = self._transport
+        own = getattr(getattr(t, "shm", None), "block", False) is None
+        together = not mpi().Is_finalized() and (ctx.agree_free(f"Halo {self._ident}") if own
+                                                 else ctx.broken() is None)
         ctx.disown(self)
         self._cool()
         t, self._transport = self._transport, None

@@ -384,11 +384,13 @@ class GlobalMemory(Freed, Recorded):
         """Give the memory back to the arena (collective, every rank freeing its global memory
         in the same order).  Idempotent.
 
+        A rank that does not call free() within the HybridComm's timeout, or whose comm broke,
+        makes the comm unusable: the memory is then released without the collective
+        ``MPI_Win_free`` (kept until the end), and free() returns.
+
         Raises:
             RuntimeError: on every rank, when ranks free different GlobalMemory objects (the
                 memory stays usable: free them in one order); nothing is freed.
-            SyncTimeout: a rank did not call free() within the HybridComm's timeout (the
-                comm is then unusable).
         """
         if self._views is None:
             self.hc.context.disown(self)

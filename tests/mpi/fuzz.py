@@ -40,9 +40,10 @@ others in barrier/allreduce/update (``ctor-deadline``, on a side HybridComm of t
 at ``--slow-misuse`` times the others' rate, 0.2 by default); a constructor argument that
 cannot be pickled or whose repr/``__index__`` raises (``ctor-unsendable``: ``TypeError`` or
 ``ValueError`` everywhere, the comm stays usable); two objects freed in different orders
-(``free-order``: ``RuntimeError`` everywhere, both stay usable); ``sync_images`` with invalid
-ranks on one rank (``sync-images-bad``: the ranks naming it raise ``PeerArgumentError``, the
-comm stays usable).  After a misuse that breaks (or may break) the comm, the program frees
+(``free-order``: two GlobalMemory or fence, pscw, lock Halos, whose frees are collective:
+``RuntimeError`` everywhere, both stay usable); ``sync_images`` with invalid ranks on one
+rank (``sync-images-bad``: the ranks naming it raise ``PeerArgumentError``, the comm stays
+usable).  After a misuse that breaks (or may break) the comm, the program frees
 everything and goes on with a new HybridComm (``--restart 0``: it ends there).
 
 Checking.  Each rank checks its own values right after each call (no collective); the
@@ -1204,7 +1205,10 @@ class Gen:
         """Two objects, each rank frees one of them first (not all the same one)."""
         if "free-pending" in self.cfg.avoid and any(s["pending"] for s in self.halos.values()):
             return None
-        cands = [["halo", h] for h in self.idle_halos()]
+        # Halos with a window of their own (fence, pscw, lock) free it collectively, so their
+        # order is checked; the others' free is local (any order, as the guide allows)
+        cands = [["halo", h] for h in self.idle_halos()
+                 if self.halos[h].get("method") in ("fence", "pscw", "lock")]
         if not self.reqs:
             cands += [["mem", m] for m in self.mems]
         if len(cands) < 2:

@@ -152,7 +152,8 @@ def check_room(hc, nbytes, what, hint="", *, window=True, ids=0):
     if problem is None and room is not None and need > room:
         problem = MemoryError, (f"rank {hc.rank}: {what} needs {need / 2**20:.2f} MiB of shared "
                                 f"memory on its node (its segments in pages and the MPI's own), "
-                                f"{where} {room / 2**20:.2f} MiB free{hint}")
+                                f"{where} {room / 2**20:.2f} MiB free, {need - room} bytes short"
+                                f"{hint}")
     agree(hc.comm, problem, what)  # every node agrees
     return node
 
@@ -379,10 +380,9 @@ class Arena:
             problem = ValueError, f"rank {hc.rank}: {what} asked for {nb} bytes, outside [0, {MAX_BYTES}]"
         nb = round_up(nb) if problem is None else 0
         fits = [c.fit(nb) for c in self.chunks]
-        views = hc.comm.allgather((nb, fits, problem))
-        bad = [v[2] for v in views if v[2] is not None]
-        if bad:
-            raise bad[0][0](f"hybridmpi: arena: {bad[0][1]}")
+        # bounded and notice-aware, like every agreement: a rank here while a peer is in
+        # another call raises instead of waiting in a blocking allgather
+        views = agree(hc.comm, problem, what, data=(nb, fits))
         sizes = [v[0] for v in views]
         chosen = None
         for i in range(len(self.chunks)):

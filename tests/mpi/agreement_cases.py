@@ -150,7 +150,7 @@ def case_constructor_against_a_collective(comm, rng, node_size=None):
     if comm.size == 1:
         return
     calls = ("barrier", "allreduce", "update")
-    for i, make in enumerate(("Halo", "GlobalMemory", "from_global", "Coarray", "profile")):
+    for i, make in enumerate(("Halo", "GlobalMemory", "from_global", "Coarray", "profile", "vector")):
         for call in (calls[i % 3],):
             hc = HybridComm(comm, node_size=node_size, timeout=SHORT)
             pat = _ring(hc)
@@ -159,7 +159,7 @@ def case_constructor_against_a_collective(comm, rng, node_size=None):
             comm.Barrier()
             makers = {"Halo": lambda: Halo(pat), "GlobalMemory": lambda: GlobalMemory(hc, 4),
                       "from_global": lambda: _ring(hc), "Coarray": lambda: Coarray(hc, 3),
-                      "profile": lambda: hybridmpi.profile(hc).__enter__()}
+                      "profile": lambda: hybridmpi.profile(hc).__enter__(), "vector": h.vector}
             if hc.rank == 0:
                 got, t = _outcome(comm, makers[make])
             else:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ._agree import exchange
 from ._clib import ERRBIT, ffi, lib
 from ._types import DTYPE_NAMES, DTYPES, OP_NAMES, OPS, op_code
 from ._waits import wait_requests
@@ -410,32 +411,13 @@ class Collectives:
         return self._int_bounds
 
     def _exact_int(self, x, opc):
-        """The allreduce of Python ints, exact: every rank's int gathered (its length, then
-        its bytes, over the duplicated communicator, under the deadline) and folded in rank
-        order."""
-        MPI = self._MPI
+        """The allreduce of Python ints, exact: every rank's int gathered (the agreements'
+        exchange over the duplicated communicator: under the deadline, ended by a failure
+        notice) and folded in rank order."""
         nbytes = (x.bit_length() + 8) // 8  # room for the sign bit
-        lengths = np.empty(self.size, dtype=np.int64)
-        self._exact_wait(self.comm.Iallgather(np.array([nbytes], dtype=np.int64), lengths))
-        data = np.empty(int(lengths.sum()), dtype=np.uint8)
-        mine = np.frombuffer(x.to_bytes(nbytes, "little", signed=True), dtype=np.uint8)
-        self._exact_wait(self.comm.Iallgatherv(mine, [data, lengths, MPI.UNSIGNED_CHAR]))
-        raw = data.tobytes()
-        ends = np.cumsum(lengths).tolist()
-        values = [int.from_bytes(raw[a:b], "little", signed=True)
-                  for a, b in zip([0, *ends[:-1]], ends)]
-        return _FOLDS[opc](values)
-
-    def _exact_wait(self, req):
-        stop = wait_requests(self.context, [req], self.timeout)
-        if stop is None:
-            return
-        what = "allreduce of Python ints (the exact path)"
-        if stop.notice is not None:
-            raise self._peer_error(what, stop.notice, ERRBIT)
-        raise self._timeout(f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in "
-                            f"{what}: not every rank joined", None, "allreduce",
-                            int(self._st.epoch), [])
+        raw = exchange(self.comm, x.to_bytes(nbytes, "little", signed=True),
+                       "allreduce of Python ints (the exact path)", self.context)
+        return _FOLDS[opc]([int.from_bytes(b, "little", signed=True) for b in raw])
 
     def _op(self, op):
         """The C core code of a reduction op (a name or an MPI op)."""

@@ -298,7 +298,7 @@ class GlobalMemory(Freed, Recorded):
         raise PeerError if a rank's failure notice came (a failed target may never let the
         call complete; its comm broke, so this one breaks too)."""
         ctx = self.hc.context
-        peer = ctx.notices.poll(tries=4)
+        peer = ctx.notices.poll(tries=2)
         if peer is not None:
             raise ctx.peer_error(f"GlobalMemory.{what}", peer, ERRBIT)
 

@@ -157,9 +157,10 @@ int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
     return HM_OK;
 }
 
-static inline int take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op)
+/* HM_EMISMATCH (err filled) when channel c's sender published a shared vector or an
+ * invalid call's mark instead of packing call e, else HM_OK. */
+static inline int packed_tag(hm_xchg *s, hm_chan *c, uint64_t e)
 {
-    CHAOS();
     if (c->tag) {
         int64_t t = atomic_load_explicit(tag_slot(c->tag, e), memory_order_relaxed);
         if (t != HM_TAG_PRIVATE) {
@@ -170,6 +171,15 @@ static inline int take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op)
             return HM_EMISMATCH;
         }
     }
+    return HM_OK;
+}
+
+static inline int take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op)
+{
+    CHAOS();
+    int bad = packed_tag(s, c, e);
+    if (bad)
+        return bad;
     unpack(c, c->buf[e & 1], x, s->esz, s->dtype, op);
     CHAOS();
     if (c->done)
@@ -242,12 +252,17 @@ ready_first(int n, const hm_wait_policy *pol, uint64_t e, const void *(*word)(vo
 }
 
 /* Take every channel in order (the fixed combination order of reverse
- * updates), waiting for each one's READY word (none: take it at once); the
- * arguments and returns of ready_first. */
+ * updates), once every channel's READY word showed epoch e (none: at once)
+ * and check(ctx, i, v) found nothing wrong with it (error bits, another
+ * tag): an owned entry combines every sender's values or, when one of them
+ * failed or was invalid, none (it would hold a partial sum).  The arguments
+ * and returns of ready_first. */
 static inline __attribute__((always_inline)) int
 in_order(int n, const hm_wait_policy *pol, uint64_t e, const void *(*word)(void *, int),
-         int (*take)(void *, int, uint64_t), void *ctx, int *late, uint64_t *seen)
+         int (*check)(void *, int, uint64_t), int (*take)(void *, int, uint64_t), void *ctx,
+         int *late, uint64_t *seen)
 {
+    uint64_t got[n + 1];
     for (int i = 0; i < n; i++) {
         const void *w = word(ctx, i);
         uint64_t v = e;
@@ -256,7 +271,13 @@ in_order(int n, const hm_wait_policy *pol, uint64_t e, const void *(*word)(void 
             *seen = v;
             return HM_ETIMEOUT;
         }
-        int rc = take(ctx, i, v);
+        int rc = check(ctx, i, v);
+        if (rc < 0)
+            return -rc;
+        got[i] = v;
+    }
+    for (int i = 0; i < n; i++) {
+        int rc = take(ctx, i, got[i]);
         if (rc < 0)
             return -rc;
     }
@@ -266,10 +287,11 @@ in_order(int n, const hm_wait_policy *pol, uint64_t e, const void *(*word)(void 
 /* A whole receive: in_order or ready_first. */
 static inline __attribute__((always_inline)) int
 receive(int n, const hm_wait_policy *pol, uint64_t e, int ordered, const void *(*word)(void *, int),
-        int (*take)(void *, int, uint64_t), void *ctx, int *late, uint64_t *seen)
+        int (*check)(void *, int, uint64_t), int (*take)(void *, int, uint64_t), void *ctx,
+        int *late, uint64_t *seen)
 {
     if (ordered)
-        return in_order(n, pol, e, word, take, ctx, late, seen);
+        return in_order(n, pol, e, word, check, take, ctx, late, seen);
     return ready_first(n, pol, e, word, take, ctx, late, seen);
 }
 
@@ -288,6 +310,16 @@ static inline const void *xchg_word(void *ctx, int i)
     return ((hm_xchg *)((recv_ctx *)ctx)->set)->chan[i].ready;
 }
 
+static inline int xchg_check(void *ctx, int i, uint64_t v)
+{
+    recv_ctx *t = ctx;
+    hm_xchg *s = t->set;
+    hm_chan *c = &s->chan[i];
+    if (v & HM_FLAGS)
+        return -xchg_fail(s, c, HM_EPEER, HM_CNT_READY, t->e, v);
+    return -packed_tag(s, c, t->e);
+}
+
 static inline int xchg_take(void *ctx, int i, uint64_t v)
 {
     recv_ctx *t = ctx;
@@ -304,7 +336,8 @@ int hm_xchg_recv(hm_xchg *s, void *x, uint64_t e, int op, int ordered)
     recv_ctx ctx = {s, x, 0, e, op};
     int late = 0;
     uint64_t seen = 0;
-    int rc = receive(s->n, &s->policy, e, ordered, xchg_word, xchg_take, &ctx, &late, &seen);
+    int rc = receive(s->n, &s->policy, e, ordered, xchg_word, xchg_check, xchg_take, &ctx, &late,
+                     &seen);
     return rc == HM_ETIMEOUT ? xchg_fail(s, &s->chan[late], rc, HM_CNT_READY, e, seen) : rc;
 }
 
@@ -454,6 +487,23 @@ static inline const void *pull_word(void *ctx, int i)
     return ((hm_pulls *)((recv_ctx *)ctx)->set)->chan[i].ready;
 }
 
+static inline int pull_check(void *ctx, int i, uint64_t v)
+{
+    recv_ctx *t = ctx;
+    hm_pulls *p = t->set;
+    hm_pull *c = &p->chan[i];
+    if (v & HM_FLAGS)
+        return -pull_fail(p, c, HM_EPEER, HM_CNT_READY, t->e, v);
+    int64_t tag = atomic_load_explicit(tag_slot(c->tag, t->e), memory_order_relaxed);
+    if (tag != t->tag) {
+        p->err.code = HM_EMISMATCH;
+        p->err.peer = c->peer;
+        p->err.tag = tag;
+        return -HM_EMISMATCH;
+    }
+    return 0;
+}
+
 static inline int pull_take(void *ctx, int i, uint64_t v)
 {
     recv_ctx *t = ctx;
@@ -473,7 +523,8 @@ int hm_pull_recv(hm_pulls *p, void *x, int64_t tag, uint64_t e, int op, int orde
     recv_ctx ctx = {p, x, tag, e, op};
     int late = 0;
     uint64_t seen = 0;
-    int rc = receive(p->n, &p->policy, e, ordered, pull_word, pull_take, &ctx, &late, &seen);
+    int rc = receive(p->n, &p->policy, e, ordered, pull_word, pull_check, pull_take, &ctx, &late,
+                     &seen);
     if (rc == HM_ETIMEOUT)
         return pull_fail(p, &p->chan[late], rc, HM_CNT_READY, e, seen);
     return rc;

@@ -353,7 +353,10 @@ class Halo(Freed, Recorded):
         if self._transport is not None and not hc.closed and not mpi().Is_finalized():
             why = ("ValueError" if isinstance(exc, ValueError)
                    else f"a failed Halo call ({type(exc).__name__})")
-            hc.context.break_comm(why, notify=not isinstance(exc, PeerError))
+            # a peer that failed has broken its own comm and told every rank; a peer whose
+            # arguments were invalid (PeerArgumentError) may not have: it learns it from here
+            hc.context.break_comm(why, notify=not isinstance(exc, PeerError)
+                                  or isinstance(exc, PeerArgumentError))
         return exc
 
     def _describe_word(self, addr):

@@ -6,18 +6,24 @@ r's segment.  Every counter owns a 128-byte region, written by one process.
 Each segment starts with a region holding the last epoch this rank entered
 per direction, read after a timeout to name the ranks that never came, and
 (methods synchronized by MPI: fence, pscw, lock) the last call per direction in
-which this rank's arguments were invalid, which its readers check before they copy.
+which this rank's arguments were invalid, which its readers check before they copy,
+and the gates of fence and pscw: the words that say which MPI synchronization this rank
+has committed to (:meth:`ShmTransport.commit`), so that no rank enters a blocking MPI call
+that a peer whose comm broke would never join.
 """
 
 from .._clib import ffi, lib
 from ..arena import allocate_shared, check_room, commit, hold_ids
 from ..arena import round_up as _round
-from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check
+from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check, wait_until
 
 _R = lib.HM_REGION
 #: the fields of a channel's layout entry: its counter's region (DONE in the sender's segment,
 #: READY in the receiver's), then the sender's two buffers (by epoch parity)
 COUNTER, BUF0, BUF1 = 0, 1, 2
+#: the gate words of the first region (8-byte slots; 0, 1: epochs entered; 2, 3: invalid
+#: calls): fence's count of fences, pscw's last call posted and last call closed, by direction
+FENCES, POSTED, CLOSED = 4, 5, 7
 
 
 _HINT = " (method 'flat' needs no shared memory; method 'auto' falls back to it)"
@@ -96,6 +102,10 @@ class SharedWindow:
     def _bad_word(self, rank, d):
         """The word of ``rank``'s first region holding its last invalid call of direction ``d``."""
         return ffi.cast("void *", self.base[self.node_rank[rank]] + 16 + 8 * d)
+
+    def slot(self, rank, k):
+        """Address of 8-byte slot ``k`` of ``rank``'s first region."""
+        return self.base[self.node_rank[rank]] + 8 * k
 
     def missing(self, d, epoch):
         """Ranks of this node whose last entered call of direction ``d`` is before ``epoch``."""
@@ -201,6 +211,25 @@ class ShmTransport(Transport):
 
     def missing(self, d, epoch):
         return self.shm.missing(d, epoch)
+
+    def commit(self, k, n):
+        """Store ``n`` in this rank's gate word ``k``: it is about to make the blocking MPI
+        call that ``n`` stands for (nothing between can fail)."""
+        lib.hm_store(ffi.cast("void *", self.shm.slot(self.shm.me, k)), n, lib.HM_ACQ_REL)
+
+    def await_gates(self, k, n, peers, counter, d, e):
+        """Wait (under the deadline; error bits raise Fault "peer") until each of ``peers`` has
+        stored at least ``n`` in its gate word ``k``.  A rank whose comm broke poisons its gate
+        words instead (:meth:`words`), so the blocking MPI call that follows never waits for a
+        rank that will not come."""
+        what = "reverse" if d == REV else "update"
+        for p in peers:
+            w = ffi.cast("void *", self.shm.slot(p, k))
+            wait_until(self.ex, lambda w=w: lib.hm_load(w, lib.HM_ACQ_REL), n, p, counter, what, e)
+
+    def gate_words(self, *slots):
+        """The addresses of this rank's gate words ``slots`` (its :meth:`words`)."""
+        return [self.shm.slot(self.shm.me, k) for k in slots]
 
     def bad_senders(self, d, e):
         """The node peers sending to this rank in call ``e`` of direction ``d`` whose arguments

@@ -5,11 +5,14 @@ receivers copy from their senders' buffers after the fence.  A buffer is
 packed again two calls later, after a fence that every rank entered only
 once it had finished reading it.  Internode channels are flat Isend/Irecv.
 The fence is collective over the node: a rank whose arguments were invalid
-still fences (:meth:`Fence.bad_call`), with its call marked invalid.
+still fences (:meth:`Fence.bad_call`), with its call marked invalid.  No rank
+enters MPI_Win_fence before every node rank has committed to the same fence
+(the FENCES gate word): a node peer whose comm broke poisons its gate instead,
+so the others raise PeerError rather than wait inside MPI for ever.
 """
 
 from .._clib import lib
-from ._shm import ShmTransport
+from ._shm import FENCES, ShmTransport
 
 
 class Fence(ShmTransport):
@@ -18,11 +21,23 @@ class Fence(ShmTransport):
 
     def __init__(self, ex):
         super().__init__(ex, lock_all=False, counters=False, persistent=False)
+        self._fences = 0   # the fences of calls made (the gate's count)
+        self._node = [r for r in self.shm.node_rank if r != self.shm.me]
+        self.shm.win.Fence()
+
+    def words(self):
+        return self.gate_words(FENCES)
+
+    def _fence(self, d, e):
+        """The node's fence of call ``e``, once every node rank has committed to it."""
+        self._fences += 1
+        self.commit(FENCES, self._fences)
+        self.await_gates(FENCES, self._fences, self._node, "FENCES", d, e)
         self.shm.win.Fence()
 
     def begin(self, d, xbuf, e):
         super().begin(d, xbuf, e)
-        self.shm.win.Fence()
+        self._fence(d, e)
 
     def end(self, d, xbuf, e, op):
         self.finish_checked(d, xbuf, e, op)
@@ -32,7 +47,7 @@ class Fence(ShmTransport):
         marked invalid, the node's fence, nothing packed or copied; messages as Messages.bad.
         Returns HM_OK when every node peer sending to this rank was invalid too."""
         self.shm.mark_bad(d, e)
-        self.shm.win.Fence()
+        self._fence(d, e)
         good = len(self.dirs[d].recv_chans) - len(self.bad_senders(d, e))
         good += self.dirs[d].msgs.bad(d, e)
         return lib.HM_OK if good == 0 else lib.HM_EMISMATCH

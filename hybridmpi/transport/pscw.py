@@ -8,11 +8,16 @@ call, returns once every receiver has completed, so the buffer is free for
 the next call.  Internode channels are flat Isend/Irecv.  A rank whose
 arguments were invalid opens and closes the same epochs with its call marked
 invalid (:meth:`PSCW.bad_call`); its receivers complete theirs, then raise.
+No rank enters a blocking MPI call before its peers have committed to theirs:
+a receiver starts once each sender has posted the call (the POSTED gate word), a
+sender waits once each receiver closes its access epoch (CLOSED); a rank whose
+comm broke poisons its gate words instead, so its peers raise PeerError rather
+than wait inside MPI for ever.
 """
 
 from .._clib import lib
 from ._base import Fault
-from ._shm import ShmTransport
+from ._shm import CLOSED, POSTED, ShmTransport
 
 
 class PSCW(ShmTransport):
@@ -27,35 +32,55 @@ class PSCW(ShmTransport):
             self.groups.append((group.Incl(post) if post else None,
                                 group.Incl(start) if start else None))
         group.Free()
+        #: per direction: the receivers (this rank's exposure epoch) and senders (its access
+        #: epoch), whose gate words this rank waits on
+        self.peers = [([c.peer for c in s.send_chans], [c.peer for c in s.recv_chans])
+                      for s in self.dirs]
 
-    def begin(self, d, xbuf, e):
-        super().begin(d, xbuf, e)
+    def words(self):
+        return self.gate_words(POSTED, POSTED + 1, CLOSED, CLOSED + 1)
+
+    def _post(self, d, e):
         post = self.groups[d][0]
         if post is not None:
             self.shm.win.Post(post)
+            self.commit(POSTED + d, e)
+
+    def _start(self, d, e):
+        start = self.groups[d][1]
+        if start is not None:
+            self.await_gates(POSTED + d, e, self.peers[d][1], "POSTED", d, e)
+            self.shm.win.Start(start)
+
+    def begin(self, d, xbuf, e):
+        super().begin(d, xbuf, e)
+        self._post(d, e)
 
     def end(self, d, xbuf, e, op):
-        post, start = self.groups[d]
-        if start is not None:
-            self.shm.win.Start(start)
+        start = self.groups[d][1]
+        self._start(d, e)
         try:
             self.finish_checked(d, xbuf, e, op)
         except Fault as f:
             if f.kind == "mismatch":   # every peer is in this call: its epochs end as usual
-                self._close(post, start)
+                self._close(d, e)
             elif f.kind in ("notice", "peer") and start is not None:
                 # a peer broke the comm: end this rank's access epoch, so that a target still
                 # in its MPI_Win_wait (a peer that saw nothing wrong) returns; waiting on the
                 # origins here could last forever (the one that failed may never complete)
+                self.commit(CLOSED + d, e)
                 self.shm.win.Complete()
             raise
-        self._close(post, start)
+        self._close(d, e)
 
-    def _close(self, post, start):
+    def _close(self, d, e):
+        post, start = self.groups[d]
         win = self.shm.win
         if start is not None:
+            self.commit(CLOSED + d, e)
             win.Complete()
         if post is not None:
+            self.await_gates(CLOSED + d, e, self.peers[d][0], "CLOSED", d, e)
             win.Wait()
 
     def bad_call(self, d, e):
@@ -63,14 +88,11 @@ class PSCW(ShmTransport):
         marked invalid, its exposure and access epochs opened and closed, nothing packed or
         copied; messages as Messages.bad.  Returns HM_OK when every node peer sending to this
         rank was invalid too."""
-        post, start = self.groups[d]
         self.shm.mark_bad(d, e)
-        if post is not None:
-            self.shm.win.Post(post)
-        if start is not None:
-            self.shm.win.Start(start)
+        self._post(d, e)
+        self._start(d, e)
         good = len(self.dirs[d].recv_chans) - len(self.bad_senders(d, e))
-        self._close(post, start)
+        self._close(d, e)
         good += self.dirs[d].msgs.bad(d, e)
         return lib.HM_OK if good == 0 else lib.HM_EMISMATCH
 

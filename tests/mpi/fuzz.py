@@ -614,7 +614,9 @@ class Gen:
     def orders(self, acts):
         """Per rank, an order of ``acts`` that the guide allows and that cannot deadlock if
         begins never wait for peers and an end waits for every peer's begin (actions of
-        methods in --same-order are in one global order and wait for every rank)."""
+        methods in --same-order are in one global order and wait for every rank; the end of an
+        ``atomic`` call on a shared vector waits for every peer's end: zero copy's owner waits
+        for its readers' DONE)."""
         n = len(acts)
         same = set(self.cfg.same_order)
         pred = [set() for _ in range(n)]
@@ -631,7 +633,10 @@ class Gen:
         for chain in chains.values():
             for x, y in zip(chain, chain[1:]):
                 pred[y].add(x)
-        collective = [self.halos[a["hid"]]["method"] in same for a in acts]
+        collective = [self.halos[a["hid"]]["method"] in same
+                      or (self.halos[a["hid"]]["method"] == "atomic" and a["call"].endswith("_end")
+                          and a["arr"] in ("v0", "v1"))
+                      for a in acts]
         if "order" in self.cfg.avoid:
             return [self.topo(pred)] * self.P
         for _ in range(30):
@@ -1817,7 +1822,7 @@ class Program:
             ok = good_raise | (exp if r in badset else set()) | {"Skip"}
             if not isa(x.cls, ok):
                 return fail("class", f"rank {r} raised {c(x)} after an earlier error (allowed: {sorted(ok)})")
-        if m.get("sync") and raised:
+        if m.get("sync") and raised and not m.get("free"):   # (a free on a broken comm is local)
             # either usable and consistent (every rank returned, with right values) or every
             # call raises: a rank whose objects broke earlier does not return while others raise,
             # and a rank does not return without the part of a rank that broke earlier and raised
@@ -3807,9 +3812,16 @@ class Program:
         key = (st["i"], 0)
         meta = self.misuse_meta(st, {"sync": True, "deps": None, "agreed": True})
         meta["must"] = list(range(P))
+        meta["free"] = True
         kind, oid = st["objs"][st["which"][R]]
         obj = (self.ohalo.get(oid) or {}).get("h") if kind == "halo" else self.omem.get(oid)
         self.call(key, obj.free if obj is not None else self.skip, meta=meta)
+        if obj is not None and obj.closed:   # a broken comm's free is local: gone on this rank
+            if kind == "halo":
+                o = self.ohalo.pop(oid)
+                self.graveyard[oid] = {"h": o["h"], "x": o["arrays"]["k0"]}
+            else:
+                self.gm_graveyard[oid] = self.omem.pop(oid)
 
     def do_pyint(self, st):
         """allreduce of Python ints: the exact Python result, as a Python int."""

@@ -279,48 +279,42 @@ def case_pscw_first_update_after_creation(comm, rng, node_size):
 
 
 def case_fence_and_pscw_halos_interleaved_in_different_orders(comm, rng, node_size):
-    """The guide: 'calls on different Halos may interleave differently on different ranks'
-    (every method).  Two fence Halos begun in opposite orders on even and odd ranks, and a
-    pscw Halo ended before a flat one's begin on rank 0 but after its end on rank 1, must
-    complete.  Found: both deadlock (a fence begin is MPI_Win_fence, collective over the node;
-    a pscw end waits in MPI_Win_wait for the peer's end); the fuzzer's groups hang unless run
-    with --same-order fence,pscw.  Fuzzer: campaign seeds 549629 (pscw + flat), 482131 (fence),
-    3 ranks.  (A hang here aborts the job after 20 s; this case runs last.)"""
+    """The guide once said 'calls on different Halos may interleave differently on different
+    ranks' (every method); it now asks fence and pscw Halos for one order on every rank.  Two
+    fence Halos begun in opposite orders on even and odd ranks, or a pscw Halo ended before a
+    flat one's begin on even ranks but after its end on odd ones, cannot complete: every rank
+    must raise (SyncTimeout, or PeerError once a peer timed out) within the timeout and a
+    little, never wait for ever (or every rank complete, where no node is shared).  Found: both deadlocked inside MPI (a fence begin is
+    MPI_Win_fence, collective over the node; a pscw end waits in MPI_Win_wait for the peer's
+    end), where no timeout applies; now each rank waits on its peers' gate words first, under
+    the deadline.  Fuzzer: campaign seeds 549629 (pscw + flat), 482131 (fence), 3 ranks."""
     if comm.size < 2:
         return
-    with HybridComm(comm, node_size=node_size) as hc:
-        pat, owned, ghosts = ring(hc)
-        a, b = Halo(pat, method="pscw"), Halo(pat, method="flat")
-        xa, wa = filled(pat, owned, ghosts, 8)
-        xb, wb = filled(pat, owned, ghosts, 9)
-        if hc.rank % 2 == 0:
-            order = [(a.update_begin, xa), (a.update_end, xa), (b.update_begin, xb), (b.update_end, xb)]
-        else:
-            order = [(a.update_begin, xa), (b.update_begin, xb), (b.update_end, xb), (a.update_end, xa)]
+    for kind in ("pscw", "fence"):
+        with HybridComm(comm, node_size=node_size, timeout=1.0) as hc:
+            pat, owned, ghosts = ring(hc)
+            a, b = Halo(pat, method=kind), Halo(pat, method="flat" if kind == "pscw" else kind)
+            xa, _ = filled(pat, owned, ghosts, 8)
+            xb, _ = filled(pat, owned, ghosts, 9)
+            even = hc.rank % 2 == 0
+            if kind == "pscw":
+                order = ([(a.update_begin, xa), (a.update_end, xa), (b.update_begin, xb), (b.update_end, xb)]
+                         if even else
+                         [(a.update_begin, xa), (b.update_begin, xb), (b.update_end, xb), (a.update_end, xa)])
+            else:
+                pairs = [(a, xa), (b, xb)] if even else [(b, xb), (a, xa)]
+                order = [(h.update_begin, x) for h, x in pairs] + [(h.update_end, x) for h, x in pairs]
 
-        def run():
-            for f, x in order:
-                f(x)
+            def run(order=order):
+                for f, x in order:
+                    f(x)
 
-        with_deadline(comm, 20, run)
-        assert np.array_equal(xa, wa) and np.array_equal(xb, wb)
-        a.free()
-        b.free()
-        a, b = Halo(pat, method="fence"), Halo(pat, method="fence")
-        xa, wa = filled(pat, owned, ghosts, 10)
-        xb, wb = filled(pat, owned, ghosts, 11)
-        pairs = [(a, xa), (b, xb)] if hc.rank % 2 == 0 else [(b, xb), (a, xa)]
-
-        def run2():
-            for h, x in pairs:
-                h.update_begin(x)
-            for h, x in pairs:
-                h.update_end(x)
-
-        with_deadline(comm, 20, run2)
-        assert np.array_equal(xa, wa) and np.array_equal(xb, wb)
-        a.free()
-        b.free()
+            got, secs = with_deadline(comm, 20, lambda run=run: outcome(run))
+            views = comm.allgather((got, secs))
+            # (across nodes only messages move: the calls may then complete on every rank)
+            assert (all(v[0] is None for v in views)
+                    or all(v[0] in ("SyncTimeout", "PeerError") and v[1] < 1.0 + PROMPT_S
+                           for v in views)), (kind, views)
 
 
 def case_sync_images_invalid_on_every_rank_stays_usable(comm, rng, node_size):
@@ -368,7 +362,7 @@ def case_halo_after_a_break_on_another_rank(comm, rng, node_size):
             x = np.ones(pat.size)
             outcome(lambda a=a, x=x, pat=pat, hc=hc: a.reverse(np.ones(pat.size + 1) if hc.rank == 0 else x))
             got, secs = with_deadline(comm, 20, lambda b=b, x=x: outcome(lambda: b.update(x)))
-            views = comm.allgather((got, secs))
+            views = comm.allgather((got, secs))[:2]   # (ranks 0 and 1: the others take no part)
             assert len({v[0] is None for v in views}) == 1, (method, views)
             assert all(v[1] < PROMPT_S for v in views), (method, views)
 

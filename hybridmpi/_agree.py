@@ -11,13 +11,13 @@ What a rank sends is pickled inside a ``try``: a value that cannot be pickled, o
 
 from __future__ import annotations
 
-import os
 import pickle
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from . import settings
 from ._clib import ERRBIT
 from ._types import mpi
 from ._waits import wait_requests
@@ -76,12 +76,7 @@ def _timeout_s(ctx: Any, deadline: float | None = None) -> float | None:
         return ns / 1e9 if ns else None
     if deadline is not None:
         return deadline if 0 < deadline < 1e9 else None
-    raw = os.environ.get("HYBRIDMPI_TIMEOUT", "").strip()
-    try:
-        value = float(raw) if raw else 0.0
-    except ValueError:
-        return None   # the HybridComm's own check of the environment says what is wrong
-    return value if 0 < value < 1e9 else None
+    return settings.timeout()
 
 
 def _wait(comm: Any, req: Any, where: str, ctx: Any, deadline: float | None = None) -> None:

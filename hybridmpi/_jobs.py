@@ -7,26 +7,12 @@ import os
 import sys
 import time
 
-#: the environment variables in which launchers tell a process its size and rank
-LAUNCHER_ENV = (("PMI_SIZE", "PMI_RANK"),                           # MPICH (hydra), Intel MPI, PMI-2
-                ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),   # Open MPI
-                ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"))     # MVAPICH2
+from .settings import launched
+
 #: abort_on_error blocks entered and not yet left
 GUARDS = [0]
 #: seconds between printing the error and aborting (time for the launcher to forward it)
 FORWARD_S = 0.5
-
-
-def launched() -> tuple[int, int]:
-    """This process's rank and the number of processes, as the launcher's environment says
-    (``mpiexec`` of MPICH, Open MPI, Intel MPI, MVAPICH2), without starting MPI; ``(0, 1)``
-    outside a launcher."""
-    for size, rank in LAUNCHER_ENV:
-        try:
-            return int(os.environ.get(rank, "0")), int(os.environ[size])
-        except (KeyError, ValueError):
-            continue
-    return 0, 1
 
 
 def world():

@@ -7,11 +7,11 @@ BLAS, so the command sets the thread count through the library itself.
 """
 
 import ctypes
-import os
+
+from . import settings
 
 _SETTERS = ("openblas_set_num_threads", "openblas_set_num_threads64_",
             "scipy_openblas_set_num_threads", "scipy_openblas_set_num_threads64_")
-_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def limit_blas_threads(n=1):
@@ -20,7 +20,7 @@ def limit_blas_threads(n=1):
     Returns the number of libraries changed (0 where none is found, or the
     environment already says how many threads to use).
     """
-    if any(os.environ.get(v) for v in _ENV):
+    if settings.threads_set():
         return 0
     try:
         with open("/proc/self/maps") as f:

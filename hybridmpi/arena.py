@@ -18,6 +18,7 @@ import errno
 import mmap
 import os
 
+from . import settings
 from ._agree import agree, create_agreed
 from ._clib import lib
 from ._types import as_int, mpi
@@ -34,7 +35,7 @@ _POPULATE_WRITE = 23
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 #: where MPI libraries map their shared segments on Linux
-SHM_DIR = os.environ.get("HYBRIDMPI_SHM_DIR", "/dev/shm")
+SHM_DIR = settings.shm_dir()
 #: bytes per rank of a new chunk (larger blocks get a chunk of their own size)
 CHUNK_BYTES = 4 * 2**20
 #: the largest block a rank may ask for: its bytes, offsets and MPI displacements (MPI_Aint)
@@ -61,9 +62,9 @@ def id_budget():
     """(context ids the library may hold in this process, why): env
     ``HYBRIDMPI_CONTEXT_IDS`` (the MPI's limit, for an MPI built with another), else the MPI's
     limit by vendor (:data:`CONTEXT_IDS`, 2,048 when unknown), less :data:`CONTEXT_IDS_LEFT`."""
-    env = os.environ.get("HYBRIDMPI_CONTEXT_IDS")
+    env = settings.context_ids()
     if env:
-        limit, source = int(env), "env HYBRIDMPI_CONTEXT_IDS"
+        limit, source = env, "env HYBRIDMPI_CONTEXT_IDS"
     else:
         vendor = mpi().get_vendor()[0]
         limit = CONTEXT_IDS.get(vendor, 2048)
@@ -106,9 +107,9 @@ def shm_room():
         room, where = st.f_bavail * st.f_frsize, f"{SHM_DIR} has"
     except OSError:
         room, where = None, ""
-    limit = os.environ.get("HYBRIDMPI_SHM_LIMIT")
-    if limit and (room is None or int(limit) < room):
-        room, where = int(limit), "HYBRIDMPI_SHM_LIMIT allows"
+    limit = settings.shm_limit()
+    if limit is not None and (room is None or limit < room):
+        room, where = limit, "HYBRIDMPI_SHM_LIMIT allows"
     return room, where
 
 

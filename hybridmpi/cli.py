@@ -17,9 +17,10 @@ import sys
 import time
 import traceback
 
-from . import __version__
+from . import __version__, settings
 from ._extras import MissingExtra, need
-from ._jobs import abort_job, launched, world
+from ._jobs import abort_job, world
+from .settings import launched
 
 #: seconds the ranks of an MPI job wait for each other to compare their command lines (env
 #: HYBRIDMPI_TIMEOUT when set): a rank that runs another program, or none, ends the job then
@@ -136,11 +137,7 @@ class _BenchParser(_Parser):
 
 
 def _agree_seconds():
-    try:
-        t = float(os.environ.get("HYBRIDMPI_TIMEOUT") or _AGREE_S)
-    except ValueError:
-        return _AGREE_S
-    return t if t > 0 else _AGREE_S
+    return settings.timeout() or _AGREE_S
 
 
 def _agree_command_line(argv, failure):
@@ -238,7 +235,6 @@ def _mpi_job(args, body):
 
 
 def cmd_bench(args):
-    import os
 
     from .bench import KINDS, print_table, set_ratios, write_json
 
@@ -260,7 +256,6 @@ def cmd_bench(args):
 
 
 def cmd_plot(args):
-    import os
 
     from .plot import plot
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import settings
 from ._agree import agree, register, safe_repr, unregister
 from ._clib import ERRBIT, MISBIT, ffi, lib
 from ._context import Context
@@ -53,18 +54,6 @@ TAG_SLOTS = 16000
 
 
 
-def _env_float(name):
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"hybridmpi: environment variable {name}={raw!r} is not a number") from None
-
-
-#: seconds one wait lasts before it prints what it waits for (env HYBRIDMPI_WARN_AFTER; 0: never)
-WARN_AFTER = 60.0
 # Waits longer than this are waits without a limit (int64 nanoseconds end near 292 years).
 _FOREVER_S = 1e9
 
@@ -87,31 +76,12 @@ def check_seconds(value, what):
 
 
 def _env_settings():
-    """The environment variables that decide paths, read once per HybridComm: the values, or
+    """The environment settings a HybridComm reads once (settings.per_comm): the values, or
     the problem with one of them (the ranks then agree on these values or raise)."""
-    out = {}
     try:
-        out["timeout"] = _env_float("HYBRIDMPI_TIMEOUT")
-        spin = _env_float("HYBRIDMPI_SPIN")
-        out["spin"] = None if spin is None else int(spin)
-        warn = _env_float("HYBRIDMPI_WARN_AFTER")
-        out["warn_after"] = WARN_AFTER if warn is None else warn
-        out["cma"] = os.environ.get("HYBRIDMPI_CMA", "1").strip() != "0"
-        profile = os.environ.get("HYBRIDMPI_PROFILE", "").strip()
-        out["profile"] = None if profile in ("", "0") else profile
-        for key, name in (("cma_bytes", "HYBRIDMPI_CMA_BYTES"),
-                          ("zero_copy_bytes", "HYBRIDMPI_ZERO_COPY_BYTES")):
-            v = _env_float(name)
-            out[key] = None if v is None else int(v)
+        out = settings.per_comm()
     except ValueError as e:
-        return None, str(e).replace("hybridmpi: ", "")
-    chaos = os.environ.get("HYBRIDMPI_CHAOS", "").strip()
-    seed, _, most = chaos.partition(":")
-    try:
-        if chaos:
-            int(seed), float(most or 0)
-    except ValueError:
-        return None, f"env HYBRIDMPI_CHAOS={chaos!r} is not SEED[:MAX_US]"
+        return None, str(e)
     problem = (check_seconds(out["timeout"], "env HYBRIDMPI_TIMEOUT")
                or check_seconds(out["warn_after"], "env HYBRIDMPI_WARN_AFTER"))
     if problem is None and out["spin"] is not None and out["spin"] < 0:
@@ -123,11 +93,10 @@ def _chaos(rank):
     """Turn on the C core's chaos hook from env HYBRIDMPI_CHAOS=SEED[:MAX_US] (drift tests:
     random yields, spins and sleeps of up to MAX_US microseconds, default 200, at protocol
     points; each rank draws its own sequence)."""
-    raw = os.environ.get("HYBRIDMPI_CHAOS", "").strip()
-    if not raw or raw == "0":
-        return
-    seed, _, most = raw.partition(":")
-    lib.hm_set_chaos(int(seed) * 7919 + rank + 1, int(float(most or 200) * 1000))
+    found = settings.chaos()
+    if found is not None:
+        seed, most = found
+        lib.hm_set_chaos(seed * 7919 + rank + 1, int(most * 1000))
 
 
 @ffi.def_extern()

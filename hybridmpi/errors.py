@@ -7,7 +7,8 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from ._jobs import GUARDS, abort_job, launched
+from ._jobs import GUARDS, abort_job
+from .settings import launched
 
 __all__ = ["FreedError", "PatternError", "PeerArgumentError", "PeerError", "SyncTimeout",
            "abort_on_error", "launched"]

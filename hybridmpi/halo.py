@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import settings
 from ._agree import agree, safe_repr
 from ._clib import MISBIT, ffi, lib
 from ._resource import Freed, Recorded
@@ -155,8 +156,7 @@ class Halo(Freed, Recorded):
         except Exception:   # anything numpy refuses is a problem to agree on, not a raise here
             dt = None
         if method is None:
-            method = os.environ.get("HYBRIDMPI_METHOD") or "atomic"
-            source = " (from env HYBRIDMPI_METHOD)"
+            method, source = settings.method()
         else:
             source = ""
         broken = hc.context.broken()

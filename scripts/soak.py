@@ -100,6 +100,13 @@ def launch(a, suite, n, extra, seed, openmpi):
         return out, None, True
 
 
+def write(a, totals, failures, openmpi):
+    """The JSON file (written after every launch, so that an interrupted soak keeps its figures)."""
+    with open(a.json, "w") as f:
+        json.dump({"totals": totals, "ops": a.ops, "batch": a.batch, "fuzz_args": a.fuzz_args,
+                   "failures": failures, "mpi": "openmpi" if openmpi else "mpich"}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=10.0)
@@ -129,8 +136,14 @@ def main():
             else {"programs": 0, "steps": 0, "calls": 0, "wrong_values": 0, "onesided": 0, "kinds": {}}
         )
     failures = []
+    reported = 0
     turn = 0
     while time.monotonic() < end:
+        write(a, totals, failures, openmpi)
+        for f in failures[reported:]:
+            print(f"  FAILURE {f.get('kind', '')}: {f.get('why', f.get('where', ''))}\n"
+                  f"    replay: {f.get('replay')}", flush=True)
+        reported = len(failures)
         suite = suites[turn % len(suites)]
         turn += 1
         n, extra = random.choice(configs)
@@ -204,19 +217,7 @@ def main():
                 f"calls; by kind {t['kinds']}), {t['launches']} launches",
                 flush=True,
             )
-    with open(a.json, "w") as f:
-        json.dump(
-            {
-                "totals": totals,
-                "ops": a.ops,
-                "batch": a.batch,
-                "fuzz_args": a.fuzz_args,
-                "failures": failures,
-                "mpi": "openmpi" if openmpi else "mpich",
-            },
-            f,
-            indent=1,
-        )
+    write(a, totals, failures, openmpi)
     return 1 if any(t["failed"] or t["hangs"] for t in totals.values()) else 0
 
 

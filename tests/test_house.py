@@ -178,3 +178,25 @@ def test_no_private_import():
                         wrong.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {n}")
     assert not wrong, f"private names imported from another module: {wrong}"
 
+
+
+def test_settings_read_in_one_module():
+    """The environment is read in hybridmpi/settings.py only, and docs/settings.md lists every
+    variable of its table with its default."""
+    from hybridmpi.settings import VARIABLES
+
+    readers = []
+    for dirpath, _, files in os.walk(PKG):
+        for f in files:
+            path = os.path.join(dirpath, f)
+            if f.endswith(".py") and f != "settings.py":
+                with open(path) as fh:
+                    if re.search(r"os\.environ|os\.getenv|\bgetenv\(", fh.read()):
+                        readers.append(os.path.relpath(path, ROOT))
+    assert readers == [], readers
+    with open(os.path.join(ROOT, "docs", "settings.md")) as fh:
+        doc = fh.read()
+    for v in VARIABLES:
+        assert f"| `{v.name}` | {v.default} |" in doc, v.name
+    named = set(re.findall(r"HYBRIDMPI_[A-Z_]+", open(os.path.join(PKG, "settings.py")).read()))
+    assert named == {v.name for v in VARIABLES}, named ^ {v.name for v in VARIABLES}

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from .. import settings
 from ._common import Progress, add, document, timed
 
 
@@ -15,12 +16,9 @@ def arguments(p):
 def run(hc, comm, a):
     """Local np.dot alone, np.dot + hybrid allreduce, np.dot + MPI allreduce (the baseline)."""
     lengths = [int(s) for s in a.lengths.split(",")]
-    import os
-
     doc = document("dot", "dot product x.y of float64 vectors, time per call (us); gflops = "
                    "flop rate per core", "length", hc, a.node_size, reps=a.reps,
-                   blas_threads=os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
-                   or "1 (set by the hybridmpi command)")
+                   blas_threads=settings.blas_threads() or "1 (set by the hybridmpi command)")
     rng = np.random.default_rng(comm.rank)
     bar = Progress(comm, 3 * len(lengths), "dot")
     for n in lengths:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import settings
 from .._extras import need
 
 #: the shipped cube meshes (made by scripts/ship_meshes.py): hybridmpi/meshes/ in an installed
@@ -23,10 +24,7 @@ SHIPPED = next((p for p in (Path(__file__).resolve().parents[1] / "meshes",
 def _cache_dir(cache_dir):
     if cache_dir is not None:
         return Path(cache_dir)
-    env = os.environ.get("HYBRIDMPI_CACHE")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridmpi" / "meshes"
+    return settings.cache_dir()
 
 
 def mesh_name(h: float) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import settings
 from .._clib import ERRBIT, MISBIT, copy_policy, ffi, lib
 from .._marks import mark as prof_mark
 from .._marks import mark_end as prof_mark_end
@@ -104,7 +105,7 @@ Chan = namedtuple("Chan", "peer ids buf0 buf1 ready done tag", defaults=(None,))
 #: channels whose runs of consecutive ids are shorter than this on average are
 #: moved point by point through an index list (no branch per point), the others
 #: run by run (one memcpy per run)
-RUN_KERNEL_MIN = int(os.environ.get("HYBRIDMPI_RUN_KERNEL_MIN") or 8)
+RUN_KERNEL_MIN = settings.run_kernel_min()
 
 
 def point_kernel(count, nruns, *arrays):

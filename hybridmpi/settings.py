@@ -1,0 +1,188 @@
+"""Every setting the library reads from the environment, in one place.
+
+The library reads the process environment here only.  :data:`VARIABLES` is the table that
+``docs/settings.md`` shows (``tests/test_house.py`` checks that the two agree and that no other
+module of ``hybridmpi`` reads ``os.environ``).  Settings that decide which path a call takes or
+how long a wait lasts are read once per ``HybridComm`` (:func:`per_comm`) and agreed across its
+ranks there: ranks with different values raise ``ValueError`` on every rank.  The others are
+read where they act: at import (``HYBRIDMPI_RUN_KERNEL_MIN``), per allocation (the room and
+context-id budgets) or per process (the launcher's rank and size).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+
+class Variable(NamedTuple):
+    """One environment variable the library reads."""
+
+    name: str
+    default: str
+    when: str        # "per comm" (agreed by HybridComm()), "import", "call" or "process"
+    meaning: str
+
+
+VARIABLES = (
+    Variable("HYBRIDMPI_TIMEOUT", "none", "per comm",
+             "seconds a wait lasts before `SyncTimeout` (a `HybridComm`'s default `timeout=`; "
+             "before a comm exists, the deadline of the constructors' agreements)"),
+    Variable("HYBRIDMPI_SPIN", "by core count", "per comm",
+             "polls a wait spins before it yields the CPU (the default `spin=`)"),
+    Variable("HYBRIDMPI_WARN_AFTER", "60", "per comm",
+             "seconds a wait lasts before it prints what it waits for (0: never)"),
+    Variable("HYBRIDMPI_CMA", "1", "per comm",
+             "0 turns cross-memory attach off (private arrays then move through shared buffers)"),
+    Variable("HYBRIDMPI_CMA_BYTES", "`halo.CMA_BYTES`", "per comm",
+             "the smallest channel that cross-memory attach takes"),
+    Variable("HYBRIDMPI_ZERO_COPY_BYTES", "`halo.ZERO_COPY_BYTES`", "per comm",
+             "the smallest channel that a shared vector's zero copy takes"),
+    Variable("HYBRIDMPI_PROFILE", "off", "per comm",
+             "profile every `HybridComm` until it is freed: `1` prints the table, a path "
+             "writes JSON there as well"),
+    Variable("HYBRIDMPI_CHAOS", "off", "per comm",
+             "`SEED[:MAX_US]`: random delays of up to MAX_US µs (200) at the C core's protocol "
+             "points (the drift tests)"),
+    Variable("HYBRIDMPI_METHOD", "atomic", "call",
+             "the method of a `Halo` made without `method=`"),
+    Variable("HYBRIDMPI_SHM_DIR", "/dev/shm", "import",
+             "where the MPI maps its shared segments (the room checks read its free space)"),
+    Variable("HYBRIDMPI_SHM_LIMIT", "none", "call",
+             "bytes of shared memory the room checks allow, when less than the folder has"),
+    Variable("HYBRIDMPI_CONTEXT_IDS", "the MPI's", "call",
+             "context ids (communicators and windows) the MPI gives a process, for an MPI "
+             "built with another limit"),
+    Variable("HYBRIDMPI_RUN_KERNEL_MIN", "8", "import",
+             "the mean run length from which the pack kernels copy runs rather than points"),
+    Variable("HYBRIDMPI_CACHE", "`~/.cache/hybridmpi/meshes`", "call",
+             "where the mesh pipeline keeps the meshes it generates (tools)"),
+)
+
+#: the environment variables in which launchers tell a process its size and rank
+LAUNCHER_ENV = (("PMI_SIZE", "PMI_RANK"),                           # MPICH (hydra), Intel MPI, PMI-2
+                ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),   # Open MPI
+                ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"))     # MVAPICH2
+#: variables that already say how many threads numpy's BLAS may use
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+#: seconds one wait lasts before it prints what it waits for (HYBRIDMPI_WARN_AFTER unset)
+WARN_AFTER = 60.0
+
+
+def raw(name: str) -> str:
+    """The value of ``name``, stripped ('' when unset)."""
+    return os.environ.get(name, "").strip()
+
+
+def env_float(name: str) -> float | None:
+    """``name`` as a number, None when unset or empty; ValueError when it is not a number."""
+    value = raw(name)
+    if value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"hybridmpi: environment variable {name}={value!r} is not a number") from None
+
+
+def chaos() -> tuple[int, float] | None:
+    """HYBRIDMPI_CHAOS as (seed, most µs), None when off; ValueError when malformed."""
+    value = raw("HYBRIDMPI_CHAOS")
+    if value in ("", "0"):
+        return None
+    seed, _, most = value.partition(":")
+    try:
+        return int(seed), float(most or 200)
+    except ValueError:
+        raise ValueError(f"env HYBRIDMPI_CHAOS={value!r} is not SEED[:MAX_US]") from None
+
+
+def per_comm() -> dict[str, Any]:
+    """The settings a ``HybridComm`` reads once and agrees on across its ranks (ValueError,
+    without the 'hybridmpi: ' prefix, when one is malformed)."""
+    try:
+        spin = env_float("HYBRIDMPI_SPIN")
+        warn = env_float("HYBRIDMPI_WARN_AFTER")
+        profile = raw("HYBRIDMPI_PROFILE")
+        out: dict[str, Any] = {
+            "timeout": env_float("HYBRIDMPI_TIMEOUT"),
+            "spin": None if spin is None else int(spin),
+            "warn_after": WARN_AFTER if warn is None else warn,
+            "cma": (raw("HYBRIDMPI_CMA") or "1") != "0",
+            "profile": None if profile in ("", "0") else profile,
+        }
+        for key, name in (("cma_bytes", "HYBRIDMPI_CMA_BYTES"),
+                          ("zero_copy_bytes", "HYBRIDMPI_ZERO_COPY_BYTES")):
+            v = env_float(name)
+            out[key] = None if v is None else int(v)
+        chaos()   # checked here; each rank draws its own delays (not agreed)
+    except ValueError as e:
+        raise ValueError(str(e).replace("hybridmpi: ", "")) from None
+    return out
+
+
+def timeout() -> float | None:
+    """HYBRIDMPI_TIMEOUT in seconds where it is a positive number below 1e9, else None (the
+    deadline of agreements made before a HybridComm exists)."""
+    try:
+        value = env_float("HYBRIDMPI_TIMEOUT")
+    except ValueError:
+        return None   # the HybridComm's own check of the environment says what is wrong
+    return value if value is not None and 0 < value < 1e9 else None
+
+
+def method() -> tuple[str, str]:
+    """(the default Halo method, where it came from, for messages)."""
+    value = os.environ.get("HYBRIDMPI_METHOD")
+    return (value, " (from env HYBRIDMPI_METHOD)") if value else ("atomic", "")
+
+
+def shm_dir() -> str:
+    return os.environ.get("HYBRIDMPI_SHM_DIR", "/dev/shm")
+
+
+def shm_limit() -> int | None:
+    value = raw("HYBRIDMPI_SHM_LIMIT")
+    return int(value) if value else None
+
+
+def context_ids() -> int | None:
+    value = raw("HYBRIDMPI_CONTEXT_IDS")
+    return int(value) if value else None
+
+
+def run_kernel_min() -> int:
+    return int(raw("HYBRIDMPI_RUN_KERNEL_MIN") or 8)
+
+
+def cache_dir() -> Path:
+    """Where generated meshes are kept: HYBRIDMPI_CACHE, else XDG_CACHE_HOME/hybridmpi/meshes."""
+    value = raw("HYBRIDMPI_CACHE")
+    if value:
+        return Path(value)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridmpi" / "meshes"
+
+
+def blas_threads() -> str | None:
+    """The BLAS thread count the environment asks for, if any (benchmark records)."""
+    return raw("OPENBLAS_NUM_THREADS") or raw("OMP_NUM_THREADS") or None
+
+
+def launched() -> tuple[int, int]:
+    """This process's rank and the number of processes, as the launcher's environment says
+    (``mpiexec`` of MPICH, Open MPI, Intel MPI, MVAPICH2), without starting MPI; ``(0, 1)``
+    outside a launcher."""
+    for size, rank in LAUNCHER_ENV:
+        try:
+            return int(os.environ.get(rank, "0")), int(os.environ[size])
+        except (KeyError, ValueError):
+            continue
+    return 0, 1
+
+
+def threads_set() -> bool:
+    """Whether the environment already says how many threads numpy's BLAS may use."""
+    return any(os.environ.get(v) for v in THREAD_ENV)
+

@@ -136,3 +136,12 @@ def test_fuzz_reports_planted_faults(plant, words):
     assert rc != 0, text[-3000:]
     for w in words + ["replay: ", "--seed 3 --programs 1 --steps 40"]:
         assert w in text, (w, text[-3000:])
+
+
+@pytest.mark.parametrize("ranks,args", [(2, []), (3, []), (3, ["--node-size", "1"]),
+                                        (4, ["--node-size", "2"])],
+                         ids=["2", "3", "3-node_size1", "4-node_size2"])
+def test_fuzz_findings_reproducers(ranks, args):
+    """tests/mpi/fuzz_repro_cases.py: one reproducer per finding of the fuzzer and the soak
+    (tests/mpi/fuzz_findings.md), each written as the guarantee it broke."""
+    run_mpi("fuzz_repro_cases.py", ranks, *args, env={"HYBRIDMPI_TIMEOUT": "10"}, timeout=120)

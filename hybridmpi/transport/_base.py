@@ -211,9 +211,14 @@ def complete(ex, reqs, peers, what, e, statuses=None):
 
 def wait_until(ex, poll, value, peer, counter, what, e):
     """Call ``poll()`` until it returns at least ``value``, yielding the CPU, under the deadline;
-    a word with error bits (its writer's comm broke) raises Fault "peer"."""
+    a word with error bits (its writer's comm broke) raises Fault "peer", a failure notice
+    Fault "notice".  Every few polls it probes for notices, which also drives MPI's progress:
+    RMA aimed at this rank from another node (a peer's blocking Get) may need this rank to
+    enter MPI before it completes, and that peer may be what this wait waits for."""
     deadline = None if ex.timeout is None else time.monotonic() + ex.timeout
+    notices = ex.ctx.notices
     prof_mark()
+    polls = 0
     while True:
         seen = poll() & _WORD
         if seen >= value:
@@ -224,6 +229,11 @@ def wait_until(ex, poll, value, peer, counter, what, e):
         if deadline is not None and time.monotonic() > deadline:
             raise Fault("timeout", detail=f"{what}: rank {peer} did not set {counter} to {value} "
                         f"(it reads {seen})", peer=peer, counter=counter, epoch=e)
+        polls += 1
+        if polls % 8 == 0:
+            failed = notices.poll()
+            if failed is not None:
+                raise Fault("notice", peer=failed)
         os.sched_yield()
 
 

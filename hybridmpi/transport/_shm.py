@@ -21,9 +21,11 @@ _R = lib.HM_REGION
 #: the fields of a channel's layout entry: its counter's region (DONE in the sender's segment,
 #: READY in the receiver's), then the sender's two buffers (by epoch parity)
 COUNTER, BUF0, BUF1 = 0, 1, 2
-#: the gate words of the first region (8-byte slots; 0, 1: epochs entered; 2, 3: invalid
-#: calls): fence's count of fences, pscw's last call posted and last call closed, by direction
-FENCES, POSTED, CLOSED = 4, 5, 7
+#: the 8-byte slots of the first region: 0, 1 the epochs entered (by direction); 2-5 the last
+#: invalid call by direction and epoch parity (MARKS + 2 * d + e % 2: a sender may be one call
+#: ahead of a reader, never two); the gates: fence's count of fences, pscw's last call posted
+#: and last call closed, by direction
+MARKS, FENCES, POSTED, CLOSED = 2, 6, 7, 9
 
 
 _HINT = " (method 'flat' needs no shared memory; method 'auto' falls back to it)"
@@ -93,15 +95,17 @@ class SharedWindow:
     def mark_bad(self, d, e):
         """Mark call ``e`` of direction ``d`` as made with invalid arguments on this rank (read by
         :meth:`bad_among` once the method's synchronization has made it visible)."""
-        lib.hm_store(self._bad_word(self.me, d), e, lib.HM_ACQ_REL)
+        lib.hm_store(self._bad_word(self.me, d, e), e, lib.HM_ACQ_REL)
 
     def bad_among(self, d, e, peers):
         """The ranks of ``peers`` (on this node) that marked call ``e`` of direction ``d``."""
-        return [p for p in peers if lib.hm_load(self._bad_word(p, d), lib.HM_ACQ_REL) == e]
+        return [p for p in peers if lib.hm_load(self._bad_word(p, d, e), lib.HM_ACQ_REL) == e]
 
-    def _bad_word(self, rank, d):
-        """The word of ``rank``'s first region holding its last invalid call of direction ``d``."""
-        return ffi.cast("void *", self.base[self.node_rank[rank]] + 16 + 8 * d)
+    def _bad_word(self, rank, d, e):
+        """The word of ``rank``'s first region holding its last invalid call of direction ``d``
+        and the parity of ``e`` (a sender that already went on to call e + 1, invalid too, must
+        not hide call e's mark from a slow reader)."""
+        return ffi.cast("void *", self.slot(rank, MARKS + 2 * d + e % 2))
 
     def slot(self, rank, k):
         """Address of 8-byte slot ``k`` of ``rank``'s first region."""

@@ -114,13 +114,20 @@ class Lock(ShmTransport):
                 if f.kind != "mismatch":
                     raise
                 bad.append(f.peer)
+            # every node sender's READY and mark before anything combines: an owned entry gets
+            # every sender's values or none (not a partial sum when a later sender was invalid)
+            me = self.shm.me
+            for c in s.recv_chans:
+                wait_until(self.ex, lambda k=(d, c.peer, me): self._read(k), e, c.peer, "READY",
+                           "reverse", e)
+            bad += self.shm.bad_among(d, e, [c.peer for c in s.recv_chans])
             internode = self.internode[d]
             for peer in s.recv_all.peers:
                 if peer in internode:
                     if not bad:
                         check(lib.hm_xchg_recv(internode[peer].x, xbuf, e, op, 1), internode[peer])
-                elif not self._take(d, peer, xbuf, e, op, copy=not bad):
-                    bad.append(peer)
+                else:
+                    self._take(d, peer, xbuf, e, op, copy=not bad)
         if bad:
             raise Fault("mismatch", peer=bad[0], tag=lib.HM_TAG_BAD)
 

@@ -367,6 +367,67 @@ def case_halo_after_a_break_on_another_rank(comm, rng, node_size):
             assert all(v[1] < PROMPT_S for v in views), (method, views)
 
 
+def case_invalid_mark_survives_the_senders_next_call(comm, rng, node_size):
+    """fence, pscw, lock: every rank passes a read-only array (call e: every rank raises its
+    own ValueError, the Halo stays usable), then rank 0 alone passes one again (call e + 1).
+    Rank 1 reads the marks of call e late (a 50 ms delay put before its mark check).  Found
+    (soak, lock, 4 ranks --node-size 2, about 1 run in 2): rank 0, which sends only, ended call
+    e at once and stored call e + 1's mark over call e's; rank 1 then took rank 0 for valid in
+    call e, broke its comm and raised RuntimeError in call e + 1 instead of PeerError or
+    ValueError.  The mark is now kept per epoch parity."""
+    from hybridmpi.transport._shm import SharedWindow
+
+    if comm.size < 2:
+        return
+    slow_among = SharedWindow.bad_among
+
+    def late(self, d, e, peers):
+        time.sleep(0.05)
+        return slow_among(self, d, e, peers)
+
+    for method in ("lock", "fence", "pscw"):
+        with HybridComm(comm, node_size=node_size) as hc:
+            pat, owned, ghosts = ring(hc)
+            h = Halo(pat, method=method)
+            x, _ = filled(pat, owned, ghosts, 1)
+            ro = x.copy()
+            ro.flags.writeable = False
+            if hc.rank == 1:
+                SharedWindow.bad_among = late
+            try:
+                first = outcome(lambda h=h, ro=ro: h.update(ro))
+                second = outcome(lambda h=h, ro=ro, x=x, hc=hc: h.update(ro if hc.rank == 0 else x))
+            finally:
+                SharedWindow.bad_among = slow_among
+            views = comm.allgather((first[0], second[0]))
+            assert all(v[0] == "ValueError" for v in views), (method, views)
+            assert views[0][1] == "ValueError", (method, views)
+            assert all(v[1] in (None, "PeerArgumentError", "PeerError") for v in views[1:]), (method, views)
+
+
+def case_reverse_combines_every_sender_or_none(comm, rng, node_size):
+    """Three ranks or more: rank 0 owns point 0, every other rank ghosts it; the last rank
+    passes a read-only array to reverse(op='add'), the others valid ones.  Rank 0 must raise
+    with x[0] untouched (it must not add the valid senders' values and then stop at the invalid
+    one's mark: a partial sum, neither the old value nor the new).  Found (soak, atomic and
+    lock, 3 ranks): x[0] held the old value plus rank 1's."""
+    if comm.size < 3:
+        return
+    for method in ("atomic", "lock", "fence", "pscw", "flat", "neighbor"):
+        with HybridComm(comm, node_size=node_size) as hc:
+            r = hc.rank
+            owned = np.array([0], np.int64) if r == 0 else np.array([r], np.int64)
+            ghosts = np.zeros(0, np.int64) if r == 0 else np.array([0], np.int64)
+            pat = GhostPattern.from_global(hc, owned, ghosts)
+            h = Halo(pat, method=method)
+            x = np.full(pat.size, 1.0 + r)
+            if r == hc.size - 1:
+                x.flags.writeable = False
+            got = outcome(lambda h=h, x=x: h.reverse(x, "add"))
+            views = comm.allgather((got[0], float(x[0])))
+            assert views[0][0] is not None and views[0][1] == 1.0, (method, views)
+
+
 CASES = [
     case_vector_while_begin_pending,
     case_reverse_op_none_is_invalid,
@@ -380,6 +441,8 @@ CASES = [
     case_peers_across_nodes_raise_promptly_after_a_break,
     case_pscw_first_update_after_creation,
     case_halo_after_a_break_on_another_rank,
+    case_invalid_mark_survives_the_senders_next_call,
+    case_reverse_combines_every_sender_or_none,
     case_fence_and_pscw_halos_interleaved_in_different_orders,
 ]
 

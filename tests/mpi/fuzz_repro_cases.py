@@ -284,10 +284,11 @@ def case_fence_and_pscw_halos_interleaved_in_different_orders(comm, rng, node_si
     fence Halos begun in opposite orders on even and odd ranks, or a pscw Halo ended before a
     flat one's begin on even ranks but after its end on odd ones, cannot complete: every rank
     must raise (SyncTimeout, or PeerError once a peer timed out) within the timeout and a
-    little, never wait for ever (or every rank complete, where no node is shared).  Found: both deadlocked inside MPI (a fence begin is
-    MPI_Win_fence, collective over the node; a pscw end waits in MPI_Win_wait for the peer's
-    end), where no timeout applies; now each rank waits on its peers' gate words first, under
-    the deadline.  Fuzzer: campaign seeds 549629 (pscw + flat), 482131 (fence), 3 ranks."""
+    little, never wait for ever (or every rank complete, where no node is shared).  Found:
+    both deadlocked inside MPI (a fence begin is MPI_Win_fence, collective over the node; a
+    pscw end waits in MPI_Win_wait for the peer's end), where no timeout applies; now each rank
+    waits on its peers' gate words first, under the deadline.  Fuzzer: campaign seeds 549629
+    (pscw + flat), 482131 (fence), 3 ranks."""
     if comm.size < 2:
         return
     for kind in ("pscw", "fence"):

@@ -191,6 +191,7 @@ class Program(Judge, Steps, Misuse):
         self.phase = "clean"
         self.broken = {}  # rank -> key at which it first raised a breaking exception
         self.broken_why = {}  # rank -> that exception
+        self.broken_t = {}  # rank -> when it raised it (that rank's clock: a group's order differs)
         self.begins = {}  # (hid, call no) -> key of the begin
         self.failure = None
         self.stats = {"steps": 0, "calls": 0, "raised": 0}

@@ -187,8 +187,14 @@ static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, 
             return timed_out(c, peer, cnt, v);
     }
 got:
-    if (v & HM_FLAGS)
-        return peer_failed(c, peer, cnt, v);
+    if (v & HM_FLAGS) {
+        /* A peer that already entered a later call finished this one before its comm broke
+         * (its error bits came from that later call): this call completed here too, and the
+         * next one raises.  (ENTERED's call number is never poisoned; 0 while it changes.) */
+        if (peer < 0 || atomic_load_explicit(&ent(c, peer)->call, memory_order_acquire) <= c->epoch)
+            return peer_failed(c, peer, cnt, v);
+        v &= ~HM_FLAGS;
+    }
     /* In the same call (a peer already in a later one has finished this one): the peer's
      * arguments were invalid and not this rank's, or the other way round. */
     if ((v & ~HM_BADBIT) == value && (v & HM_BADBIT) != c->mark)

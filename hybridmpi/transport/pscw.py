@@ -32,6 +32,12 @@ class PSCW(ShmTransport):
             self.groups.append((group.Incl(post) if post else None,
                                 group.Incl(start) if start else None))
         group.Free()
+        # The gates order post before start (a receiver starts once each sender stored POSTED
+        # after its post), which is what MPI_MODE_NOCHECK asserts: MPI then sends no post
+        # notices to match.  Without it MPICH's start was seen to wait for ever on posts that
+        # had completed (4 ranks, one node, a long program: the soak), and once to return
+        # before one (a read of an unpacked buffer: findings 12, 18).
+        self._NOCHECK = ex.MPI.MODE_NOCHECK
         #: per direction: the receivers (this rank's exposure epoch) and senders (its access
         #: epoch), whose gate words this rank waits on
         self.peers = [([c.peer for c in s.send_chans], [c.peer for c in s.recv_chans])
@@ -43,14 +49,14 @@ class PSCW(ShmTransport):
     def _post(self, d, e):
         post = self.groups[d][0]
         if post is not None:
-            self.shm.win.Post(post)
+            self.shm.win.Post(post, self._NOCHECK)
             self.commit(POSTED + d, e)
 
     def _start(self, d, e):
         start = self.groups[d][1]
         if start is not None:
             self.await_gates(POSTED + d, e, self.peers[d][1], "POSTED", d, e)
-            self.shm.win.Start(start)
+            self.shm.win.Start(start, self._NOCHECK)
 
     def begin(self, d, xbuf, e):
         super().begin(d, xbuf, e)

@@ -7,6 +7,7 @@ Run with HYBRIDMPI_TIMEOUT=10: a case that would wait for a peer forever ends wi
 (a failure) instead.  Each case's docstring gives the fuzzer command that found it.
 """
 
+import os
 import threading
 import time
 
@@ -429,6 +430,28 @@ def case_reverse_combines_every_sender_or_none(comm, rng, node_size):
             assert views[0][0] is not None and views[0][1] == 1.0, (method, views)
 
 
+def case_valid_collective_next_to_a_one_rank_invalid_one(comm, rng, node_size):
+    """A valid allreduce, then rank 0 alone calls allreduce with op 'avg' (invalid), 40 times
+    with the C core's random delays on: the valid call must return on every rank.  Found
+    (soak, 4 ranks, about 1 run in 2 of one program; finding 15): a slow rank still reading
+    the valid call's last word saw the error bits rank 0 left there from its invalid next
+    call and raised PeerArgumentError in a call that had completed on its peers.  A peer that
+    already entered a later call finished this one: its error bits belong to that call.
+    (Runs last: the delays stay on in this process.)"""
+    if comm.size < 3:
+        return
+    os.environ["HYBRIDMPI_CHAOS"] = "7:300"
+    try:
+        for _ in range(40):
+            with HybridComm(comm, node_size=node_size) as hc:
+                first = outcome(lambda hc=hc: hc.allreduce(1.0))
+                outcome(lambda hc=hc: hc.allreduce(1.0, op="avg" if hc.rank == 0 else "sum"))
+            views = comm.allgather(first[0])
+            assert all(v is None for v in views), views
+    finally:
+        del os.environ["HYBRIDMPI_CHAOS"]
+
+
 CASES = [
     case_vector_while_begin_pending,
     case_reverse_op_none_is_invalid,
@@ -445,6 +468,7 @@ CASES = [
     case_invalid_mark_survives_the_senders_next_call,
     case_reverse_combines_every_sender_or_none,
     case_fence_and_pscw_halos_interleaved_in_different_orders,
+    case_valid_collective_next_to_a_one_rank_invalid_one,
 ]
 
 if __name__ == "__main__":

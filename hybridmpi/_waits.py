@@ -16,6 +16,12 @@ from ._marks import mark as prof_mark
 from ._marks import mark_end as prof_mark_end
 from ._types import mpi
 
+#: seconds a wait goes on after a failure notice arrived: a peer that failed in a later call
+#: may have sent all it owed this one (it completed it) before it broke; what it sent, or
+#: what healthy peers send, still completes the wait.  A peer that failed in this call never
+#: sends, and the wait stops after this grace.
+NOTICE_GRACE_S = 0.2
+
 
 class Stopped(NamedTuple):
     """Why :func:`wait_requests` returned before its requests completed."""
@@ -46,12 +52,15 @@ def wait_requests(ctx: Any, reqs: list[Any], timeout: float | None, *, notices: 
     prof_mark()
     deadline = None if timeout is None else time.monotonic() + timeout
     polls, spin = 0, ctx.spin
+    notice, grace = None, 0.0
     while not MPI.Request.Testall(reqs, statuses):
         polls += 1
         if notices and polls % 64 == 0:
-            peer = ctx.notices.poll()
-            if peer is not None:
-                return Stopped(peer, [])
+            if notice is None:
+                notice = ctx.notices.poll()
+                grace = time.monotonic() + NOTICE_GRACE_S
+            elif time.monotonic() > grace:
+                return Stopped(notice, [])
         if deadline is not None and time.monotonic() > deadline:
             return Stopped(None, [i for i, r in enumerate(reqs) if not r.Test()])
         if polls > spin:  # as the C core's waits: spin first, then let other ranks run

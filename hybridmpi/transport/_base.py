@@ -14,7 +14,7 @@ from .. import settings
 from .._clib import ERRBIT, MISBIT, copy_policy, ffi, lib
 from .._marks import mark as prof_mark
 from .._marks import mark_end as prof_mark_end
-from .._waits import wait_requests
+from .._waits import NOTICE_GRACE_S, wait_requests
 
 FWD, REV = 0, 1
 _WORD = (1 << 64) - 1   # a counter as the unsigned 64-bit word it is
@@ -219,6 +219,7 @@ def wait_until(ex, poll, value, peer, counter, what, e):
     notices = ex.ctx.notices
     prof_mark()
     polls = 0
+    failed, grace = None, 0.0
     while True:
         seen = poll() & _WORD
         if seen >= value:
@@ -231,9 +232,11 @@ def wait_until(ex, poll, value, peer, counter, what, e):
                         f"(it reads {seen})", peer=peer, counter=counter, epoch=e)
         polls += 1
         if polls % 8 == 0:
-            failed = notices.poll()
-            if failed is not None:
-                raise Fault("notice", peer=failed)
+            if failed is None:
+                failed = notices.poll()
+                grace = time.monotonic() + NOTICE_GRACE_S
+            elif time.monotonic() > grace:   # (as wait_requests: a peer that failed in a later
+                raise Fault("notice", peer=failed)   # call may have done its part of this one)
         os.sched_yield()
 
 

@@ -253,7 +253,8 @@ class Judge:
                     continue
                 ds = range(P) if deps is None else deps.get(s_, ())
                 for r in ds:
-                    if r != s_ and r in raised and r in self.broken and self.broken[r] < since:
+                    if (r != s_ and r in raised and r in self.broken and self.broken[r] < since
+                            and self.broken_t[r] <= raised[r].t0):   # (rank r's own clock)
                         return fail(
                             "disagree",
                             f"rank {s_} returned normally although rank {r}, whose part "

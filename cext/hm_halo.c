@@ -117,6 +117,15 @@ static int xchg_fail(hm_xchg *s, const hm_chan *c, int code, int cnt, uint64_t e
     return wait_failed(&s->err, &s->policy, code, c->peer, cnt, e, seen);
 }
 
+/* Whether a counter read as v carries its writer's error bits from before it reached e.  A
+ * writer that had published e (packed call e, or read it) before its comm broke left valid
+ * data or a free buffer: the call goes on, and the next one meets the bits.  (A shared
+ * vector, read in place, is not taken this way: pull_one.) */
+static inline int broke_before(uint64_t v, uint64_t e)
+{
+    return (v & HM_FLAGS) && (v & ~HM_FLAGS) < e;
+}
+
 /* The start of a sender's call of epoch e: no error yet, and e in `entered` when it is set
  * (what a hang's report reads). */
 static inline void call_start(hm_error *err, void *entered, uint64_t e)
@@ -144,7 +153,7 @@ int hm_xchg_send(hm_xchg *s, const void *x, uint64_t e)
         if (c->done && e > 2) {
             if (wait_geq((const hm_counter *)c->done, e - 2, &s->policy, &seen) != HM_OK)
                 return xchg_fail(s, c, HM_ETIMEOUT, HM_CNT_DONE, e - 2, seen);
-            if (seen & HM_FLAGS)
+            if (broke_before(seen, e - 2))
                 return xchg_fail(s, c, HM_EPEER, HM_CNT_DONE, e - 2, seen);
         }
         CHAOS();
@@ -193,7 +202,7 @@ static inline int try_take(hm_xchg *s, hm_chan *c, char *x, uint64_t e, int op, 
 {
     if (v < e)
         return 0;
-    if (v & HM_FLAGS)
+    if (broke_before(v, e))
         return -xchg_fail(s, c, HM_EPEER, HM_CNT_READY, e, v);
     int rc = take(s, c, x, e, op);
     return rc ? -rc : 1;
@@ -315,7 +324,7 @@ static inline int xchg_check(void *ctx, int i, uint64_t v)
     recv_ctx *t = ctx;
     hm_xchg *s = t->set;
     hm_chan *c = &s->chan[i];
-    if (v & HM_FLAGS)
+    if (broke_before(v, t->e))
         return -xchg_fail(s, c, HM_EPEER, HM_CNT_READY, t->e, v);
     return -packed_tag(s, c, t->e);
 }

@@ -62,6 +62,10 @@ def wait_requests(ctx: Any, reqs: list[Any], timeout: float | None, *, notices: 
             elif time.monotonic() > grace:
                 return Stopped(notice, [])
         if deadline is not None and time.monotonic() > deadline:
+            if notices and notice is None:
+                notice = ctx.notices.poll()
+            if notice is not None:   # the notice says why the wait ended (not this rank's clock)
+                return Stopped(notice, [])
             return Stopped(None, [i for i, r in enumerate(reqs) if not r.Test()])
         if polls > spin:  # as the C core's waits: spin first, then let other ranks run
             os.sched_yield()

@@ -224,10 +224,15 @@ def wait_until(ex, poll, value, peer, counter, what, e):
         seen = poll() & _WORD
         if seen >= value:
             prof_mark_end()
-            if seen & (ERRBIT | MISBIT):
+            # error bits from before the word reached ``value`` (a writer that reached it first
+            # did its part of this call: the next call meets the bits)
+            if seen & (ERRBIT | MISBIT) and seen & ~(ERRBIT | MISBIT) < value:
                 raise Fault("peer", peer=peer, seen=seen)
             return
         if deadline is not None and time.monotonic() > deadline:
+            failed = failed if failed is not None else notices.poll()
+            if failed is not None:   # the notice says why the wait ended (as wait_requests)
+                raise Fault("notice", peer=failed)
             raise Fault("timeout", detail=f"{what}: rank {peer} did not set {counter} to {value} "
                         f"(it reads {seen})", peer=peer, counter=counter, epoch=e)
         polls += 1

@@ -12,9 +12,37 @@ import os
 import time
 from typing import Any, NamedTuple
 
+from ._clib import ffi, lib
 from ._marks import mark as prof_mark
 from ._marks import mark_end as prof_mark_end
 from ._types import mpi
+
+#: communicators whose Iprobe drives MPI's progress from the C core's waits once they stop
+#: spinning (one per live HybridComm of several ranks)
+_PROGRESS: list[Any] = []
+
+
+@ffi.def_extern()
+def hm_py_progress() -> None:
+    """Drive MPI's progress from a C wait that stopped spinning: a peer may wait inside MPI for
+    this rank (a nonblocking collective or message this rank started, RMA aimed at it) while
+    this rank waits on shared memory for that peer (Open MPI progresses nothing by itself)."""
+    if _PROGRESS:
+        _PROGRESS[0].Iprobe()
+
+
+def progress_on(comm: Any) -> None:
+    """Let the C core's slow waits drive progress through ``comm`` (until progress_off)."""
+    _PROGRESS.append(comm)
+    lib.hm_set_progress(lib.hm_py_progress)
+
+
+def progress_off(comm: Any) -> None:
+    if comm in _PROGRESS:
+        _PROGRESS.remove(comm)
+    if not _PROGRESS:
+        lib.hm_set_progress(ffi.NULL)
+
 
 #: seconds a wait goes on after a failure notice arrived: a peer that failed in a later call
 #: may have sent all it owed this one (it completed it) before it broke; what it sent, or

@@ -25,6 +25,7 @@ from ._notice import Notices, new_nonce
 from ._resource import Recorded, leave_on_error
 from ._types import OPS, as_int
 from ._types import mpi as _mpi
+from ._waits import progress_off, progress_on
 from .arena import HYBRIDCOMM_IDS, Arena, allocate_shared, check_room, commit
 from .collectives import LEADER_WAIT, SLOT_BYTES, Collectives
 from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
@@ -370,6 +371,8 @@ class HybridComm(Collectives, Recorded):
                                    agree_free=self._agree_free))
         self.arena = self.context.arena = Arena(self.context)  # shared memory of Halos, global memory
         register(self.comm, self.context)  # agreements over it poll its notices, keep its deadline
+        if self.size > 1:
+            progress_on(self.comm)   # the C core's slow waits drive MPI's progress
 
     def _fast_paths(self, st):
         """Install ``barrier()`` and ``allreduce(float)`` of one node as C calls (``Coll``: about
@@ -424,6 +427,7 @@ class HybridComm(Collectives, Recorded):
             self._agree_free(f"HybridComm {self._nonce:x}")
         _LIVE.pop(id(self), None)
         unregister(self.comm)
+        progress_off(self.comm)
         ctx = self.context
         if ctx.env_profile is not None:
             ctx.env_profile.end_env()

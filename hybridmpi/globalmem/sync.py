@@ -16,18 +16,6 @@ _R = lib.HM_REGION
 _TAG_SYNC = 1
 _EMPTY = bytearray(0)
 _INVALID = bytearray(b"\x01")  # what an invalid call sends each far peer (a valid one: nothing)
-#: communicators whose Iprobe drives MPI progress in waits (one per live Sync across nodes)
-_PROGRESS: list[Any] = []
-
-
-@ffi.def_extern()
-def hm_py_progress():
-    """Drive MPI progress from a wait that stopped spinning: RMA aimed at this rank
-    needs the target to enter MPI with some implementations."""
-    if _PROGRESS:
-        _PROGRESS[0].Iprobe()
-
-
 def int_arg(value, what, rank):
     """``value`` as an int; TypeError for bools and non-integers."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -66,9 +54,6 @@ class Sync:
         self.got = bytearray(1)
         #: receives this rank owes each far peer since its own invalid calls: (request, buffer)
         self.owed: dict[int, list[Any]] = {}
-        if self.comm is not None:
-            _PROGRESS.append(self.comm)
-            lib.hm_set_progress(lib.hm_py_progress)
         hc.node_comm.Barrier()
 
     def _ranks(self, ranks, what):
@@ -268,9 +253,6 @@ class Sync:
                 q.Free()
         self.owed = {}
         if self.comm is not None:
-            _PROGRESS.remove(self.comm)
-            if not _PROGRESS:
-                lib.hm_set_progress(ffi.NULL)
             if not mpi().Is_finalized():
                 self.hc.context.free_comm(self.comm)
         self.comm = None

@@ -513,7 +513,7 @@ int hm_allreduce_verdict(hm_coll *c, int elsewhere)
     if (c->rank != 0)
         return HM_EARG;
     if (elsewhere && mine->bad_rank == -1)
-        mine->bad_rank = HM_BAD_ELSEWHERE;
+        mine->bad_rank = elsewhere == 2 ? HM_BAD_INVALID_ELSEWHERE : HM_BAD_ELSEWHERE;
     return (int)mine->bad_rank;
 }
 

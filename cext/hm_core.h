@@ -54,8 +54,9 @@ enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
  * err.peer is that peer, err.seen the word's value. */
 enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3, HM_ECMA = 4, HM_EPEER = 5 };
 
-/* bad_rank of a mismatch found on another node. */
-enum { HM_BAD_ELSEWHERE = -2 };
+/* bad_rank of a mismatch found on another node: other arguments there, or a rank whose
+ * arguments were invalid (every rank's comm then breaks). */
+enum { HM_BAD_ELSEWHERE = -2, HM_BAD_INVALID_ELSEWHERE = -3 };
 
 /* Which counter a timed-out wait was watching (HM_CNT_ROUND: a peer's
  * signal of a dissemination round or recursive-doubling step, which holds

@@ -250,8 +250,8 @@ class Collectives:
         if rc:
             self._fail(rc, "allreduce")
         self._other_node_failed(sig, "allreduce")
-        if self._sig_differs(sig):
-            lib.hm_allreduce_verdict(st, 1)
+        if self._sig_differs(sig):   # (2: a rank of another node was invalid: every rank breaks)
+            lib.hm_allreduce_verdict(st, 2 if sig[1] == lib.HM_K_BAD else 1)
         elif count:
             dtype = _NP_OF_CODE[dt]
             slot = np.frombuffer(ffi.buffer(lib.hm_coll_slot(st, 0), count * dtype.itemsize),

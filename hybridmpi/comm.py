@@ -581,12 +581,13 @@ class HybridComm(Collectives, Recorded):
         words, so every rank raises and the comm becomes unusable."""
         st = self._st
         err = st.err
-        if rc == lib.HM_EMISMATCH and err.bad_rank == lib.HM_BAD_ELSEWHERE:
+        if rc == lib.HM_EMISMATCH and err.bad_rank in (lib.HM_BAD_ELSEWHERE,
+                                                       lib.HM_BAD_INVALID_ELSEWHERE):
             # the ranks of this node agree; another node's passed other arguments (every rank
             # raises, the comm stays usable) or invalid ones: that node's comm broke, so this
-            # one breaks too, at its leader, which saw it (its poisoned words make the next
-            # call of this node's other ranks raise)
-            if self._leader_multi and self._sig_buf[1] == lib.HM_K_BAD:
+            # one breaks too, on every rank (the leader's verdict says which: finding 8)
+            if err.bad_rank == lib.HM_BAD_INVALID_ELSEWHERE or (
+                    self._leader_multi and self._sig_buf[1] == lib.HM_K_BAD):
                 self._break("ValueError", notify=False)
             raise PeerArgumentError(f"hybridmpi: {what}: ranks on different nodes passed different "
                                     "arguments (count, dtype or op), or invalid ones",

@@ -491,11 +491,6 @@ static int pull_one(hm_pulls *p, hm_pull *c, char *x, int64_t tag, uint64_t e, i
     return 1;
 }
 
-static inline const void *pull_word(void *ctx, int i)
-{
-    return ((hm_pulls *)((recv_ctx *)ctx)->set)->chan[i].ready;
-}
-
 static inline int pull_check(void *ctx, int i, uint64_t v)
 {
     recv_ctx *t = ctx;
@@ -511,6 +506,11 @@ static inline int pull_check(void *ctx, int i, uint64_t v)
         return -HM_EMISMATCH;
     }
     return 0;
+}
+
+static inline const void *pull_word(void *ctx, int i)
+{
+    return ((hm_pulls *)((recv_ctx *)ctx)->set)->chan[i].ready;
 }
 
 static inline int pull_take(void *ctx, int i, uint64_t v)

@@ -1,12 +1,13 @@
 """Every setting the library reads from the environment, in one place.
 
-The library reads the process environment here only.  :data:`VARIABLES` is the table that
-``docs/settings.md`` shows (``tests/test_house.py`` checks that the two agree and that no other
-module of ``hybridmpi`` reads ``os.environ``).  Settings that decide which path a call takes or
-how long a wait lasts are read once per ``HybridComm`` (:func:`per_comm`) and agreed across its
-ranks there: ranks with different values raise ``ValueError`` on every rank.  The others are
-read where they act: at import (``HYBRIDMPI_RUN_KERNEL_MIN``), per allocation (the room and
-context-id budgets) or per process (the launcher's rank and size).
+The library reads the process environment here only.  :func:`variables` loads the table
+(``settings.toml``) that ``docs/settings.md`` shows (``tests/test_house.py`` checks that the two
+agree and that no other module of ``hybridmpi`` reads ``os.environ``).  Settings that decide
+which path a call takes or how long a wait lasts are read once per ``HybridComm``
+(:func:`per_comm`) and agreed across its ranks there: ranks with different values raise
+``ValueError`` on every rank.  The others are read where they act: at import
+(``HYBRIDMPI_RUN_KERNEL_MIN``), per allocation (the room and context-id budgets) or per process
+(the launcher's rank and size).
 """
 
 from __future__ import annotations
@@ -25,40 +26,13 @@ class Variable(NamedTuple):
     meaning: str
 
 
-VARIABLES = (
-    Variable("HYBRIDMPI_TIMEOUT", "none", "per comm",
-             "seconds a wait lasts before `SyncTimeout` (a `HybridComm`'s default `timeout=`; "
-             "before a comm exists, the deadline of the constructors' agreements)"),
-    Variable("HYBRIDMPI_SPIN", "by core count", "per comm",
-             "polls a wait spins before it yields the CPU (the default `spin=`)"),
-    Variable("HYBRIDMPI_WARN_AFTER", "60", "per comm",
-             "seconds a wait lasts before it prints what it waits for (0: never)"),
-    Variable("HYBRIDMPI_CMA", "1", "per comm",
-             "0 turns cross-memory attach off (private arrays then move through shared buffers)"),
-    Variable("HYBRIDMPI_CMA_BYTES", "`halo.CMA_BYTES`", "per comm",
-             "the smallest channel that cross-memory attach takes"),
-    Variable("HYBRIDMPI_ZERO_COPY_BYTES", "`halo.ZERO_COPY_BYTES`", "per comm",
-             "the smallest channel that a shared vector's zero copy takes"),
-    Variable("HYBRIDMPI_PROFILE", "off", "per comm",
-             "profile every `HybridComm` until it is freed: `1` prints the table, a path "
-             "writes JSON there as well"),
-    Variable("HYBRIDMPI_CHAOS", "off", "per comm",
-             "`SEED[:MAX_US]`: random delays of up to MAX_US µs (200) at the C core's protocol "
-             "points (the drift tests)"),
-    Variable("HYBRIDMPI_METHOD", "atomic", "call",
-             "the method of a `Halo` made without `method=`"),
-    Variable("HYBRIDMPI_SHM_DIR", "/dev/shm", "import",
-             "where the MPI maps its shared segments (the room checks read its free space)"),
-    Variable("HYBRIDMPI_SHM_LIMIT", "none", "call",
-             "bytes of shared memory the room checks allow, when less than the folder has"),
-    Variable("HYBRIDMPI_CONTEXT_IDS", "the MPI's", "call",
-             "context ids (communicators and windows) the MPI gives a process, for an MPI "
-             "built with another limit"),
-    Variable("HYBRIDMPI_RUN_KERNEL_MIN", "8", "import",
-             "the mean run length from which the pack kernels copy runs rather than points"),
-    Variable("HYBRIDMPI_CACHE", "`~/.cache/hybridmpi/meshes`", "call",
-             "where the mesh pipeline keeps the meshes it generates (tools)"),
-)
+def variables() -> tuple[Variable, ...]:
+    """The table of every variable the library reads (``settings.toml`` beside this module)."""
+    import tomllib
+
+    with open(Path(__file__).with_name("settings.toml"), "rb") as fh:
+        return tuple(Variable(**row) for row in tomllib.load(fh)["variable"])
+
 
 #: the environment variables in which launchers tell a process its size and rank
 LAUNCHER_ENV = (("PMI_SIZE", "PMI_RANK"),                           # MPICH (hydra), Intel MPI, PMI-2

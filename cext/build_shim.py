@@ -1,7 +1,7 @@
 """cffi builder for hybridmpi's private C core (API mode, out of line).
 
 The declarations come from ``cext/hm_core.h``, the one header of the C core:
-its integer ``#define`` constants stay (cffi exposes them, as ``lib.HM_MAX_RADIX``),
+its ``#define HM_*`` constants stay (cffi exposes them, as ``lib.HM_MAX_RADIX``),
 its other preprocessor lines are removed.  The compiled module is ``hybridmpi._core``.
 """
 
@@ -18,13 +18,22 @@ SANITIZE = (["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-wr
             if os.environ.get("HYBRIDMPI_SANITIZE") == "1" else [])
 
 
-_CONSTANT = re.compile(r"#define HM_[A-Z0-9_]+ -?[0-9]+\s*$")
+_CONSTANT = re.compile(r"#define (HM_[A-Z0-9_]+) +(\S.*)$")
 
 
 def _cdef():
+    """hm_core.h without its preprocessor lines, but for its object-like ``#define HM_*``
+    constants: a number as it is, an expression as ``#define HM_X ...`` (cffi takes its value
+    from the compiler)."""
+    out = []
     with open(os.path.join(HERE, "hm_core.h")) as f:
-        return "".join(line for line in f
-                       if not line.lstrip().startswith("#") or _CONSTANT.match(line))
+        for line in f:
+            if not line.lstrip().startswith("#"):
+                out.append(line)
+            elif m := _CONSTANT.match(line):   # a number stays (array sizes use it)
+                value = m.group(2).strip()
+                out.append(line if re.fullmatch(r"-?[0-9]+", value) else f"#define {m.group(1)} ...\n")
+    return "".join(out)
 
 
 ffibuilder = FFI()

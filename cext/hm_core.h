@@ -54,6 +54,14 @@ enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
  * err.peer is that peer, err.seen the word's value. */
 enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3, HM_ECMA = 4, HM_EPEER = 5 };
 
+/* Error bits of a counter (docs/protocol.md): a rank that fails inside a call
+ * ORs HM_ERRBIT into every word its peers wait on, with HM_MISBIT too when the
+ * failure is an argument mismatch.  A poisoned word is above every epoch, so
+ * a wait on it ends at once and the waiter checks the bits.  Defined here
+ * only: Python reads them (hybridmpi/_errmap.py). */
+#define HM_ERRBIT (1ULL << 62)
+#define HM_MISBIT (1ULL << 63)
+
 /* bad_rank of a mismatch found on another node: other arguments there, or a rank whose
  * arguments were invalid (every rank's comm then breaks). */
 enum { HM_BAD_ELSEWHERE = -2, HM_BAD_INVALID_ELSEWHERE = -3 };

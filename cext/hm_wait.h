@@ -11,12 +11,7 @@
 
 typedef _Atomic uint64_t hm_counter;
 
-/* Error bits of a counter (docs/protocol.md): a rank that fails inside a call
- * ORs HM_ERRBIT into every word its peers wait on, with HM_MISBIT too when the
- * failure is an argument mismatch.  A poisoned word is above every epoch, so
- * a wait on it ends at once and the waiter checks the bits. */
-#define HM_ERRBIT (1ULL << 62)
-#define HM_MISBIT (1ULL << 63)
+/* The error bits (HM_ERRBIT, HM_MISBIT) are in hm_core.h, which Python reads. */
 #define HM_FLAGS (HM_ERRBIT | HM_MISBIT)
 /* The mark of a collective call made with invalid arguments (hm_coll_bad): its signals
  * carry it beside the epoch, so that a peer in a valid call, even of the same algorithm,

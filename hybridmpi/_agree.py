@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from . import settings
-from ._clib import ERRBIT
 from ._types import mpi
 from ._waits import wait_requests
 from .errors import SyncTimeout, agreed
@@ -88,7 +87,7 @@ def _wait(comm: Any, req: Any, where: str, ctx: Any, deadline: float | None = No
         return
     rank = comm.Get_rank()
     if stop.notice is not None:
-        raise ctx.peer_error(where, stop.notice, ERRBIT)
+        raise ctx.peer_error(where, stop.notice)
     if ctx is not None:
         ctx.break_comm("SyncTimeout")
     raise SyncTimeout(f"hybridmpi: rank {rank} timed out after {timeout:g} s in {where}: not every "

@@ -9,15 +9,10 @@ if not lib.hm_lock_free():
     )
 
 
-#: error bits of a counter (docs/protocol.md): the writer failed; the failure is a mismatch
-ERRBIT = 1 << 62
-MISBIT = 1 << 63
-
-
 def copy_policy(dst, src):
     """Copy a wait policy (spin, yield, sleep, timeout, warning, memory order) into a C struct's."""
     for field in ("spin", "yield_ns", "sleep_ns", "timeout_ns", "warn_ns", "order"):
         setattr(dst, field, getattr(src, field))
 
 
-__all__ = ["ERRBIT", "MISBIT", "copy_policy", "ffi", "lib"]
+__all__ = ["copy_policy", "ffi", "lib"]

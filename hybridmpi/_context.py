@@ -40,8 +40,9 @@ class Context:
             return (the HybridComm's ``_take_id``/``_release_id``).
         break_comm: ``break_comm(why, notify=True)`` makes the comm unusable and its waiting
             peers raise (its ``_break``).
-        peer_error: ``peer_error(what, peer, seen, also="")``, the exception of a rank that
-            found a peer's error bits (its ``_peer_error``).
+        peer_error: ``peer_error(what, peer, seen=None, also="")``, the exception of a rank
+            that found a peer's error bits ``seen``, or (None) its failure notice; it breaks
+            the comm (its ``_peer_error``).
         describe_word: ``describe_word(addr)``, what a wait on ``addr`` waits for, in words,
             if the word is this comm's or its children's (hang diagnosis), else None.
         agree_free: ``agree_free(what)``, whether the collective frees of an object may run: a

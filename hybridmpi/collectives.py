@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from . import _errmap
 from ._agree import exchange
-from ._clib import ERRBIT, ffi, lib
-from ._types import DTYPE_NAMES, DTYPES, OP_NAMES, OPS, op_code
+from ._clib import ffi, lib
+from ._types import DTYPES, OPS, op_code
 from ._waits import wait_requests
 from .errors import PeerArgumentError, agreed
 
@@ -52,13 +53,6 @@ _CACHE_ENTRIES = 16
 LEADER_WAIT = lib.HM_OFF_ENTERED + 64
 # the "failed" entry of the leaders' signatures when a node's call failed (1: a mismatch)
 _FAILED = 2
-_KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: "barrier(linear)",
-               lib.HM_K_BARRIER_DISS: "barrier(dissemination)",
-               lib.HM_K_ALLREDUCE_TREE: "allreduce (tree)",
-               lib.HM_K_ALLREDUCE_RD: "allreduce (recursive doubling)",
-               lib.HM_K_BAD: "a collective with invalid arguments"}
-
-
 #: the default of a required argument, so that its absence is agreed as an invalid call
 _NO_ARG: Any = object()
 
@@ -90,13 +84,6 @@ class Collectives:
     _broken: str | None
     _int_bounds: tuple[int, ...] | None = None  # set on the first allreduce of a Python int
 
-    @staticmethod
-    def _call(kind, count, dtype, op):
-        name = _KIND_NAMES.get(int(kind), f"collective {kind}")
-        if kind in (lib.HM_K_ALLREDUCE_TREE, lib.HM_K_ALLREDUCE_RD):
-            name += " " + Collectives._sig(count, dtype, op)
-        return name
-
     def _bad_call(self, exc):
         """Raise ``exc``, a local argument error, after telling the peers: the call is made
         as a barrier with an 'invalid arguments' signature, which completes when every rank
@@ -106,12 +93,12 @@ class Collectives:
         if st is None or self.size == 1:
             raise exc
         rc = lib.hm_coll_bad(st)
-        if rc == lib.HM_OK and self.num_nodes > 1:
+        if _errmap.ok(rc) and self.num_nodes > 1:
             if self.is_leader:
-                sig = self._leader_sig(lib.HM_K_BAD, 0, 0, 0, 0, _KIND_NAMES[lib.HM_K_BAD])
+                sig = self._leader_sig(lib.HM_K_BAD, 0, 0, 0, 0, _errmap.KIND_NAMES[lib.HM_K_BAD])
                 if self._sig_differs(sig):
                     self._break("ValueError")
-        if rc != lib.HM_OK:
+        if not _errmap.ok(rc):
             self._break(type(exc).__name__)
         elif self._broken is None:   # every rank found its arguments invalid: the comm is usable
             agreed(exc)
@@ -130,19 +117,12 @@ class Collectives:
         """At a leader: raise PeerError (breaking the comm poisons the node) if a node's call
         failed."""
         if sig[0] == _FAILED:
-            raise self._peer_error(f"{what} (on another node)", None, ERRBIT)
+            raise self._peer_error(f"{what} (on another node)", None)
 
     @staticmethod
     def _sig_differs(sig):
         return bool(sig[0] or sig[1] != -sig[2] or sig[3] != -sig[4] or sig[5] != -sig[6]
                     or sig[7] != -sig[8])
-
-    @staticmethod
-    def _sig(count, dtype, op):
-        if dtype == _PYINT:
-            return f"(a Python int, op={OP_NAMES.get(op, op)})"
-        return (f"(count={count}, dtype={DTYPE_NAMES.get(dtype, dtype)}, "
-                f"op={OP_NAMES.get(op, op)})")
 
     def _leader_wait(self, req, what):
         """Complete an internode request, under the deadline if there is one.  A failure
@@ -154,7 +134,7 @@ class Collectives:
         if stop is None:
             return
         if stop.notice is not None:
-            raise self._peer_error(what, stop.notice, ERRBIT,
+            raise self._peer_error(what, stop.notice, None,
                                    f"; this rank, the node's leader, was waiting on the leaders of "
                                    f"the other nodes, which had not all joined: {self._other_leaders()}")
         raise self._timeout(

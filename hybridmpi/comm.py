@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from . import settings
+from . import _errmap, settings
 from ._agree import agree, register, safe_repr, unregister
-from ._clib import ERRBIT, MISBIT, ffi, lib
+from ._clib import ffi, lib
 from ._context import Context
 from ._hooks import START_ENV_PROFILE
 from ._notice import Notices, new_nonce
@@ -28,7 +28,7 @@ from ._types import mpi as _mpi
 from ._waits import progress_off, progress_on
 from .arena import HYBRIDCOMM_IDS, Arena, allocate_shared, check_room, commit
 from .collectives import LEADER_WAIT, SLOT_BYTES, Collectives
-from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
+from .errors import FreedError, PeerError, SyncTimeout, agreed
 
 try:  # barrier() and allreduce(float) on one node as one C call (Coll); slower without it
     from ._timed import Coll as _Coll
@@ -111,9 +111,8 @@ def hm_py_warn(word, value, seen, waited):
     for hc in _LIVE.values():
         where = hc.context.describe_word(addr) or where
     rank = next((hc.rank for hc in _LIVE.values()), "?")
-    flags = " (error bits set)" if seen >> 62 else ""
     print(f"hybridmpi: rank {rank} has waited {waited:.0f} s in {where}: the word at {addr:#x} "
-          f"reads {seen & ((1 << 62) - 1)}{flags}, it needs {value}; still waiting "
+          f"reads {_errmap.describe_word_value(seen)}, it needs {value}; still waiting "
           "(HYBRIDMPI_WARN_AFTER)", file=sys.stderr, flush=True)
 
 
@@ -136,19 +135,6 @@ def _install_finalize_hook(MPI):
     keyval = MPI.Comm.Create_keyval(delete_fn=_free_all_at_finalize)
     MPI.COMM_SELF.Set_attr(keyval, True)
     _FINALIZE_HOOK.append(keyval)
-
-
-def _describe_round(value):
-    return "no call yet" if value == 0 else f"reached call {value}"
-
-
-def _describe(value):
-    """Say what a node counter value means (2e-1: arrived at call e, 2e: released it)."""
-    if value == 0:
-        return "no call yet"
-    if value % 2:
-        return f"arrived at call {(value + 1) // 2}"
-    return f"released call {value // 2}"
 
 
 class HybridComm(Collectives, Recorded):
@@ -575,74 +561,21 @@ class HybridComm(Collectives, Recorded):
     # ------------------------------------------------------------ errors
 
     def _fail(self, rc, what):
-        """Turn a C core return code into an exception.  A mismatch found by the algorithm
-        itself reaches the same verdict on every rank and leaves the comm usable; ranks in
-        different collectives, a failed peer or a timeout leave error bits in the node's
-        words, so every rank raises and the comm becomes unusable."""
+        """Raise the exception of a C core collective call that returned ``rc`` (the error map:
+        :func:`hybridmpi._errmap.collective`), breaking the comm where the map says so."""
         st = self._st
-        err = st.err
-        if rc == lib.HM_EMISMATCH and err.bad_rank in (lib.HM_BAD_ELSEWHERE,
-                                                       lib.HM_BAD_INVALID_ELSEWHERE):
-            # the ranks of this node agree; another node's passed other arguments (every rank
-            # raises, the comm stays usable) or invalid ones: that node's comm broke, so this
-            # one breaks too, on every rank (the leader's verdict says which: finding 8)
-            if err.bad_rank == lib.HM_BAD_INVALID_ELSEWHERE or (
-                    self._leader_multi and self._sig_buf[1] == lib.HM_K_BAD):
-                self._break("ValueError", notify=False)
-            raise PeerArgumentError(f"hybridmpi: {what}: ranks on different nodes passed different "
-                                    "arguments (count, dtype or op), or invalid ones",
-                                    rank=self.rank)
-        if rc == lib.HM_EMISMATCH and err.bad_kind != err.root_kind:
-            self._break("ValueError")
-            bad, me = self.node_ranks[err.bad_rank], self.node_ranks[err.peer]
-            if err.bad_kind == lib.HM_K_BAD:  # the peer raises its own error
-                raise PeerArgumentError(f"hybridmpi: rank {self.rank}: {what}: rank {bad} passed "
-                                        "invalid arguments to this call (see its error); this rank "
-                                        "stops too", rank=self.rank, peer=bad)
-            raise ValueError(f"hybridmpi: {what}: ranks are in different collective calls: rank {bad} "
-                             f"called {self._call(err.bad_kind, err.bad_count, err.bad_dtype, err.bad_op)}"
-                             f", rank {me} called "
-                             f"{self._call(err.root_kind, err.root_count, err.root_dtype, err.root_op)}")
-        if rc == lib.HM_EMISMATCH:
-            bad = self.node_ranks[err.bad_rank]
-            # the tree compares with the node root; recursive doubling names the
-            # rank with the smallest arguments in err.peer
-            other = self.node_ranks[err.peer if err.root_kind == lib.HM_K_ALLREDUCE_RD else 0]
-            raise ValueError(
-                f"hybridmpi: {what}: ranks passed different arguments: rank {bad} passed "
-                f"{self._sig(err.bad_count, err.bad_dtype, err.bad_op)}, rank "
-                f"{other} passed {self._sig(err.root_count, err.root_dtype, err.root_op)}"
-            )
-        if rc == lib.HM_EPEER:
-            raise self._peer_error(what, None if err.peer < 0 else self.node_ranks[err.peer],
-                                   int(err.seen), self._leader_waits(int(st.epoch)))
-        if rc == lib.HM_ETIMEOUT:
-            missing = [self.node_ranks[r] for r in range(self.node_size)
-                       if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
-            call = int(err.epoch)
-            if err.counter == lib.HM_CNT_LINEAR:
-                peer, counter = None, "linear-arrival"
-                waited = (f"the arrival counter of node root rank {self.node_ranks[0]} "
-                          f"stayed at {err.seen} of {call} calls' arrivals")
-            elif err.counter == lib.HM_CNT_ROUND:
-                peer, counter = self.node_ranks[err.peer], "round"
-                waited = (f"rank {peer} did not reach call {call} "
-                          f"(its signal says: {_describe_round(int(err.seen))})")
-            else:
-                peer = self.node_ranks[err.peer]
-                counter = "arrive" if err.counter == lib.HM_CNT_ARRIVE else "release"
-                waited = (f"rank {peer} did not {counter} at call {call} "
-                          f"(its counter says: {_describe(int(err.seen))})")
-            if self._leader_waits_on_nodes(call):
-                # the node waits on its leader, and the leader on the other nodes: name those
-                waited = (f"this node's leader, rank {self.node_ranks[0]}, waits since call {call} on "
-                          f"the leaders of the other nodes, which did not all join: "
-                          f"{self._other_leaders()} ({waited})")
-            msg = f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: {waited}"
-            if missing:
-                msg += f"; ranks that have not entered call {call}: {missing}"
-            raise self._timeout(msg, peer, counter, call, missing)
-        raise RuntimeError(f"hybridmpi: {what}: C core returned {rc}")
+        exc, why, notify = _errmap.collective(
+            rc, st.err, what, rank=self.rank, node_ranks=self.node_ranks, timeout=self.timeout,
+            other_node_invalid=self._leader_multi and self._sig_buf[1] == lib.HM_K_BAD,
+            leader_note=lambda: self._leader_waits(int(st.epoch)),
+            leaders_waited=lambda call: (self._other_leaders()
+                                         if self._leader_waits_on_nodes(call) else None),
+            missing=lambda: [self.node_ranks[r] for r in range(self.node_size)
+                             if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED,
+                                            lib.HM_ACQ_REL) < st.epoch])
+        if why is not None:
+            self._break(why, notify=notify)
+        raise exc
 
     def _leader_waits_on_nodes(self, call):
         """Whether this rank is not its node's leader and the leader waits on the other nodes in
@@ -663,18 +596,12 @@ class HybridComm(Collectives, Recorded):
         return ", ".join(f"rank {r} (node {i}, host {h})" for i, (r, h) in enumerate(self._leaders)
                          if i != self.node_id)
 
-    def _peer_error(self, what, peer, seen, also=""):
-        """The error of a rank that found a peer's error bits (ValueError for a mismatch);
-        ``also`` is appended to the message."""
-        who = "another rank" if peer is None else f"rank {peer}"
-        if seen & MISBIT:
-            self._break("ValueError", notify=False)
-            return PeerArgumentError(f"hybridmpi: rank {self.rank}: {what}: {who} found that ranks "
-                                     "passed different or invalid arguments, or are in different "
-                                     "calls (see its error)", rank=self.rank, peer=peer)
-        self._break("PeerError", notify=False)
-        return PeerError(f"hybridmpi: rank {self.rank}: {what}: {who} failed in this call "
-                         f"(see its error); this rank stops too{also}", rank=self.rank, peer=peer)
+    def _peer_error(self, what, peer, seen=None, also=""):
+        """The error of a rank that found a peer's error bits ``seen`` (None: got its failure
+        notice); ``also`` is appended to the message.  The comm breaks."""
+        exc = _errmap.peer_error(self.rank, what, peer, seen, also)
+        self._break(_errmap.breaks(exc), notify=False)
+        return exc
 
     def _break(self, why, notify=True):
         """Make this comm unusable, and make every peer that waits on this rank raise instead of
@@ -688,7 +615,7 @@ class HybridComm(Collectives, Recorded):
         self._live = self._one_node_st = self._rd_st = None
         if not first or self._st is None or self._MPI.Is_finalized():
             return
-        bits = ERRBIT | (MISBIT if why == "ValueError" else 0)
+        bits = _errmap.poison_bits(why)
         lib.hm_coll_poison(self._st, bits)
         for poison in self._hooks("poison"):
             poison(bits)

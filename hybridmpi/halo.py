@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import settings
+from . import _errmap, settings
 from ._agree import agree, safe_repr
-from ._clib import MISBIT, ffi, lib
+from ._clib import ffi, lib
 from ._resource import Freed, Recorded
 from ._timed import Hot as _Hot
 from ._timed import State as _State
@@ -253,10 +252,10 @@ class Halo(Freed, Recorded):
                 return zc
         return None
 
-    def _mismatch_error(self, peer, tag=None):
+    def _mismatch_error(self, peer, invalid=False):
         """The error of ranks that passed non-corresponding vectors (the Halo becomes unusable)."""
         self._state.broken = "ValueError"
-        if tag == lib.HM_TAG_BAD:   # the peer raises its own error (TypeError, ValueError)
+        if invalid:   # the peer raises its own error (TypeError, ValueError)
             return PeerArgumentError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed "
                                      "invalid arguments to this call (see its error)",
                                      rank=self.hc.rank, peer=peer)
@@ -286,51 +285,26 @@ class Halo(Freed, Recorded):
     def _exception(self, fault):
         """The exception users see for a transport's Fault (the Halo becomes unusable)."""
         k = fault.kind
-        if k == "core":
-            return self._core_error(fault.rc, fault.err)
         if k == "timeout":
             return self._timeout_error(fault.detail, fault.peer, fault.counter, fault.epoch)
         if k == "notice":
             return self._peer_failed(fault.peer)
         if k == "peer":
-            return self._peer_error(fault.peer, fault.seen)
-        if k == "mismatch":
-            return self._mismatch_error(fault.peer, fault.tag)
-        return self._order_error(fault.peer, fault.tag, fault.call, fault.direction, fault.detail)
-
-    def _core_error(self, rc, err):
-        """The exception of a C core exchange call that returned ``rc`` (its ``hm_error``)."""
-        if rc == lib.HM_EMISMATCH:
-            return self._mismatch_error(int(err.peer), int(err.tag))
-        if rc == lib.HM_EPEER:
-            return self._peer_error(int(err.peer), int(err.seen))
-        if rc == lib.HM_ECMA:
+            d = self._state.pending[0] if self._state.pending else self._state.current
+            exc = _errmap.halo_peer_error(self.hc.rank, f"Halo.{_WHAT[d]}", fault.peer, fault.seen)
+            self._state.broken = _errmap.breaks(exc)
+            return exc
+        if k in ("mismatch", "invalid"):
+            return self._mismatch_error(fault.peer, invalid=k == "invalid")
+        if k == "cma":
             self._state.broken = "RuntimeError"
-            why = f" ({os.strerror(int(err.errnum))})" if err.errnum else ""
             return RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.update: a cross-memory read "
-                                f"between this rank and rank {int(err.peer)} failed{why}; set "
-                                "HYBRIDMPI_CMA=0 to update private arrays through shared buffers")
-        if rc == lib.HM_ETIMEOUT:
-            e = int(err.epoch)
-            if err.counter == lib.HM_CNT_READY:
-                counter, why = "READY", f"did not publish call {e} (its READY counter says {err.seen})"
-            else:
-                counter, why = "DONE", (f"had not finished reading call {e} "
-                                        f"(its DONE counter says {err.seen})")
-            return self._timeout_error(f"rank {err.peer} {why}", int(err.peer), counter, e)
-        return RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo: C core returned {rc}")
-
-    def _peer_error(self, peer, seen):
-        """The error of a rank that found a node peer's error bits in a word it waited on."""
-        what = f"Halo.{_WHAT[self._state.pending[0] if self._state.pending else self._state.current]}"
-        if seen & MISBIT:
-            self._state.broken = "ValueError"
-            return PeerArgumentError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} found "
-                                     "that ranks passed non-corresponding or invalid arguments "
-                                     "(see its error)", rank=self.hc.rank, peer=peer)
-        self._state.broken = "PeerError"
-        return PeerError(f"hybridmpi: rank {self.hc.rank}: {what}: rank {peer} failed in this Halo's "
-                         "call (see its error); this rank stops too", rank=self.hc.rank, peer=peer)
+                                f"between this rank and rank {fault.peer} failed"
+                                f"{fault.cma_detail()}; set HYBRIDMPI_CMA=0 to update private "
+                                "arrays through shared buffers")
+        if k == "core":
+            return RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo: C core returned {fault.rc}")
+        return self._order_error(fault.peer, fault.tag, fault.call, fault.direction, fault.detail)
 
     def _peer_failed(self, peer):
         """The error of a rank that got a failure notice from a message peer."""
@@ -399,11 +373,11 @@ class Halo(Freed, Recorded):
         bad = t.bad_call
         e = self._state.start(d)
         try:
-            rc = bad(d, e)
+            alone = bad(d, e)
         except Exception as err:   # a peer's notice or a timeout: this rank's own error stays
             self._failed(err)      # the one it raises (the comm breaks as for any failure)
             raise exc from None
-        if rc != lib.HM_OK:
+        if not alone:
             self._failed(exc)
         elif self._state.broken is None:   # every peer's arguments were invalid: still usable
             agreed(exc)

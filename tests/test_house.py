@@ -202,3 +202,25 @@ def test_settings_read_in_one_module():
         assert f"| `{v.name}` | {v.default} |" in doc, v.name
     named = set(re.findall(r"HYBRIDMPI_[A-Z_]+", open(os.path.join(PKG, "settings.py")).read()))
     assert named == {v.name for v in VARIABLES}, named ^ {v.name for v in VARIABLES}
+
+
+def test_error_codes_named_in_the_error_map_only():
+    """The C core's return codes, error-record markers and error bits are named in the module
+    that loads the C core and in the error map only (docs/design.md, "The error map"); the
+    error bits are defined once, in cext/hm_core.h, and Python reads them from there."""
+    names = re.compile(r"\bHM_(?:OK|E[A-Z]+|BAD_[A-Z_]+|CNT_[A-Z_]+|TAG_BAD|ERRBIT|MISBIT)\b"
+                       r"|\b(?:ERRBIT|MISBIT)\b|>> *6[23]\b|<< *6[23]\b")
+    found = []
+    for dirpath, _, files in os.walk(PKG):
+        for f in files:
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, PKG)
+            if f.endswith(".py") and rel not in ("_clib.py", "_errmap.py"):
+                with open(path) as fh:
+                    found += [f"{rel}: {m}" for m in names.findall(fh.read())]
+    assert found == [], found
+    with open(os.path.join(ROOT, "cext", "hm_wait.h")) as fh:
+        assert "#define HM_ERRBIT" not in fh.read()
+    from hybridmpi._errmap import ERRBIT, MISBIT
+
+    assert (ERRBIT, MISBIT) == (1 << 62, 1 << 63)

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._agree import agree, safe_repr
-from .._clib import ERRBIT, ffi, lib
+from .._clib import ffi, lib
 from .._resource import Freed, Recorded
 from .._types import mpi
 from ..arena import MAX_BYTES
@@ -300,7 +300,7 @@ class GlobalMemory(Freed, Recorded):
         ctx = self.hc.context
         peer = ctx.notices.poll(tries=2)
         if peer is not None:
-            raise ctx.peer_error(f"GlobalMemory.{what}", peer, ERRBIT)
+            raise ctx.peer_error(f"GlobalMemory.{what}", peer)
 
     def _atomic(self, rank, offset, what):
         self._usable(what)

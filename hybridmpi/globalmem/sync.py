@@ -6,8 +6,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import _errmap
 from .._agree import safe_repr
-from .._clib import ERRBIT, copy_policy, ffi, lib
+from .._clib import copy_policy, ffi, lib
 from .._types import mpi
 from .._waits import wait_requests
 from ..errors import PeerArgumentError, SyncTimeout
@@ -149,20 +150,16 @@ class Sync:
             if self.owed:   # receives owed since an invalid call of this rank: matched first
                 reqs += [q for r in far for q, _ in self.owed.pop(r, ())]
         if near and lib.hm_signal_wait(p):
-            peer = near[p.err.peer]
-            if p.err.code == lib.HM_EMISMATCH:   # every peer came: the counts stay matched
+            kind, peer, more = _errmap.sync_images(p.err, near, hc.rank, hc.timeout, what)
+            if kind == "invalid":   # every peer came: the counts stay matched
                 if reqs:
                     self._complete(reqs, far, what)
                 raise self._peer_invalid(peer, what)
-            if p.err.code == lib.HM_EPEER:
+            if kind == "peer":
                 self.broken = "PeerError"
-                raise hc.context.peer_error(what, peer, int(p.err.seen))
+                raise hc.context.peer_error(what, peer, more)
             self.broken = "SyncTimeout"
-            raise SyncTimeout(
-                f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: rank "
-                f"{peer} has called sync_images naming rank {hc.rank} {int(p.err.seen)} times, "
-                f"this rank {int(p.err.epoch)}", rank=hc.rank, peer=peer, counter="sync_images",
-                epoch=int(p.err.epoch))
+            raise more
         if reqs:
             self._complete(reqs, far, what)
             for win in hc.arena.rma_windows():
@@ -211,7 +208,7 @@ class Sync:
             return
         if stop.notice is not None:
             self.broken = "PeerError"
-            raise hc.context.peer_error("sync_images", stop.notice, ERRBIT)
+            raise hc.context.peer_error("sync_images", stop.notice)
         # the receives come first in reqs, one per rank of far
         late = [far[i] for i in stop.late if i < len(far)] or list(far)
         self.broken = "SyncTimeout"

@@ -1,5 +1,5 @@
 """Pieces shared by the transports: what a transport is given (:class:`Exchange`), how it
-fails (:class:`Fault`), channels for the C core, MPI messages, deadlines."""
+fails (:class:`~hybridmpi._errmap.Fault`), channels for the C core, MPI messages, deadlines."""
 
 import os
 import time
@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 
 from .. import settings
-from .._clib import ERRBIT, MISBIT, copy_policy, ffi, lib
+from .._clib import copy_policy, ffi, lib
+from .._errmap import Fault, broke_before
+from .._errmap import check as check_rc
 from .._marks import mark as prof_mark
 from .._marks import mark_end as prof_mark_end
 from .._waits import NOTICE_GRACE_S, wait_requests
@@ -69,31 +71,11 @@ class Exchange:
     paths: Paths
 
 
-class Fault(Exception):
-    """A transport's failure, which the Halo turns into its exception (``Halo._exception``).
-
-    ``kind`` and the attributes that come with it:
-
-    - ``"core"``: ``rc`` and ``err``, what a C exchange call returned and its ``hm_error``;
-    - ``"timeout"``: ``detail``, ``peer``, ``counter``, ``epoch``;
-    - ``"notice"``: ``peer``, whose failure notice ended a wait;
-    - ``"peer"``: ``peer`` and ``seen``, a word that ``peer`` poisoned (its error bits);
-    - ``"mismatch"``: ``peer`` and ``tag``, a peer that passed another vector or bad arguments;
-    - ``"order"``: ``peer``, ``tag``, ``call``, ``direction``, ``detail``, a neighbor
-      collective's message from another call.
-    """
-
-    def __init__(self, kind: str, **info: Any) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.__dict__.update(info)
-
-
 def check(rc, x):
     """Raise the Fault of a C exchange call on ``x`` (an ``Xchg``, or a structure with an
     ``err`` field) that returned ``rc``."""
-    if rc != lib.HM_OK:
-        raise Fault("core", rc=rc, err=(x.x if isinstance(x, Xchg) else x).err)
+    if rc:
+        check_rc(rc, (x.x if isinstance(x, Xchg) else x).err)
 
 #: One direction of traffic with one peer: local ids, the two buffers (by
 #: epoch parity; the same address twice for a private buffer), and the
@@ -226,7 +208,7 @@ def wait_until(ex, poll, value, peer, counter, what, e):
             prof_mark_end()
             # error bits from before the word reached ``value`` (a writer that reached it first
             # did its part of this call: the next call meets the bits)
-            if seen & (ERRBIT | MISBIT) and seen & ~(ERRBIT | MISBIT) < value:
+            if broke_before(seen, value):
                 raise Fault("peer", peer=peer, seen=seen)
             return
         if deadline is not None and time.monotonic() > deadline:
@@ -291,8 +273,8 @@ class Transport(ABC):
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: take part in
         its synchronization with the call marked invalid, moving nothing, so that the peers
-        raise instead of waiting or reading.  Returns the C core's HM_OK when every peer
-        sending to this rank was invalid too (the Halo stays usable), else an error code."""
+        raise instead of waiting or reading.  Returns whether every peer sending to this rank
+        was invalid too (then the Halo stays usable)."""
 
     def run(self, d, xbuf, e, op):
         """A whole call: its begin, then its end."""
@@ -406,7 +388,7 @@ class Messages:
         complete(self.ex, self._reqs, self.peers, what, e, st)
         for i in self._expect:
             if st[i].Get_count(self._MPI.BYTE) == 0:
-                raise Fault("mismatch", peer=self.peers[i], tag=lib.HM_TAG_BAD)
+                raise Fault("invalid", peer=self.peers[i])
 
     def free(self):
         release(self._reqs, self._sbuf, self._rbuf)

@@ -253,7 +253,7 @@ class ShmTransport(Transport):
         except Fault as f:
             if f.kind != "mismatch":
                 raise
-        raise Fault("mismatch", peer=bad[0], tag=lib.HM_TAG_BAD)
+        raise Fault("invalid", peer=bad[0])
 
     def describe_word(self, addr):
         for s in self.dirs:

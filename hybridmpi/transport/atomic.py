@@ -19,6 +19,7 @@ from collections import namedtuple
 import numpy as np
 
 from .._clib import copy_policy, ffi, lib
+from .._errmap import TAG_INVALID, ok
 from .._types import mpi
 from ._base import FWD, REV, check, point_kernel
 from ._shm import ShmTransport
@@ -104,15 +105,15 @@ class Atomic(ShmTransport):
 
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: publish
-        HM_TAG_BAD instead of data and read the node peers' tags (nothing is copied), and
-        the same over messages (Messages.bad).  Returns the C core's code: HM_OK when every
-        peer sending to this rank was invalid too."""
+        the invalid tag instead of data and read the node peers' tags (nothing is copied),
+        and the same over messages (Messages.bad).  Returns whether every peer sending to
+        this rank was invalid too."""
         if self._bad is None:
-            self._bad = [ZeroCopy(self, lib.HM_TAG_BAD, None, None, None, empty=True, only=d2)
+            self._bad = [ZeroCopy(self, TAG_INVALID, None, None, None, empty=True, only=d2)
                          for d2 in (FWD, REV)]
         rc, _ = self._bad[d].bad(e)
         good_far = self.dirs[d].msgs.bad(d, e)
-        return rc if rc != lib.HM_OK or good_far == 0 else lib.HM_EMISMATCH
+        return ok(rc) and good_far == 0
 
     def run(self, d, xbuf, e, op):
         s = self.dirs[d]

@@ -11,7 +11,6 @@ enters MPI_Win_fence before every node rank has committed to the same fence
 so the others raise PeerError rather than wait inside MPI for ever.
 """
 
-from .._clib import lib
 from ._shm import FENCES, ShmTransport
 
 
@@ -45,12 +44,12 @@ class Fence(ShmTransport):
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: the call
         marked invalid, the node's fence, nothing packed or copied; messages as Messages.bad.
-        Returns HM_OK when every node peer sending to this rank was invalid too."""
+        Returns whether every node peer sending to this rank was invalid too."""
         self.shm.mark_bad(d, e)
         self._fence(d, e)
         good = len(self.dirs[d].recv_chans) - len(self.bad_senders(d, e))
         good += self.dirs[d].msgs.bad(d, e)
-        return lib.HM_OK if good == 0 else lib.HM_EMISMATCH
+        return good == 0
 
     def free(self):
         if not self.abandoned():

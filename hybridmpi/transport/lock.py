@@ -129,12 +129,12 @@ class Lock(ShmTransport):
                 else:
                     self._take(d, peer, xbuf, e, op, copy=not bad)
         if bad:
-            raise Fault("mismatch", peer=bad[0], tag=lib.HM_TAG_BAD)
+            raise Fault("invalid", peer=bad[0])
 
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: the call
         marked invalid, READY set for each receiver and DONE for each sender as in a call that
-        moves nothing; messages as Messages.bad.  Returns HM_OK when every node peer sending
+        moves nothing; messages as Messages.bad.  Returns whether every node peer sending
         to this rank was invalid too."""
         s = self.dirs[d]
         me = self.shm.me
@@ -148,4 +148,4 @@ class Lock(ShmTransport):
             self._write(c.peer, key, e)
         good = [c.peer for c in s.recv_chans if self._take(d, c.peer, None, e, 0, copy=False)]
         far = s.msgs.bad(d, e)
-        return lib.HM_OK if not good and not far else lib.HM_EMISMATCH
+        return not good and not far

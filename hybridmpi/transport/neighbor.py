@@ -121,7 +121,7 @@ class Neighbor(Transport):
         for p, h in zip(self.nbrs, rhdr):
             if h[0] != tag or h[1] != stamp:
                 if h[0] == tag and h[1] == -1 - stamp:
-                    raise Fault("mismatch", peer=p, tag=lib.HM_TAG_BAD)
+                    raise Fault("invalid", peer=p)
                 raise Fault("order", peer=p, tag=int(h[0]), call=int(h[1]) >> 1,
                             direction=int(h[1]) & 1, detail="")
         check(lib.hm_xchg_recv(recv.x, xbuf, e, op, d), recv)
@@ -129,7 +129,7 @@ class Neighbor(Transport):
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: take part in
         the collective with headers marked invalid (-1 - stamp) and nothing packed; the
-        peers' messages are dropped.  HM_OK when every neighbor's header was marked too."""
+        peers' messages are dropped.  Whether every neighbor's header was marked too."""
         _, _, args, shdr, rhdr = self.dirs[d]
         mark = -1 - (2 * e + d)
         for h in shdr:
@@ -137,7 +137,7 @@ class Neighbor(Transport):
         self._req = self.graph.Ineighbor_alltoallv(*args)
         complete(self.ex, [self._req], [None], "reverse" if d == REV else "update", e)
         valid = [p for p, h in zip(self.nbrs, rhdr) if not (h[0] == self.ex.tag and h[1] == mark)]
-        return lib.HM_OK if not valid else lib.HM_EMISMATCH
+        return not valid
 
     def free(self):
         if self._req is not None:

@@ -15,7 +15,6 @@ comm broke poisons its gate words instead, so its peers raise PeerError rather
 than wait inside MPI for ever.
 """
 
-from .._clib import lib
 from ._base import Fault
 from ._shm import CLOSED, POSTED, ShmTransport
 
@@ -94,7 +93,7 @@ class PSCW(ShmTransport):
     def bad_call(self, d, e):
         """Call ``e`` of direction ``d`` for a rank whose arguments were invalid: the call
         marked invalid, its exposure and access epochs opened and closed, nothing packed or
-        copied; messages as Messages.bad.  Returns HM_OK when every node peer sending to this
+        copied; messages as Messages.bad.  Returns whether every node peer sending to this
         rank was invalid too."""
         self.shm.mark_bad(d, e)
         self._post(d, e)
@@ -102,7 +101,7 @@ class PSCW(ShmTransport):
         good = len(self.dirs[d].recv_chans) - len(self.bad_senders(d, e))
         self._close(d, e)
         good += self.dirs[d].msgs.bad(d, e)
-        return lib.HM_OK if good == 0 else lib.HM_EMISMATCH
+        return good == 0
 
     def free(self):
         for pair in self.groups:

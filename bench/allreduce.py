@@ -5,6 +5,6 @@ See bench/README.md and `hybridmpi bench allreduce --help`.
 
 import sys
 
-from hybridmpi.cli import main
+from hybridmpi.tools.cli import main
 
 sys.exit(main(["bench", "allreduce", *sys.argv[1:]]))

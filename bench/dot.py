@@ -5,6 +5,6 @@ See bench/README.md and `hybridmpi bench dot --help`.
 
 import sys
 
-from hybridmpi.cli import main
+from hybridmpi.tools.cli import main
 
 sys.exit(main(["bench", "dot", *sys.argv[1:]]))

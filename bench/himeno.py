@@ -5,6 +5,6 @@ See bench/README.md and `hybridmpi bench himeno --help`.
 
 import sys
 
-from hybridmpi.cli import main
+from hybridmpi.tools.cli import main
 
 sys.exit(main(["bench", "himeno", *sys.argv[1:]]))

@@ -5,6 +5,6 @@ See bench/README.md and `hybridmpi bench profile --help`.
 
 import sys
 
-from hybridmpi.cli import main
+from hybridmpi.tools.cli import main
 
 sys.exit(main(["bench", "profile", *sys.argv[1:]]))

@@ -5,6 +5,6 @@ See bench/README.md and `hybridmpi bench sync --help`.
 
 import sys
 
-from hybridmpi.cli import main
+from hybridmpi.tools.cli import main
 
 sys.exit(main(["bench", "sync", *sys.argv[1:]]))

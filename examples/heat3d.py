@@ -12,7 +12,7 @@ with hybridmpi.abort_on_error():  # an error on any rank (an import, an argument
 
     from mpi4py import MPI
 
-    from hybridmpi.apps import Heat3D
+    from hybridmpi.tools.apps import Heat3D
 
     nx, ny, nz, steps = (int(v) for v in (sys.argv[1:5] or (32, 32, 32, 100)))
     exchange = sys.argv[5] if len(sys.argv) > 5 else "halo"

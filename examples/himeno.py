@@ -13,7 +13,7 @@ with hybridmpi.abort_on_error():  # an error on any rank (an import, an argument
 
     from mpi4py import MPI
 
-    from hybridmpi.apps import Himeno
+    from hybridmpi.tools.apps import Himeno
 
     size = sys.argv[1] if len(sys.argv) > 1 else "S"
     iterations = int(sys.argv[2]) if len(sys.argv) > 2 else 50

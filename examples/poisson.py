@@ -14,8 +14,8 @@ with hybridmpi.abort_on_error():  # an error on any rank (an import, an argument
 
     from mpi4py import MPI
 
-    from hybridmpi import fem, mesh
-    from hybridmpi.fem.solve import write_vtu
+    from hybridmpi.tools import fem, mesh
+    from hybridmpi.tools.fem.solve import write_vtu
 
     h = float(sys.argv[1]) if len(sys.argv) > 1 else 0.05
     out = sys.argv[2] if len(sys.argv) > 2 else None

@@ -1,7 +1,7 @@
-"""``python -m hybridmpi``: the hybridmpi command."""
+"""``python -m hybridmpi``: the hybridmpi command (hybridmpi.tools.cli)."""
 
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

@@ -9,7 +9,7 @@ import time
 
 import meshio
 
-from hybridmpi.mesh.generate import SHIPPED, _generate, mesh_name
+from hybridmpi.tools.mesh.generate import SHIPPED, _generate, mesh_name
 
 
 def main():

@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import launch, mpi_flavor, mpirun
 
-from hybridmpi.bench import KINDS, validate
+from hybridmpi.tools.bench import KINDS, validate
 
 TINY = {
     "barrier": ["--iters", "20", "--reps", "2"],
@@ -374,7 +374,7 @@ def test_guard_around_a_with_block_ends_the_job(tmp_path):
 def test_import_hybridmpi_imports_nothing_else():
     """The guard can only come first if importing the package cannot fail on one rank: it loads
     the standard library only, and no MPI."""
-    code = ("import sys, hybridmpi, hybridmpi.cli\n"
+    code = ("import sys, hybridmpi, hybridmpi.tools.cli\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'mpi4py', 'cffi'))\n"
             "assert not bad, bad\n"
             "assert hybridmpi.profile.__name__ == 'profile' and hybridmpi.HybridComm.__name__ == "
@@ -458,7 +458,7 @@ LIBRARY_CALL = """\
 import sys
 import hybridmpi
 from mpi4py import MPI
-from hybridmpi.mesh import distribute_cube, distribute_file
+from hybridmpi.tools.mesh import distribute_cube, distribute_file
 
 with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc:
     try:
@@ -467,7 +467,7 @@ with hybridmpi.HybridComm(MPI.COMM_WORLD) as hc:
         elif sys.argv[1] == "file":
             distribute_file(hc, sys.argv[2])
         else:
-            from hybridmpi.fem import Poisson
+            from hybridmpi.tools.fem import Poisson
             _, lm = distribute_cube(hc, 0.3)
             Poisson(hc, lm, lambda p: p[:, 0], lambda p: p[:, 0])
         verdict = "no error"

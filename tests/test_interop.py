@@ -45,7 +45,7 @@ def test_partition_after_import_dolfinx():
     code = ("import sys\n"
             "if sys.argv[1] == 'yes':\n"
             "    import dolfinx, petsc4py  # noqa\n"
-            "from hybridmpi import mesh\n"
+            "from hybridmpi.tools import mesh\n"
             "m = mesh.cube(0.2)\n"
             "print(mesh.partition(m, 4, seed=3).tolist())\n")
     outs = []

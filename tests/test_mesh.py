@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import run_mpi
 
-from hybridmpi import mesh
+from hybridmpi.tools import mesh
 
 
 def tet_volumes(m):
@@ -37,7 +37,7 @@ def test_cube_volume_and_boundary(cube05, tmp_path):
     on_face = np.any(np.isclose(p, 0.0, atol=1e-9) | np.isclose(p, 1.0, atol=1e-9), axis=2)
     assert on_face.all()
     # boundary_points: the vertices of those faces, which on the cube are the points on its faces.
-    from hybridmpi.mesh import boundary_points
+    from hybridmpi.tools.mesh import boundary_points
     surface = boundary_points(m)
     assert np.array_equal(np.flatnonzero(surface), np.unique(outer))
     on_cube = np.any(np.isclose(m.points, 0.0, atol=1e-9) | np.isclose(m.points, 1.0, atol=1e-9), axis=1)

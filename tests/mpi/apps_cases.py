@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _harness import agree, main
 
 from hybridmpi import HybridComm
-from hybridmpi.apps import Heat3D, Himeno, heat3d, himeno
+from hybridmpi.tools.apps import Heat3D, Himeno, heat3d, himeno
 
 
 def serial(comm, make, steps, result):

@@ -16,7 +16,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hybridmpi
-from hybridmpi import Coarray, FreedError, GhostPattern, GlobalMemory, Halo, HybridComm, PatternError, mesh
+from hybridmpi import Coarray, FreedError, GhostPattern, GlobalMemory, Halo, HybridComm, PatternError
+from hybridmpi.tools import mesh
 
 comm = MPI.COMM_WORLD
 R, P = comm.rank, comm.size
@@ -73,7 +74,7 @@ def end_other_array():
 
 
 def tiny_mesh():
-    return mesh.load(hybridmpi.mesh.generate.SHIPPED / "cube-h0.1.vtu")
+    return mesh.load(hybridmpi.tools.mesh.generate.SHIPPED / "cube-h0.1.vtu")
 
 
 M = tiny_mesh()

@@ -1,4 +1,4 @@
-"""Collective cases of hybridmpi.fem, run under mpiexec by tests/test_fem.py.
+"""Collective cases of hybridmpi.tools.fem, run under mpiexec by tests/test_fem.py.
 
 Usage: python -m mpi4py fem_cases.py [--node-size K] [--only case1,case2]
 """
@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _harness import main
 
 import hybridmpi
-from hybridmpi import fem, mesh
+from hybridmpi.tools import fem, mesh
 from hybridmpi.transport import METHODS
 
 

@@ -12,7 +12,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _harness import main
 
 import hybridmpi
-from hybridmpi import Halo, mesh
+from hybridmpi import Halo
+from hybridmpi.tools import mesh
 
 
 def field(p):

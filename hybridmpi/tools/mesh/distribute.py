@@ -6,12 +6,12 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..comm import HybridComm
+    from ...comm import HybridComm
 
 import numpy as np
 
-from .._extras import MissingExtra
-from ..pattern import GhostPattern
+from ..._extras import MissingExtra
+from ...pattern import GhostPattern
 from .partition import ghost_pairs, tetrahedra
 
 
@@ -123,7 +123,7 @@ def _portable(e: Exception | None) -> Exception | None:
         pickle.loads(pickle.dumps(e))
         return e
     except Exception:  # noqa: BLE001 - any exception that cannot travel
-        return RuntimeError(f"hybridmpi.mesh: rank 0 failed: {type(e).__name__}: {e}")
+        return RuntimeError(f"hybridmpi.tools.mesh: rank 0 failed: {type(e).__name__}: {e}")
 
 
 def distribute_file(hc: HybridComm, path: str) -> tuple[Any, LocalMesh]:
@@ -160,7 +160,7 @@ def distribute_file(hc: HybridComm, path: str) -> tuple[Any, LocalMesh]:
             raise FileNotFoundError(msg)
         if kind == "MissingExtra":
             raise MissingExtra(msg, name="meshio")
-        raise ValueError(f"hybridmpi.mesh: cannot use mesh file {path}: {msg}")
+        raise ValueError(f"hybridmpi.tools.mesh: cannot use mesh file {path}: {msg}")
     return m, distribute(hc, m, part)
 
 
@@ -175,7 +175,7 @@ def distribute(hc: HybridComm, m: Any, part: Any, *, root: int = 0) -> LocalMesh
         hc: the :class:`~hybridmpi.HybridComm`.
         m: meshio.Mesh with tetrahedra (on ``root``).
         part: owning rank of every point, values in ``[0, hc.size)`` (on
-            ``root``), e.g. from :func:`~hybridmpi.mesh.partition`.
+            ``root``), e.g. from :func:`~hybridmpi.tools.mesh.partition`.
         root: the rank that holds the mesh.
 
     Returns:
@@ -202,7 +202,7 @@ def distribute(hc: HybridComm, m: Any, part: Any, *, root: int = 0) -> LocalMesh
             problem = str(e)
     problem = comm.bcast(problem, root=root)
     if problem:
-        raise ValueError(f"hybridmpi.mesh.distribute: {problem}")
+        raise ValueError(f"hybridmpi.tools.mesh.distribute: {problem}")
     mine = comm.scatter(parts, root=root)
     k = mine["n_owned"]
     pattern = GhostPattern.from_global(hc, mine["gids"][:k], mine["gids"][k:])

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._extras import need_everywhere
-from ..halo import Halo
+from ..._extras import need_everywhere
+from ...halo import Halo
 
 if TYPE_CHECKING:
-    from ..comm import HybridComm
+    from ...comm import HybridComm
     from ..mesh.distribute import LocalMesh
 
 # Degree-2 rule on the tetrahedron: four points, barycentric (a, b, b, b), weights 1/4.
@@ -67,7 +67,7 @@ class Poisson:
 
     Args:
         hc: the :class:`~hybridmpi.HybridComm`.
-        lm: this rank's :class:`~hybridmpi.mesh.LocalMesh`.
+        lm: this rank's :class:`~hybridmpi.tools.mesh.LocalMesh`.
         f, g: callables mapping an ``(n, 3)`` array of points to ``n`` values.
         boundary: boolean mask over the local points (owned and ghost) of
             the Dirichlet points; default: the faces of the global bounding box.
@@ -107,7 +107,7 @@ class Poisson:
         # Dirichlet data: known at every local point, owned or ghost.
         bnd = cube_boundary(hc, lm.points) if boundary is None else np.asarray(boundary, dtype=bool)
         if bnd.shape != (size,):
-            raise ValueError(f"hybridmpi.fem: boundary mask has shape {bnd.shape}, expected ({size},)")
+            raise ValueError(f"hybridmpi.tools.fem: boundary mask has shape {bnd.shape}, expected ({size},)")
         gval = np.zeros(size)
         gval[bnd] = np.asarray(g(lm.points[bnd]), dtype=np.float64)
         b = b[:n] - a @ gval
@@ -265,7 +265,7 @@ def solve_poisson(hc: HybridComm, local_mesh: LocalMesh, f: Callable[[np.ndarray
 
     Args:
         hc: the :class:`~hybridmpi.HybridComm`.
-        local_mesh: this rank's :class:`~hybridmpi.mesh.LocalMesh`.
+        local_mesh: this rank's :class:`~hybridmpi.tools.mesh.LocalMesh`.
         f, g: callables mapping an ``(n, 3)`` array of points to ``n`` values.
         method: the Halo method of the ghost updates.
         tol: relative residual at which CG stops.

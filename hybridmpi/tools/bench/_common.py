@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 
-from .. import __version__
+from ... import __version__
 
 SCHEMA = "hybridmpi-bench/1"
 

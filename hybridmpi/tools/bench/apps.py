@@ -9,9 +9,9 @@ import time
 
 import numpy as np
 
+from ...comm import HybridComm
+from ...profile import split_waits
 from ..apps import heat3d, himeno
-from ..comm import HybridComm
-from ..profile import split_waits
 from ._common import Progress, add, document
 
 

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from ..globalmem import Coarray, GlobalMemory, waitall
+from ...globalmem import Coarray, GlobalMemory, waitall
 from ._common import Progress, add, document
 
 PARTS = ("latency", "bandwidth", "overlap", "coarray")

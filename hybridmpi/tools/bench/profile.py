@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 
-from ..halo import Halo
-from ..pattern import GhostPattern
-from ..profile import profile
+from ...halo import Halo
+from ...pattern import GhostPattern
+from ...profile import profile
 from ._common import add, document
 
 

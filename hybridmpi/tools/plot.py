@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from ._extras import need
+from .._extras import need
 from .bench import validate
 
 

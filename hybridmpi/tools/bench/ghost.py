@@ -24,11 +24,11 @@ checked against flat-numpy's before it is timed.
 
 import numpy as np
 
-from .._clib import ffi
-from ..halo import Halo
+from ..._clib import ffi
+from ...halo import Halo
+from ...pattern import GhostPattern
+from ...transport import METHODS, PackFloor
 from ..mesh import distribute_cube
-from ..pattern import GhostPattern
-from ..transport import METHODS, PackFloor
 from . import peers as peer_mod
 from ._common import Progress, add, document, timed
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .. import settings
+from ... import settings
 from ._common import Progress, add, document, timed
 
 

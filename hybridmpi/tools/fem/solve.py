@@ -4,8 +4,8 @@ import time
 
 import numpy as np
 
+from ..._extras import need
 from .. import mesh
-from .._extras import need
 from .poisson import Poisson
 from .problems import exact, rhs
 

@@ -11,14 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import settings
-from .._extras import need
+from ... import settings
+from ..._extras import need
 
 #: the shipped cube meshes (made by scripts/ship_meshes.py): hybridmpi/meshes/ in an installed
 #: package, meshes/ in the source tree (an editable install)
-SHIPPED = next((p for p in (Path(__file__).resolve().parents[1] / "meshes",
-                            Path(__file__).resolve().parents[2] / "meshes") if p.is_dir()),
-               Path(__file__).resolve().parents[1] / "meshes")
+SHIPPED = next((p for p in (Path(__file__).resolve().parents[2] / "meshes",
+                            Path(__file__).resolve().parents[3] / "meshes") if p.is_dir()),
+               Path(__file__).resolve().parents[2] / "meshes")
 
 
 def _cache_dir(cache_dir):
@@ -37,7 +37,7 @@ def tetrahedra(m: Any) -> Any:
     meshio = need("meshio", "the mesh pipeline")
     blocks = [c.data for c in m.cells if c.type == "tetra"]
     if not blocks:
-        raise ValueError("hybridmpi.mesh: the mesh has no tetrahedra")
+        raise ValueError("hybridmpi.tools.mesh: the mesh has no tetrahedra")
     tets = np.concatenate(blocks).astype(np.int64)
     used, inverse = np.unique(tets, return_inverse=True)
     points = np.ascontiguousarray(m.points[used, :3], dtype=np.float64)
@@ -60,7 +60,7 @@ def load(path: str | os.PathLike[str]) -> Any:
     meshio = need("meshio", "reading a mesh file")
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"hybridmpi.mesh.load: no such file: {path}")
+        raise FileNotFoundError(f"hybridmpi.tools.mesh.load: no such file: {path}")
     return tetrahedra(meshio.read(path))
 
 
@@ -123,7 +123,7 @@ def cube(h: float, *, cache_dir: str | None = None) -> Any:
     """
     meshio = need("meshio", "the cube mesh")
     if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 < h <= 1:
-        raise ValueError(f"hybridmpi.mesh.cube: h must be a number in (0, 1], got {h!r}")
+        raise ValueError(f"hybridmpi.tools.mesh.cube: h must be a number in (0, 1], got {h!r}")
     name = mesh_name(h)
     for folder in (SHIPPED, _cache_dir(cache_dir)):
         path = folder / name

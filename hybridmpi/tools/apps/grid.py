@@ -15,10 +15,10 @@ that reads ``X`` and writes ``Y``:
 
 import numpy as np
 
-from .._types import mpi
-from ..globalmem import Coarray, waitall
-from ..halo import Halo
-from ..pattern import GhostPattern
+from ..._types import mpi
+from ...globalmem import Coarray, waitall
+from ...halo import Halo
+from ...pattern import GhostPattern
 
 
 def split(n, parts, i):

@@ -17,10 +17,10 @@ import sys
 import time
 import traceback
 
-from . import __version__, settings
-from ._extras import MissingExtra, need
-from ._jobs import abort_job, world
-from .settings import launched
+from .. import __version__, settings
+from .._extras import MissingExtra, need
+from .._jobs import abort_job, world
+from ..settings import launched
 
 #: seconds the ranks of an MPI job wait for each other to compare their command lines (env
 #: HYBRIDMPI_TIMEOUT when set): a rank that runs another program, or none, ends the job then
@@ -221,8 +221,8 @@ def _mpi_job(args, body):
     """Run ``body(hc, comm)`` on MPI.COMM_WORLD with a HybridComm, freed after."""
     from mpi4py import MPI
 
-    from ._threads import limit_blas_threads
-    from .comm import HybridComm
+    from .._threads import limit_blas_threads
+    from ..comm import HybridComm
 
     limit_blas_threads(1)
     comm = MPI.COMM_WORLD
@@ -334,7 +334,7 @@ def parser():
         thread_level_argument(k)
         k.set_defaults(func=cmd_bench)
 
-    from .transport import METHODS
+    from ..transport import METHODS
 
     q = sub.add_parser("solve", help="P1 Poisson with conjugate gradients on the cube (run under mpiexec)")
     src = q.add_mutually_exclusive_group()

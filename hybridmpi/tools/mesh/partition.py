@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .._extras import need
+from ..._extras import need
 
 # The six edges of a tetrahedron, as pairs of its vertex slots.
 _EDGES = np.array([(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)])
@@ -21,7 +21,7 @@ def tetrahedra(m: Any) -> np.ndarray:
     for c in m.cells:
         if c.type == "tetra":
             return np.asarray(c.data, dtype=np.int64)
-    raise ValueError("hybridmpi.mesh: the mesh has no tetrahedra")
+    raise ValueError("hybridmpi.tools.mesh: the mesh has no tetrahedra")
 
 
 def point_edges(m: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +87,7 @@ def _metis_apart(xadj, adjncy, nparts, seed):
     import subprocess
     import sys
 
-    code = ("import pickle, sys; from hybridmpi.mesh.partition import _part_graph; "
+    code = ("import pickle, sys; from hybridmpi.tools.mesh.partition import _part_graph; "
             "a = pickle.load(sys.stdin.buffer); "
             "sys.stdout.buffer.write(pickle.dumps(_part_graph(*a)))")
     proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((xadj, adjncy, nparts, seed)),
@@ -132,12 +132,12 @@ def partition(m: Any, nparts: int, *, node_size: int | None = None, seed: int = 
     """
     n = len(m.points)
     if type(nparts) is not int or nparts < 1:
-        raise ValueError(f"hybridmpi.mesh.partition: nparts must be an int >= 1, got {nparts!r}")
+        raise ValueError(f"hybridmpi.tools.mesh.partition: nparts must be an int >= 1, got {nparts!r}")
     if nparts > n:
-        raise ValueError(f"hybridmpi.mesh.partition: nparts = {nparts} exceeds the {n} points")
+        raise ValueError(f"hybridmpi.tools.mesh.partition: nparts = {nparts} exceeds the {n} points")
     if node_size is not None and (type(node_size) is not int or node_size < 1
                                   or nparts % node_size):
-        raise ValueError(f"hybridmpi.mesh.partition: node_size = {node_size!r} must be a "
+        raise ValueError(f"hybridmpi.tools.mesh.partition: node_size = {node_size!r} must be a "
                          f"positive int dividing nparts = {nparts}")
     i, j = point_edges(m)
     if node_size is None or node_size == nparts or node_size == 1:
@@ -189,11 +189,11 @@ def partition_stats(m: Any, part: Any, *, node_size: int | None = None, block: i
     """
     part = np.asarray(part, dtype=np.int64)
     if part.shape != (len(m.points),):
-        raise ValueError(f"hybridmpi.mesh.partition_stats: part has shape {part.shape}, "
+        raise ValueError(f"hybridmpi.tools.mesh.partition_stats: part has shape {part.shape}, "
                          f"expected ({len(m.points)},)")
     nprocs = int(part.max()) + 1
     if node_size is not None and (type(node_size) is not int or node_size < 1 or nprocs % node_size):
-        raise ValueError(f"hybridmpi.mesh.partition_stats: node_size = {node_size!r} must divide "
+        raise ValueError(f"hybridmpi.tools.mesh.partition_stats: node_size = {node_size!r} must divide "
                          f"the {nprocs} processes")
     ranks, points = ghost_pairs(m, part)
     owners = part[points]

@@ -8,8 +8,8 @@ import os
 import tempfile
 import time
 
+from ..._extras import need
 from .. import mesh
-from .._extras import need
 from ..mesh import generate
 from ._common import Progress, add, document
 

@@ -23,9 +23,9 @@ _HOME = {
     "waitall": "globalmem",
     "FreedError": "errors", "PatternError": "errors", "PeerArgumentError": "errors",
     "PeerError": "errors", "SyncTimeout": "errors", "abort_on_error": "errors",
-    "GhostPattern": "pattern", "Halo": "halo", "HybridComm": "comm",
+    "GhostPattern": "ghost.pattern", "Halo": "ghost.halo", "HybridComm": "comm",
     "allreduce": "dropin", "barrier": "dropin", "hybrid": "dropin",
-    "profile": "profile", "MissingExtra": "_extras",
+    "profile": "profiling.profile", "MissingExtra": "_extras",
 }
 
 if TYPE_CHECKING:
@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from .comm import HybridComm
     from .dropin import allreduce, barrier, hybrid
     from .errors import FreedError, PatternError, PeerArgumentError, PeerError, SyncTimeout, abort_on_error
+    from .ghost.halo import Halo
+    from .ghost.pattern import GhostPattern
     from .globalmem import Coarray, GlobalMemory, Request, waitall
-    from .halo import Halo
-    from .pattern import GhostPattern
-    from .profile import profile
+    from .profiling.profile import profile
 
 __all__ = [
            "Coarray",
@@ -62,9 +62,7 @@ __all__ = [
 
 
 class _Package(types.ModuleType):
-    """The package module: public names load on first use (PEP 562 semantics), and
-    ``hybridmpi.profile`` stays the class when the submodule of the same name is imported
-    (the import system sets a submodule as an attribute of its package)."""
+    """The package module: public names load on first use (PEP 562 semantics)."""
 
     def __getattr__(self, name: str) -> Any:
         home = _HOME.get(name)
@@ -73,11 +71,6 @@ class _Package(types.ModuleType):
         value = getattr(importlib.import_module(f".{home}", __name__), name)
         self.__dict__[name] = value
         return value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _HOME and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(_HOME))
@@ -88,7 +81,7 @@ sys.modules[__name__].__class__ = _Package
 
 def _start_env_profile(hc: Any) -> None:
     """Start the environment profile (HYBRIDMPI_PROFILE) of a new HybridComm."""
-    from .profile import start_env
+    from .profiling.profile import start_env
 
     start_env(hc)
 

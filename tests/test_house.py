@@ -18,7 +18,7 @@ MAX_LINES = 80
 
 #: the classes with the seam ``_internal`` (what the layer above uses of them), by module; the
 #: comm layer's seam is HybridComm.context (docs/design.md, "Layers")
-SEAMS = {"hybridmpi/halo.py": "Halo", "hybridmpi/globalmem/memory.py": "GlobalMemory",
+SEAMS = {"hybridmpi/ghost/halo.py": "Halo", "hybridmpi/globalmem/memory.py": "GlobalMemory",
          "hybridmpi/globalmem/coarray.py": "Coarray"}
 
 

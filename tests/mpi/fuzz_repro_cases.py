@@ -377,7 +377,7 @@ def case_invalid_mark_survives_the_senders_next_call(comm, rng, node_size):
     e at once and stored call e + 1's mark over call e's; rank 1 then took rank 0 for valid in
     call e, broke its comm and raised RuntimeError in call e + 1 instead of PeerError or
     ValueError.  The mark is now kept per epoch parity."""
-    from hybridmpi.transport._shm import SharedWindow
+    from hybridmpi.ghost.transport._shm import SharedWindow
 
     if comm.size < 2:
         return

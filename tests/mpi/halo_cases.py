@@ -18,7 +18,7 @@ from _harness import agree, main
 
 import hybridmpi
 from hybridmpi import FreedError, GhostPattern, Halo, PatternError, SyncTimeout
-from hybridmpi.transport.atomic import cma_pids
+from hybridmpi.ghost.transport.atomic import cma_pids
 
 METHODS = ["atomic", "flat", "neighbor", "fence", "pscw", "lock"]
 DTYPES = [np.float64, np.float32, np.int64, np.complex128]
@@ -458,7 +458,7 @@ def case_hot_path_edges(comm, rng, **cfg):
                 h.update(x)
                 assert same(x, want)
             if hc.num_nodes == 1 and hc.size > 1 and (not shared or h.zero_copy):
-                from hybridmpi.halo import _Hot
+                from hybridmpi.ghost.halo import _Hot
                 assert _Hot is None or type(vars(h).get("update")) is _Hot, vars(h).get("update")
             others = [np.zeros(pat.size) for _ in range(5)]   # alternating arrays (more than
             for i in range(12):                                  # the C object holds at once)

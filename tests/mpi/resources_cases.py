@@ -15,8 +15,8 @@ from _harness import main
 
 import hybridmpi
 from hybridmpi import GhostPattern, Halo
-from hybridmpi.transport import METHODS
-from hybridmpi.transport.neighbor import Graphs
+from hybridmpi.ghost.transport import METHODS
+from hybridmpi.ghost.transport.neighbor import Graphs
 
 
 def ring(hc, n=100):

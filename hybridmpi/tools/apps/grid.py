@@ -16,9 +16,9 @@ that reads ``X`` and writes ``Y``:
 import numpy as np
 
 from ..._types import mpi
+from ...ghost.halo import Halo
+from ...ghost.pattern import GhostPattern
 from ...globalmem import Coarray, waitall
-from ...halo import Halo
-from ...pattern import GhostPattern
 
 
 def split(n, parts, i):

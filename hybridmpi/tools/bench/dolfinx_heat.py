@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from ...halo import Halo
-from ...pattern import GhostPattern
+from ...ghost.halo import Halo
+from ...ghost.pattern import GhostPattern
 from ._common import Progress, add, document
 
 

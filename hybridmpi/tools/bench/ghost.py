@@ -25,9 +25,9 @@ checked against flat-numpy's before it is timed.
 import numpy as np
 
 from ..._clib import ffi
-from ...halo import Halo
-from ...pattern import GhostPattern
-from ...transport import METHODS, PackFloor
+from ...ghost.halo import Halo
+from ...ghost.pattern import GhostPattern
+from ...ghost.transport import METHODS, PackFloor
 from ..mesh import distribute_cube
 from . import peers as peer_mod
 from ._common import Progress, add, document, timed

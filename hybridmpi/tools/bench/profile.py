@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 
-from ...halo import Halo
-from ...pattern import GhostPattern
-from ...profile import profile
+from ...ghost.halo import Halo
+from ...ghost.pattern import GhostPattern
+from ...profiling.profile import profile
 from ._common import add, document
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..._extras import need_everywhere
-from ...halo import Halo
+from ...ghost.halo import Halo
 
 if TYPE_CHECKING:
     from ...comm import HybridComm

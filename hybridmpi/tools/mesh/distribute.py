@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 import numpy as np
 
 from ..._extras import MissingExtra
-from ...pattern import GhostPattern
+from ...ghost.pattern import GhostPattern
 from .partition import ghost_pairs, tetrahedra
 
 

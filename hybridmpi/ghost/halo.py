@@ -8,15 +8,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _errmap, settings
-from ._agree import agree, safe_repr
-from ._clib import ffi, lib
-from ._resource import Freed, Recorded
-from ._timed import Hot as _Hot
-from ._timed import State as _State
-from ._types import DTYPES, mpi
-from .comm import TAG_SLOTS
-from .errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
+from .. import _errmap, settings
+from .._agree import agree, safe_repr
+from .._clib import ffi, lib
+from .._resource import Freed, Recorded
+from .._timed import Hot as _Hot
+from .._timed import State as _State
+from .._types import DTYPES, mpi
+from ..comm import TAG_SLOTS
+from ..errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV, Exchange, Fault, Paths

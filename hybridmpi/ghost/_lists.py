@@ -1,5 +1,5 @@
-"""Pieces that build a pattern's lists, shared by :mod:`hybridmpi.pattern` and the lists taken
-from DOLFINx and PETSc (:mod:`hybridmpi.interop`, which sits under the pattern)."""
+"""Pieces that build a pattern's lists, shared by :mod:`hybridmpi.ghost.pattern` and the lists taken
+from DOLFINx and PETSc (:mod:`hybridmpi.ghost.interop`, which sits under the pattern)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ._agree import agree
-from .comm import HybridComm
-from .errors import FreedError, PatternError
+from .._agree import agree
+from ..comm import HybridComm
+from ..errors import FreedError, PatternError
 
 
 def agree_pattern(comm: Any, problem: str | None) -> None:

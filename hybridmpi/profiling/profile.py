@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 import numpy as np
 
-from ._agree import agree
-from ._clib import ffi, lib
-from ._marks import CLK as _CLK
-from ._marks import now as _now
-from ._resource import leave_on_error
-from ._types import mpi
-from .errors import FreedError
+from .._agree import agree
+from .._clib import ffi, lib
+from .._marks import CLK as _CLK
+from .._marks import now as _now
+from .._resource import leave_on_error
+from .._types import mpi
+from ..errors import FreedError
 
 if TYPE_CHECKING:
-    from .comm import HybridComm
+    from ..comm import HybridComm
 
 #: calls per object and operation whose wait is split (later ones are timed, not split)
 SPLIT_CALLS = 1_000_000
@@ -49,7 +49,7 @@ KEYS = ("object", "op", "calls", "bytes", "time_s", "python_s", "wait_s", "imbal
 _ACTIVE: list[profile] = []   # profiles that are on (the C clock runs while there is one)
 
 try:  # the call wrapper in C: two clock reads and one record per call
-    from ._timed import Timed as _Timed
+    from .._timed import Timed as _Timed
 except ImportError:  # built without it: the same records, from Python (slower)
     _Timed = None
 _ADDRS = [int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
@@ -154,7 +154,7 @@ class profile:
     """
 
     def __init__(self, hc: HybridComm) -> None:
-        from .comm import HybridComm
+        from ..comm import HybridComm
 
         if not isinstance(hc, HybridComm):
             raise TypeError(f"hybridmpi: profile needs a HybridComm, got {type(hc).__name__}")
@@ -244,9 +244,9 @@ class profile:
 
     def _adopt(self, obj):
         """Record the operations of ``obj`` (HybridComm, Halo, GlobalMemory, Coarray)."""
-        from .comm import HybridComm
-        from .globalmem import Coarray, GlobalMemory
-        from .halo import Halo
+        from ..comm import HybridComm
+        from ..ghost.halo import Halo
+        from ..globalmem import Coarray, GlobalMemory
 
         if isinstance(obj, Halo):
             ops, label = _HALO_OPS, f"Halo #{obj.tag} ({obj.method})"
@@ -527,7 +527,7 @@ def _image_calls(recs, rank, size):
 def _seam(obj):
     """What the profile may use of a recorded object: a HybridComm's context, the others'
     ``_internal``."""
-    from .comm import HybridComm
+    from ..comm import HybridComm
 
     return obj.context if isinstance(obj, HybridComm) else obj._internal
 

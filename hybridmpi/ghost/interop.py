@@ -3,7 +3,7 @@ star forest; and a pattern as a PETSc star forest.
 
 Both give each ghost its owner and the owner's local id, so one exchange of those ids builds
 the send lists (``remote_lists``); nothing imports DOLFINx or petsc4py until it is asked for.
-This module sits under :mod:`hybridmpi.pattern`: it returns checked lists, which
+This module sits under :mod:`hybridmpi.ghost.pattern`: it returns checked lists, which
 ``GhostPattern.from_index_map`` and ``GhostPattern.from_sf`` make into patterns.
 """
 
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._agree import safe_repr
+from .._agree import safe_repr
+from .._types import as_int, mpi
 from ._lists import agree_pattern as _agree
 from ._lists import alltoallv as _alltoallv
 from ._lists import comm_of
-from ._types import as_int, mpi
 
 if TYPE_CHECKING:
-    from .comm import HybridComm
+    from ..comm import HybridComm
     from .pattern import GhostPattern
 
 #: (send, recv, size, n_owned): a pattern's lists, checked on every rank

@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import settings
-from .._clib import copy_policy, ffi, lib
-from .._errmap import Fault, broke_before
-from .._errmap import check as check_rc
-from .._marks import mark as prof_mark
-from .._marks import mark_end as prof_mark_end
-from .._waits import NOTICE_GRACE_S, wait_requests
+from ... import settings
+from ..._clib import copy_policy, ffi, lib
+from ..._errmap import Fault, broke_before
+from ..._errmap import check as check_rc
+from ..._marks import mark as prof_mark
+from ..._marks import mark_end as prof_mark_end
+from ..._waits import NOTICE_GRACE_S, wait_requests
 
 FWD, REV = 0, 1
 _WORD = (1 << 64) - 1   # a counter as the unsigned 64-bit word it is

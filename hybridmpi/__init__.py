@@ -13,7 +13,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from . import _hooks
+from .comm import _hooks
 
 __version__ = "0.1.0"
 
@@ -23,15 +23,15 @@ _HOME = {
     "waitall": "globalmem",
     "FreedError": "errors", "PatternError": "errors", "PeerArgumentError": "errors",
     "PeerError": "errors", "SyncTimeout": "errors", "abort_on_error": "errors",
-    "GhostPattern": "ghost.pattern", "Halo": "ghost.halo", "HybridComm": "comm",
-    "allreduce": "dropin", "barrier": "dropin", "hybrid": "dropin",
+    "GhostPattern": "ghost.pattern", "Halo": "ghost.halo", "HybridComm": "comm.hybridcomm",
+    "allreduce": "comm.dropin", "barrier": "comm.dropin", "hybrid": "comm.dropin",
     "profile": "profiling.profile", "MissingExtra": "_extras",
 }
 
 if TYPE_CHECKING:
     from ._extras import MissingExtra
-    from .comm import HybridComm
-    from .dropin import allreduce, barrier, hybrid
+    from .comm.dropin import allreduce, barrier, hybrid
+    from .comm.hybridcomm import HybridComm
     from .errors import FreedError, PatternError, PeerArgumentError, PeerError, SyncTimeout, abort_on_error
     from .ghost.halo import Halo
     from .ghost.pattern import GhostPattern

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .._agree import agree
-from ..comm import HybridComm
+from ..comm._agree import agree
+from ..comm.hybridcomm import HybridComm
 from ..errors import FreedError, PatternError
 
 

@@ -9,13 +9,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _errmap, settings
-from .._agree import agree, safe_repr
 from .._clib import ffi, lib
-from .._resource import Freed, Recorded
 from .._timed import Hot as _Hot
 from .._timed import State as _State
 from .._types import DTYPES, mpi
-from ..comm import TAG_SLOTS
+from ..comm._agree import agree, safe_repr
+from ..comm._resource import Freed, Recorded
+from ..comm.hybridcomm import TAG_SLOTS
 from ..errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
 from .pattern import GhostPattern
 from .transport import METHODS

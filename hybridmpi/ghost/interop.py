@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._agree import safe_repr
 from .._types import as_int, mpi
+from ..comm._agree import safe_repr
 from ._lists import agree_pattern as _agree
 from ._lists import alltoallv as _alltoallv
 from ._lists import comm_of
 
 if TYPE_CHECKING:
-    from ..comm import HybridComm
+    from ..comm.hybridcomm import HybridComm
     from .pattern import GhostPattern
 
 #: (send, recv, size, n_owned): a pattern's lists, checked on every rank

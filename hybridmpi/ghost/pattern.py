@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._agree import safe_repr
 from .._types import as_int, mpi
+from ..comm._agree import safe_repr
 from . import interop
 from ._lists import agree_pattern as _agree
 from ._lists import alltoallv as _alltoallv
 from ._lists import comm_of
 
 if TYPE_CHECKING:
-    from ..comm import HybridComm
+    from ..comm.hybridcomm import HybridComm
 
 _HASH = np.uint64(0x9E3779B97F4A7C15)
 _MAX_ID = np.iinfo(np.int64).max

@@ -8,10 +8,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._agree import agree, safe_repr
-from .._resource import Freed, Recorded
 from .._types import mpi
-from ..comm import HybridComm
+from ..comm._agree import agree, safe_repr
+from ..comm._resource import Freed, Recorded
+from ..comm.hybridcomm import HybridComm
 from ..errors import FreedError
 from .memory import GlobalMemory
 from .requests import Request, get_flush, put_flush

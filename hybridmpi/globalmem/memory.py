@@ -9,12 +9,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._agree import agree, safe_repr
 from .._clib import ffi, lib
-from .._resource import Freed, Recorded
 from .._types import mpi
-from ..arena import MAX_BYTES
-from ..comm import HybridComm
+from ..comm._agree import agree, safe_repr
+from ..comm._resource import Freed, Recorded
+from ..comm.arena import MAX_BYTES
+from ..comm.hybridcomm import HybridComm
 from ..errors import FreedError
 from .requests import Owner, Request, get_flush, put_flush
 from .sync import int64_arg, int_arg, sync_state

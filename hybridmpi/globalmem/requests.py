@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .._waits import wait_requests
+from ..comm._waits import wait_requests
 from ..errors import FreedError, SyncTimeout
 
 

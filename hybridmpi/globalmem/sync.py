@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 
 from .. import _errmap
-from .._agree import safe_repr
 from .._clib import copy_policy, ffi, lib
 from .._types import mpi
-from .._waits import wait_requests
+from ..comm._agree import safe_repr
+from ..comm._waits import wait_requests
 from ..errors import PeerArgumentError, SyncTimeout
 
 _R = lib.HM_REGION

@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 import numpy as np
 
-from .._agree import agree
 from .._clib import ffi, lib
 from .._marks import CLK as _CLK
 from .._marks import now as _now
-from .._resource import leave_on_error
 from .._types import mpi
+from ..comm._agree import agree
+from ..comm._resource import leave_on_error
 from ..errors import FreedError
 
 if TYPE_CHECKING:
-    from ..comm import HybridComm
+    from ..comm.hybridcomm import HybridComm
 
 #: calls per object and operation whose wait is split (later ones are timed, not split)
 SPLIT_CALLS = 1_000_000
@@ -154,7 +154,7 @@ class profile:
     """
 
     def __init__(self, hc: HybridComm) -> None:
-        from ..comm import HybridComm
+        from ..comm.hybridcomm import HybridComm
 
         if not isinstance(hc, HybridComm):
             raise TypeError(f"hybridmpi: profile needs a HybridComm, got {type(hc).__name__}")
@@ -244,7 +244,7 @@ class profile:
 
     def _adopt(self, obj):
         """Record the operations of ``obj`` (HybridComm, Halo, GlobalMemory, Coarray)."""
-        from ..comm import HybridComm
+        from ..comm.hybridcomm import HybridComm
         from ..ghost.halo import Halo
         from ..globalmem import Coarray, GlobalMemory
 
@@ -527,7 +527,7 @@ def _image_calls(recs, rank, size):
 def _seam(obj):
     """What the profile may use of a recorded object: a HybridComm's context, the others'
     ``_internal``."""
-    from ..comm import HybridComm
+    from ..comm.hybridcomm import HybridComm
 
     return obj.context if isinstance(obj, HybridComm) else obj._internal
 

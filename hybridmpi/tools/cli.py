@@ -222,7 +222,7 @@ def _mpi_job(args, body):
     from mpi4py import MPI
 
     from .._threads import limit_blas_threads
-    from ..comm import HybridComm
+    from ..comm.hybridcomm import HybridComm
 
     limit_blas_threads(1)
     comm = MPI.COMM_WORLD

@@ -21,7 +21,7 @@ from _harness import main
 from globalmem_cases import fresh
 
 from hybridmpi import Coarray, GlobalMemory, HybridComm
-from hybridmpi.arena import MAX_BYTES
+from hybridmpi.comm.arena import MAX_BYTES
 
 REGION = 128  # the arena's rounding: a neighbour of whole regions ends where the next part begins
 DTYPES = [np.int64, np.float32, np.complex128, np.uint8]

@@ -14,7 +14,7 @@ from _harness import main
 
 import hybridmpi
 from hybridmpi import GhostPattern, GlobalMemory, Halo, HybridComm
-from hybridmpi.arena import held_ids
+from hybridmpi.comm.arena import held_ids
 from hybridmpi.errors import FreedError
 
 

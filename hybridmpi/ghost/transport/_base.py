@@ -16,7 +16,7 @@ from ..._errmap import Fault, broke_before
 from ..._errmap import check as check_rc
 from ..._marks import mark as prof_mark
 from ..._marks import mark_end as prof_mark_end
-from ..._waits import NOTICE_GRACE_S, wait_requests
+from ...comm._waits import NOTICE_GRACE_S, wait_requests
 
 FWD, REV = 0, 1
 _WORD = (1 << 64) - 1   # a counter as the unsigned 64-bit word it is
@@ -45,7 +45,7 @@ class Exchange:
     raising :class:`Fault`, which the Halo turns into the exception users see.
     """
 
-    #: the HybridComm's :class:`~hybridmpi._context.Context`: its communicators, node layout,
+    #: the HybridComm's :class:`~hybridmpi.comm._context.Context`: its communicators, node layout,
     #: shared arena, wait policy and failure notices (a transport sees nothing else of it)
     ctx: Any
     #: mpi4py's MPI module

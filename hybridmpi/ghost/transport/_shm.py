@@ -13,8 +13,8 @@ that a peer whose comm broke would never join.
 """
 
 from ..._clib import ffi, lib
-from ...arena import allocate_shared, check_room, commit, hold_ids
-from ...arena import round_up as _round
+from ...comm.arena import allocate_shared, check_room, commit, hold_ids
+from ...comm.arena import round_up as _round
 from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check, wait_until
 
 _R = lib.HM_REGION

@@ -13,8 +13,8 @@ import weakref
 
 import numpy as np
 
-from ..._agree import create_agreed
 from ..._clib import lib
+from ...comm._agree import create_agreed
 from ._base import FWD, REV, Chan, Fault, Transport, Xchg, check, complete, release
 
 _HDR = 16  # bytes of header before each neighbor's data: int64 (Halo tag, 2 * call + direction)

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._resource import Freed
+from ...comm._resource import Freed
 from ._stepper import Stepper, check_names, interior, start_arrays
 from .grid import Grid, make_exchange
 
 if TYPE_CHECKING:
-    from ...comm import HybridComm
+    from ...comm.hybridcomm import HybridComm
 
 #: the ways of filling the halos (``--exchange``)
 EXCHANGES = ("sendrecv", "rma", "get", "get-nb", "put", "halo")

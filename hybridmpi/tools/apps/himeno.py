@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._resource import Freed
+from ...comm._resource import Freed
 from ._stepper import Stepper, check_names, start_arrays
 from .grid import Grid, make_exchange
 
 if TYPE_CHECKING:
-    from ...comm import HybridComm
+    from ...comm.hybridcomm import HybridComm
 
 #: problem sizes (mimax, mjmax, mkmax)
 SIZES: dict[str, tuple[int, int, int]] = {"XS": (32, 32, 64), "S": (64, 64, 128), "M": (128, 128, 256),

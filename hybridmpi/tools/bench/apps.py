@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from ...comm import HybridComm
+from ...comm.hybridcomm import HybridComm
 from ...profiling.profile import split_waits
 from ..apps import heat3d, himeno
 from ._common import Progress, add, document

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from ...comm import HybridComm
+from ...comm.hybridcomm import HybridComm
 from ._common import Progress, add, document, timed
 
 
@@ -16,7 +16,7 @@ def barrier_arguments(p):
 def run_barrier(hc, comm, a):
     """Dissemination, tree and linear shared-memory barriers, acq_rel and seq_cst, and the
     drop-in, vs MPI_Barrier."""
-    from ... import dropin
+    from ...comm import dropin
 
     doc = document("barrier", "shared-memory barrier vs MPI_Barrier, time per call (us)", "ranks",
                    hc, a.node_size, iters=a.iters, reps=a.reps)
@@ -54,7 +54,7 @@ def run_allreduce(hc, comm, a):
     sizes = [int(s) for s in a.sizes.split(",")]
     doc = document("allreduce", "shared-memory allreduce (sum of doubles) vs MPI_Allreduce, time "
                    "per call (us)", "doubles", hc, a.node_size, iters=a.iters, reps=a.reps)
-    from ... import dropin
+    from ...comm import dropin
 
     sc = HybridComm(comm, node_size=a.node_size, memory_order="seq_cst")
     tr = HybridComm(comm, node_size=a.node_size, allreduce="tree")

@@ -19,7 +19,7 @@ from ..._extras import need_everywhere
 from ...ghost.halo import Halo
 
 if TYPE_CHECKING:
-    from ...comm import HybridComm
+    from ...comm.hybridcomm import HybridComm
     from ..mesh.distribute import LocalMesh
 
 # Degree-2 rule on the tetrahedron: four points, barycentric (a, b, b, b), weights 1/4.

@@ -6,7 +6,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...comm import HybridComm
+    from ...comm.hybridcomm import HybridComm
 
 import numpy as np
 

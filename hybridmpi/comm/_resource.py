@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._jobs import ends_job
-from .errors import PeerError, is_agreed
+from .._jobs import ends_job
+from ..errors import PeerError, is_agreed
 
 
 def leave_on_error(ctx: Any, exc: BaseException | None) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 class Context:
     """A HybridComm as the layers under and above it see it (made by the HybridComm): the comm
-    layer's one seam.  Nothing outside ``comm.py`` touches a HybridComm's private state; what
+    layer's one seam.  Nothing outside ``hybridcomm.py`` touches a HybridComm's private state; what
     the transports, the waits, the arena, the Halos, global memory and the profile need of it
     is here, by name.
 
@@ -27,7 +27,7 @@ class Context:
         node_ranks: the ranks of this node, by node rank; node_index: the inverse.
         coll: the C core's collective state (``hm_coll *``), whose ``policy`` (spin count,
             memory order, deadline) every wait copies; ``spin``: its spin count.
-        notices: the comm's failure notices (:class:`hybridmpi._notice.Notices`).
+        notices: the comm's failure notices (:class:`hybridmpi.comm._notice.Notices`).
         arena: the comm's shared arena (set once it is made).
         serial: the comm's number, in the order comms were made on this rank.
         children: the Halos, global memory and coarrays made on the comm (by ``id``), freed
@@ -50,7 +50,7 @@ class Context:
             also by a peer's notice that ends it; RuntimeError on every rank when ranks free
             different objects).
         record, unrecord: ``record(names, wrap)`` installs a profile's wrappers over the comm's
-            operations, ``unrecord()`` takes them away (:class:`hybridmpi._resource.Recorded`).
+            operations, ``unrecord()`` takes them away (:class:`hybridmpi.comm._resource.Recorded`).
     """
 
     __slots__ = ("MPI", "comm", "node_comm", "leader_comm", "rank", "size", "node_rank",

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from . import settings
-from ._types import mpi
+from .. import settings
+from .._types import mpi
+from ..errors import SyncTimeout, agreed
 from ._waits import wait_requests
-from .errors import SyncTimeout, agreed
 
 #: what a rank found wrong: None, a message (ValueError), or (exception class, message)
 Problem = Any

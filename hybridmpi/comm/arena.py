@@ -18,10 +18,10 @@ import errno
 import mmap
 import os
 
-from . import settings
+from .. import settings
+from .._clib import lib
+from .._types import as_int, mpi
 from ._agree import agree, create_agreed
-from ._clib import lib
-from ._types import as_int, mpi
 
 _R = lib.HM_REGION
 PAGE = mmap.PAGESIZE

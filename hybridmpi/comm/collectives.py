@@ -4,7 +4,7 @@ Inside a node they run in the C core on the HybridComm's shared segments; across
 nodes each node's leader joins an MPI collective of the leaders between the node's
 gather and release phases.  :class:`Collectives` is the part of
 :class:`~hybridmpi.HybridComm` that holds them; the set-up, the errors and the
-failure notices are in ``comm.py``.
+failure notices are in ``hybridcomm.py``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _errmap
+from .. import _errmap
+from .._clib import ffi, lib
+from .._types import DTYPES, OPS, op_code
+from ..errors import PeerArgumentError, agreed
 from ._agree import exchange
-from ._clib import ffi, lib
-from ._types import DTYPES, OPS, op_code
 from ._waits import wait_requests
-from .errors import PeerArgumentError, agreed
 
 _F64, _C128 = lib.HM_F64, lib.HM_C128
 _PYINT, _SUM, _PROD = lib.HM_PYINT, lib.HM_SUM, lib.HM_PROD
@@ -76,7 +76,7 @@ class Collectives:
     _leaders: list[tuple[int, str]]  # each node's leader and host, by node id
     node_index: dict[int, int]
 
-    # the errors, methods of HybridComm (comm.py)
+    # the errors, methods of HybridComm (hybridcomm.py)
     _fail: Callable[[int, str], None]
     _other_leaders: Callable[[], str]
     _break: Callable[..., None]

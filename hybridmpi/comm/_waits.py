@@ -12,10 +12,10 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from ._clib import ffi, lib
-from ._marks import mark as prof_mark
-from ._marks import mark_end as prof_mark_end
-from ._types import mpi
+from .._clib import ffi, lib
+from .._marks import mark as prof_mark
+from .._marks import mark_end as prof_mark_end
+from .._types import mpi
 
 #: communicators whose Iprobe drives MPI's progress from the C core's waits once they stop
 #: spinning (one per live HybridComm of several ranks)
@@ -65,7 +65,7 @@ def wait_requests(ctx: Any, reqs: list[Any], timeout: float | None, *, notices: 
     """Complete ``reqs`` (their statuses into ``statuses``, when given).
 
     Args:
-        ctx: the HybridComm's :class:`~hybridmpi._context.Context` (its spin count, its
+        ctx: the HybridComm's :class:`~hybridmpi.comm._context.Context` (its spin count, its
             failure notices).
         reqs: MPI requests.
         timeout: seconds, or None for no deadline.

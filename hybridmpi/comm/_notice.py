@@ -4,7 +4,7 @@ waiting on MPI requests learns of it (a leaf: imports numpy only).
 A notice is one int64 message on the HybridComm's communicator, tag :data:`ERROR_TAG`,
 carrying the comm's nonce (a random number of rank 0's, agreed when the comm is made), so
 that a notice left over from a freed comm whose context MPI gave to a new one is told apart
-and dropped.  The waits on MPI requests (:mod:`hybridmpi._waits`) poll for notices; the
+and dropped.  The waits on MPI requests (:mod:`hybridmpi.comm._waits`) poll for notices; the
 shared-memory waits see error bits instead.
 """
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._types import mpi as _mpi
-from .comm import HybridComm
+from .._types import mpi as _mpi
+from .hybridcomm import HybridComm
 
 _KEYVAL: list[int] = []
 _WORLD: list[Any] = []

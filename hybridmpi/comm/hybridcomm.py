@@ -16,22 +16,22 @@ from typing import Any
 
 import numpy as np
 
-from . import _errmap, settings
+from .. import _errmap, settings
+from .._clib import ffi, lib
+from .._types import OPS, as_int
+from .._types import mpi as _mpi
+from ..errors import FreedError, PeerError, SyncTimeout, agreed
 from ._agree import agree, register, safe_repr, unregister
-from ._clib import ffi, lib
 from ._context import Context
 from ._hooks import START_ENV_PROFILE
 from ._notice import Notices, new_nonce
 from ._resource import Recorded, leave_on_error
-from ._types import OPS, as_int
-from ._types import mpi as _mpi
 from ._waits import progress_off, progress_on
 from .arena import HYBRIDCOMM_IDS, Arena, allocate_shared, check_room, commit
 from .collectives import LEADER_WAIT, SLOT_BYTES, Collectives
-from .errors import FreedError, PeerError, SyncTimeout, agreed
 
 try:  # barrier() and allreduce(float) on one node as one C call (Coll); slower without it
-    from ._timed import Coll as _Coll
+    from .._timed import Coll as _Coll
 except ImportError:  # pragma: no cover - built with the package
     _Coll = None
 
@@ -165,7 +165,7 @@ class HybridComm(Collectives, Recorded):
         node_ranks (the ranks of this node, by node rank) and node_index
         (their node ranks, by rank); closed (True once :meth:`free` was
         called); context (what the other layers use of the comm: a
-        ``hybridmpi._context.Context``, not a public API).
+        ``hybridmpi.comm._context.Context``, not a public API).
 
     Raises:
         TypeError: ``comm`` is not an intracommunicator.

@@ -452,6 +452,40 @@ def case_valid_collective_next_to_a_one_rank_invalid_one(comm, rng, node_size):
         del os.environ["HYBRIDMPI_CHAOS"]
 
 
+def case_invalid_rank_keeps_its_own_error_on_every_method(comm, rng, node_size):
+    """One rank passes a float32 vector, the others a valid one, on every method and direction:
+    every other rank raises PeerArgumentError or PeerError (in this call or the next), and the
+    invalid rank's Halo stays broken by its own TypeError (pscw closes its epochs as usual, and
+    its bad call ends without a peer's error bits: an outside review of the error map found
+    pscw, lock and fence still catching the fault kind the map had renamed)."""
+    if comm.size < 2:
+        return
+    bad_rank = comm.size - 1
+    for method in METHODS:
+        for d in ("update", "reverse"):
+            with HybridComm(comm, node_size=node_size) as hc:
+                pat, owned, ghosts = ring(hc)
+                h = Halo(pat, method=method)
+                x, _ = filled(pat, owned, ghosts, 1)
+                x = np.nan_to_num(x)
+                arg = x.astype(np.float32) if hc.rank == bad_rank else x
+                got = []
+                for a in (arg, x):
+                    try:
+                        getattr(h, d)(a)
+                        got.append("ok")
+                    except Exception as e:  # noqa: BLE001 - what each rank raised is the verdict
+                        got.append(f"{type(e).__name__}: {e}")
+                if hc.rank == bad_rank:
+                    ok = (got[0].startswith("TypeError") and "float32" in got[0]
+                          and "unusable after an earlier TypeError" in got[1])
+                else:
+                    ok = any(g.startswith(("PeerArgumentError", "PeerError")) for g in got)
+                verdicts = comm.allgather((ok, f"{method} {d} rank {hc.rank}: {got}"))
+                bad = [w for good, w in verdicts if not good]
+                assert not bad, bad   # every rank raises the same verdict
+
+
 CASES = [
     case_vector_while_begin_pending,
     case_reverse_op_none_is_invalid,
@@ -469,6 +503,7 @@ CASES = [
     case_reverse_combines_every_sender_or_none,
     case_fence_and_pscw_halos_interleaved_in_different_orders,
     case_valid_collective_next_to_a_one_rank_invalid_one,
+    case_invalid_rank_keeps_its_own_error_on_every_method,
 ]
 
 if __name__ == "__main__":

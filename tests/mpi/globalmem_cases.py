@@ -272,9 +272,11 @@ def case_sync_timeout(comm, rng, **cfg):
 
 def case_many_objects(comm, rng, **cfg):
     """Thousands of live global memories and coarrays: a handful of windows, all correct."""
+    # a quarter as many under the sanitizers (.ci/sanitize), whose allocations are slower
+    k = 4 if os.environ.get("HYBRIDMPI_SANITIZE") == "1" else 1
     with make_hc(comm, cfg) as hc:
-        mems = [GlobalMemory(hc, 1 + i % 5, np.int64) for i in range(2000)]
-        arrays = [Coarray(hc, (2, 2), np.float32) for _ in range(200)]
+        mems = [GlobalMemory(hc, 1 + i % 5, np.int64) for i in range(2000 // k)]
+        arrays = [Coarray(hc, (2, 2), np.float32) for _ in range(200 // k)]
         assert hc.arena.windows <= 4 * (1 + (hc.num_nodes > 1)), hc.arena.windows
         t = (hc.rank + 1) % hc.size
         for i, m in enumerate(mems):
@@ -284,7 +286,7 @@ def case_many_objects(comm, rng, **cfg):
         assert all(m.local[0] == i * 1000 + src for i, m in enumerate(mems))
         for m in mems[::2]:
             m.free()
-        fresh_ones = [GlobalMemory(hc, 3, np.int64) for _ in range(500)]
+        fresh_ones = [GlobalMemory(hc, 3, np.int64) for _ in range(500 // k)]
         assert all(not m.local.any() for m in fresh_ones)
         agree(comm, hc.arena.windows)
     assert all(m.closed for m in mems + fresh_ones) and all(a.closed for a in arrays)

@@ -242,7 +242,7 @@ class ShmTransport(Transport):
 
     def finish_checked(self, d, xbuf, e, op):
         """Finish call ``e`` (the intranode data already synchronized), unless a node peer
-        marked it invalid: then only the messages complete, and Fault "mismatch"."""
+        marked it invalid: then only the messages complete, and Fault "invalid"."""
         bad = self.bad_senders(d, e)
         if not bad:
             self.dirs[d].finish(d, xbuf, e, op)
@@ -251,7 +251,7 @@ class ShmTransport(Transport):
         try:
             msgs.wait("reverse" if d == REV else "update", e)
         except Fault as f:
-            if f.kind != "mismatch":
+            if f.kind != "invalid":
                 raise
         raise Fault("invalid", peer=bad[0])
 

@@ -111,7 +111,7 @@ class Lock(ShmTransport):
             try:
                 s.msgs.wait("reverse", e)
             except Fault as f:   # an invalid call across nodes: the node's channels complete
-                if f.kind != "mismatch":
+                if f.kind != "invalid":
                     raise
                 bad.append(f.peer)
             # every node sender's READY and mark before anything combines: an owned entry gets

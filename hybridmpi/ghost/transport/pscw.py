@@ -69,7 +69,7 @@ class PSCW(ShmTransport):
         try:
             self.finish_checked(d, xbuf, e, op)
         except Fault as f:
-            if f.kind == "mismatch":   # every peer is in this call: its epochs end as usual
+            if f.kind == "invalid":    # every peer is in this call: its epochs end as usual
                 self._close(d, e)
             elif f.kind in ("notice", "peer") and start is not None:
                 # a peer broke the comm: end this rank's access epoch, so that a target still

@@ -61,22 +61,63 @@ __all__ = [
 ]
 
 
-class _Package(types.ModuleType):
-    """The package module: public names load on first use (PEP 562 semantics)."""
-
-    def __getattr__(self, name: str) -> Any:
-        home = _HOME.get(name)
-        if home is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f".{home}", __name__), name)
-        self.__dict__[name] = value
-        return value
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(_HOME))
+def __getattr__(name: str) -> Any:
+    """A public name, loaded on first use (PEP 562) and kept."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
 
 
-sys.modules[__name__].__class__ = _Package
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
+
+#: modules that moved when the package was organised by folder: an import of the old name gives
+#: the module at its new home, with a DeprecationWarning (``hybridmpi.profile``, the class, never
+#: was the profile's module's only name: that module is ``hybridmpi.profiling.profile``)
+MOVED = {"halo": "ghost.halo", "pattern": "ghost.pattern", "interop": "ghost.interop",
+         "transport": "ghost.transport", "arena": "comm.arena", "collectives": "comm.collectives",
+         "dropin": "comm.dropin", "cli": "tools.cli", "demo": "tools.demo", "plot": "tools.plot",
+         "bench": "tools.bench", "apps": "tools.apps", "fem": "tools.fem", "mesh": "tools.mesh"}
+
+
+class _Moved:
+    """The import system's finder and loader of the old names in :data:`MOVED`."""
+
+    @staticmethod
+    def _target(fullname: str) -> str | None:
+        head, _, rest = fullname.partition(".")
+        first, _, tail = rest.partition(".")
+        if head != __name__ or first not in MOVED:
+            return None
+        return f"{__name__}.{MOVED[first]}" + (f".{tail}" if tail else "")
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if self._target(fullname) is None:
+            return None
+        from importlib.machinery import ModuleSpec
+
+        loader: Any = self
+        return ModuleSpec(fullname, loader)
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        new = self._target(spec.name)
+        import warnings
+
+        warnings.warn(f"{spec.name} moved to {new}; import it from there", DeprecationWarning,
+                      stacklevel=2)
+        return importlib.import_module(str(new))
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+# first: the path finder would otherwise find a moved package's submodules under the old name
+if not any(isinstance(f, _Moved) for f in sys.meta_path):
+    sys.meta_path.insert(0, _Moved())
 
 
 def _start_env_profile(hc: Any) -> None:

@@ -3,7 +3,7 @@
 While a profile is on (``CLK[2]``), the C core stores the time of a call's first entry
 (``CLK[0]``) and of its last return (``CLK[1]``) on CLOCK_MONOTONIC; the Python waits on MPI
 requests mark the same two times with :func:`mark` and :func:`mark_end`.  The profile
-(:mod:`hybridmpi.profile`) reads them; what it measures only writes them, so the waits and the
+(:mod:`hybridmpi.profiling.profile`) reads them; what it measures only writes them, so the waits and the
 transports need nothing from the layer above them.
 """
 

@@ -224,3 +224,41 @@ def test_error_codes_named_in_the_error_map_only():
     from hybridmpi._errmap import ERRBIT, MISBIT
 
     assert (ERRBIT, MISBIT) == (1 << 62, 1 << 63)
+
+
+def test_moved_modules_still_import():
+    """Each module that moved when the package was organised by folder still imports by its old
+    name, as the module at its new home, with a DeprecationWarning; importing the package loads
+    no module of the tools, numpy or MPI; ``hybridmpi.profile`` stays the class; a name that
+    never existed is still ModuleNotFoundError."""
+    code = (
+        "import sys, warnings, importlib, hybridmpi\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('numpy', 'mpi4py', 'cffi')\n"
+        "            or m.startswith('hybridmpi.tools')]\n"
+        "for old, new in hybridmpi.MOVED.items():\n"
+        "    with warnings.catch_warnings(record=True) as w:\n"
+        "        warnings.simplefilter('always')\n"
+        "        mod = importlib.import_module('hybridmpi.' + old)\n"
+        "    assert mod is importlib.import_module('hybridmpi.' + new), old\n"
+        "    assert any(issubclass(x.category, DeprecationWarning) and new in str(x.message)\n"
+        "               for x in w), (old, [str(x.message) for x in w])\n"
+        "warnings.simplefilter('ignore')\n"
+        "from hybridmpi.mesh.generate import SHIPPED\n"
+        "from hybridmpi.transport.neighbor import Graphs\n"
+        "from hybridmpi.halo import ZERO_COPY_BYTES\n"
+        "from hybridmpi import mesh\n"
+        "assert mesh.__name__ == 'hybridmpi.tools.mesh'\n"
+        "from hybridmpi.comm import HybridComm, TAG_SLOTS\n"
+        "assert HybridComm is hybridmpi.HybridComm\n"
+        "import hybridmpi.profiling.profile\n"
+        "assert isinstance(hybridmpi.profile, type)\n"
+        "for name in ('hybridmpi.nosuch', 'hybridmpi.halo.nosuch', 'hybridmpi.profile'):\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ModuleNotFoundError:\n"
+        "        continue\n"
+        "    raise AssertionError(name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(ROOT))
+    assert out.returncode == 0, out.stderr

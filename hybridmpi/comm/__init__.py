@@ -12,12 +12,24 @@ use.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .hybridcomm import DEFAULT_RADIX, TAG_SLOTS, HybridComm, check_seconds, seconds_ns
+
+#: the names of hybridcomm.py this package gives too (the module ``hybridmpi.comm`` held them)
+__all__ = ["HybridComm", "DEFAULT_RADIX", "TAG_SLOTS", "check_seconds", "seconds_ns"]
+_FROM_HYBRIDCOMM = frozenset(__all__)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "HybridComm":
-        from .hybridcomm import HybridComm
+    """The names of ``__all__``, loaded on first use."""
+    if name not in _FROM_HYBRIDCOMM:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return HybridComm
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.hybridcomm"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FROM_HYBRIDCOMM))

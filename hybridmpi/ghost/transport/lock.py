@@ -139,13 +139,17 @@ class Lock(ShmTransport):
         s = self.dirs[d]
         me = self.shm.me
         self.shm.enter(d, e)
-        self.shm.mark_bad(d, e)
         what = "reverse" if d == REV else "update"
+        # the mark of call e shares its slot with call e - 2's: stored once every receiver has
+        # read call e - 2 (its DONE), as the data of a valid call (a sender two calls ahead
+        # made a slow reader take call e - 2 for valid)
         for c in s.send_chans:
-            key = (d, me, c.peer)
             if e > 2:
-                wait_until(self.ex, lambda k=key: self._read(k), e - 2, c.peer, "DONE", what, e)
-            self._write(c.peer, key, e)
+                wait_until(self.ex, lambda k=(d, me, c.peer): self._read(k), e - 2, c.peer,
+                           "DONE", what, e)
+        self.shm.mark_bad(d, e)
+        for c in s.send_chans:
+            self._write(c.peer, (d, me, c.peer), e)
         good = [c.peer for c in s.recv_chans if self._take(d, c.peer, None, e, 0, copy=False)]
         far = s.msgs.bad(d, e)
         return not good and not far

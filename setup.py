@@ -8,7 +8,7 @@ BUILDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cext", "buil
 SANITIZE = runpy.run_path(BUILDER)["SANITIZE"]
 
 setup(cffi_modules=["cext/build_shim.py:ffibuilder"],
-      # the profile's call wrapper (hybridmpi/profiling/profile.py works without it, slower)
-      ext_modules=[Extension("hybridmpi._timed", ["cext/hm_timed.c"], include_dirs=["cext"],
+      # the operations as C call objects (cext/hm_calls.c)
+      ext_modules=[Extension("hybridmpi._calls", ["cext/hm_calls.c"], include_dirs=["cext"],
                              extra_compile_args=["-O2", *SANITIZE],
                              extra_link_args=SANITIZE)])

@@ -1,5 +1,10 @@
-"""Loads the compiled C core and checks that it can work across processes."""
+"""Loads the native core: the C core (``_core``, through cffi) and its call objects
+(``_calls``, a CPython extension), and checks that it can work across processes."""
 
+from collections.abc import Callable
+from typing import TypeVar
+
+from ._calls import Calls, Coll, Hot, Near, Op, State
 from ._core import ffi, lib
 
 if not lib.hm_lock_free():
@@ -8,6 +13,22 @@ if not lib.hm_lock_free():
         "synchronize processes through shared memory"
     )
 
+T = TypeVar("T", bound=type)
+
+
+def operations(*names: str) -> Callable[[T], T]:
+    """Class decorator: each of ``names`` (a method of the class or of a base) becomes an
+    operation of the class (an ``Op``: one C call).  An instance serves it with the C call
+    object its ``_calls`` table (a ``Calls`` of ``OPERATIONS``) holds for it, else with the
+    method; a profile records it through that table.  The class declares ``__slots__ =
+    ("_calls",)`` and sets ``self._calls = Calls(self.OPERATIONS)``."""
+    def declare(cls: T) -> T:
+        for i, name in enumerate(names):
+            setattr(cls, name, Op(cls, getattr(cls, name), i))
+        cls.OPERATIONS = names  # type: ignore[attr-defined]
+        return cls
+    return declare
+
 
 def copy_policy(dst, src):
     """Copy a wait policy (spin, yield, sleep, timeout, warning, memory order) into a C struct's."""
@@ -15,4 +36,4 @@ def copy_policy(dst, src):
         setattr(dst, field, getattr(src, field))
 
 
-__all__ = ["copy_policy", "ffi", "lib"]
+__all__ = ["Calls", "Coll", "Hot", "Near", "State", "copy_policy", "ffi", "lib", "operations"]

@@ -33,9 +33,9 @@ class Context:
         children: the Halos, global memory and coarrays made on the comm (by ``id``), freed
             with it (:meth:`adopt`, :meth:`disown`); hooks: their hooks (by ``id``).
         profile: the recorder of the :class:`hybridmpi.profile` that is on (set by the
-            profile: its ``owner``, ``adopt(obj)``, ``forget(obj)``, ``hot_recording(halo,
-            name)``), else None; env_profile: the HYBRIDMPI_PROFILE profile, else None;
-            clock_offset: the profile's offset of this node's clock (None until measured).
+            profile: its ``owner``, ``adopt(obj)``, ``forget(obj)``), else None; env_profile:
+            the HYBRIDMPI_PROFILE profile, else None; clock_offset: the profile's offset of
+            this node's clock (None until measured).
         take_id, release_id: a Halo identifier, the same on every rank (collective), and its
             return (the HybridComm's ``_take_id``/``_release_id``).
         break_comm: ``break_comm(why, notify=True)`` makes the comm unusable and its waiting
@@ -49,15 +49,15 @@ class Context:
             bounded agreement that every rank frees ``what`` now (False once the comm broke,
             also by a peer's notice that ends it; RuntimeError on every rank when ranks free
             different objects).
-        record, unrecord: ``record(names, wrap)`` installs a profile's wrappers over the comm's
-            operations, ``unrecord()`` takes them away (:class:`hybridmpi.comm._resource.Recorded`).
+        calls: the comm's operations (barrier, allreduce, Allreduce) as a ``Calls`` table,
+            through which a profile records them.
     """
 
     __slots__ = ("MPI", "comm", "node_comm", "leader_comm", "rank", "size", "node_rank",
                  "node_size", "node_id", "num_nodes", "is_leader", "node_ranks", "node_index",
                  "coll", "spin", "notices", "arena", "serial", "children", "profile",
                  "env_profile", "clock_offset", "hooks", "take_id", "release_id", "break_comm",
-                 "peer_error", "describe_word", "record", "unrecord", "agree_free", "_service", "_free_comm",
+                 "peer_error", "describe_word", "calls", "agree_free", "_service", "_free_comm",
                  "_broken")
 
     def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, serial: int,
@@ -78,7 +78,7 @@ class Context:
         self.take_id, self.release_id = hooks["take_id"], hooks["release_id"]
         self.break_comm, self.peer_error = hooks["break_comm"], hooks["peer_error"]
         self.describe_word = hooks["describe_word"]
-        self.record, self.unrecord = hooks["record"], hooks["unrecord"]
+        self.calls = hooks["calls"]
         self.agree_free = hooks["agree_free"]
         self._service, self._free_comm = hooks["service"], hooks["free_comm"]
         self._broken = hooks["broken"]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import _errmap, settings
-from .._clib import ffi, lib
+from .._clib import Calls, Coll, ffi, lib, operations
 from .._types import OPS, as_int
 from .._types import mpi as _mpi
 from ..errors import FreedError, PeerError, SyncTimeout, agreed
@@ -25,15 +25,10 @@ from ._agree import agree, register, safe_repr, unregister
 from ._context import Context
 from ._hooks import START_ENV_PROFILE
 from ._notice import Notices, new_nonce
-from ._resource import Recorded, leave_on_error
+from ._resource import leave_on_error
 from ._waits import progress_off, progress_on
 from .arena import HYBRIDCOMM_IDS, Arena, allocate_shared, check_room, commit
 from .collectives import LEADER_WAIT, SLOT_BYTES, Collectives
-
-try:  # barrier() and allreduce(float) on one node as one C call (Coll); slower without it
-    from .._timed import Coll as _Coll
-except ImportError:  # pragma: no cover - built with the package
-    _Coll = None
 
 _ALLREDUCES = ("recursive_doubling", "tree")
 _ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
@@ -137,7 +132,8 @@ def _install_finalize_hook(MPI):
     _FINALIZE_HOOK.append(keyval)
 
 
-class HybridComm(Collectives, Recorded):
+@operations("barrier", "allreduce", "Allreduce")
+class HybridComm(Collectives):
     """A communicator split into nodes, with shared-memory collectives.
 
     Collective over ``comm``.  The communicator is duplicated, so traffic on
@@ -173,17 +169,20 @@ class HybridComm(Collectives, Recorded):
             ``radix`` or ``spin``, or ranks that disagree on them.
     """
 
+    __slots__ = ("_calls",)
+    RECORDED_AS = "HybridComm"
+
     def __init__(self, comm: Any = None, *, node_size: int | None = None,
                  memory_order: str = "acq_rel", timeout: float | None = None,
                  radix: int = DEFAULT_RADIX, spin: int | None = None,
                  allreduce: str = "recursive_doubling") -> None:
         MPI = _mpi()
+        self._calls = Calls(self.OPERATIONS)  # what serves and records barrier and allreduce
         self._MPI = MPI
         self._st = None
         #: True before the comm is made and once it is freed (an attribute: one dictionary
         #: lookup on the drop-ins' hot path)
         self.closed = True
-        self._fast: list[Any] = []
         if comm is None:
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
@@ -335,7 +334,7 @@ class HybridComm(Collectives, Recorded):
         # several nodes need the leaders' MPI_Barrier, or once freed or broken).
         self._one_node_st = st if self._one_node else None
         self._rd_st = st if self._rd else None  # likewise for the drop-in allreduce
-        self._fast = self._fast_paths(st)
+        self._fast_paths(st)
         self._broken = None
         self._f64 = ffi.new("double[1]")
         self._scalar = {lib.HM_I64: ffi.new("int64_t[1]"), lib.HM_C128: ffi.new("double[2]")}
@@ -353,7 +352,7 @@ class HybridComm(Collectives, Recorded):
                                    broken=lambda: self._broken, take_id=self._take_id,
                                    release_id=self._release_id, break_comm=self._break,
                                    peer_error=self._peer_error, describe_word=self._where_word,
-                                   record=self._record, unrecord=self._unrecord,
+                                   calls=self._calls,
                                    agree_free=self._agree_free))
         self.arena = self.context.arena = Arena(self.context)  # shared memory of Halos, global memory
         register(self.comm, self.context)  # agreements over it poll its notices, keep its deadline
@@ -361,28 +360,17 @@ class HybridComm(Collectives, Recorded):
             progress_on(self.comm)   # the C core's slow waits drive MPI's progress
 
     def _fast_paths(self, st):
-        """Install ``barrier()`` and ``allreduce(float)`` of one node as C calls (``Coll``: about
-        0.1 us less per call than a Python method and a cffi call); anything else they get
-        goes to the methods.  Returns them, for :meth:`_close_fast` (free, break)."""
-        if _Coll is None:
-            return []
+        """Serve ``barrier()`` and ``allreduce(float)`` of one node by C calls (``Coll``: about
+        0.1 us less per call than a Python method and a cffi call); they decline anything else,
+        which goes to the methods."""
         address = int(ffi.cast("uintptr_t", st))
-        fast = []
         for kind, name, on, fn, what in ((0, "barrier", self._one_node, "hm_barrier_dissemination",
                                           "barrier(dissemination)"),
                                          (1, "allreduce", self._rd, "hm_allreduce_rd_f64", "allreduce")):
-            if on and getattr(type(self), name) is getattr(Collectives, name):  # not overridden
+            if on:
                 fail = functools.partial(self._failed_call, what)
                 fn_address = int(ffi.cast("uintptr_t", ffi.addressof(lib, fn)))
-                self.__dict__[name] = c = _Coll(kind, address, fn_address,
-                                                getattr(Collectives, name).__get__(self), fail, OPS)
-                fast.append((name, c))
-        return fast
-
-    def _close_fast(self) -> None:
-        """Send every later barrier() and allreduce() to the methods (freed or broken)."""
-        for _, c in self._fast:
-            c.close()
+                self._calls.serve(name, Coll(kind, address, fn_address, fail, OPS))
 
     @staticmethod
     def _check_args(node_size, memory_order, timeout, radix, spin):
@@ -427,11 +415,7 @@ class HybridComm(Collectives, Recorded):
             if free is not None:
                 free()
         self.arena.free()
-        self._close_fast()
-        for name, c in self._fast:  # the methods again, which raise FreedError (no cycle is left)
-            if self.__dict__.get(name) is c:
-                del self.__dict__[name]
-        self._fast = []
+        self._calls.close()  # the methods serve every call now: they raise FreedError
         self._st = self._live = self._one_node_st = self._rd_st = None
         self.closed = True
         self._bufs = {}
@@ -611,7 +595,7 @@ class HybridComm(Collectives, Recorded):
         rank, which the waits on MPI requests poll."""
         first = self._broken is None
         self._broken = self._broken or why
-        self._close_fast()
+        self._calls.close()
         self._live = self._one_node_st = self._rd_st = None
         if not first or self._st is None or self._MPI.Is_finalized():
             return

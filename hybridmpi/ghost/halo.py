@@ -9,12 +9,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _errmap, settings
-from .._clib import ffi, lib
-from .._timed import Hot as _Hot
-from .._timed import State as _State
+from .._clib import Calls, Hot, State, ffi, lib, operations
 from .._types import DTYPES, mpi
 from ..comm._agree import agree, safe_repr
-from ..comm._resource import Freed, Recorded
+from ..comm._resource import Freed
 from ..comm.hybridcomm import TAG_SLOTS
 from ..errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
 from .pattern import GhostPattern
@@ -44,16 +42,14 @@ def _setting(hc, key, default):
 class HaloParts(NamedTuple):
     """``Halo._internal``: what the profile, above the Halo, uses of one."""
 
-    #: ``cool(*names)``: drop the C hot paths of update/reverse (the next calls make new ones)
-    cool: Any
     #: the Halo's call counts per direction (its epochs), live
     epochs: Any
-    #: ``record(names, wrap)`` and ``unrecord()``: a profile's wrappers over its operations
-    record: Any
-    unrecord: Any
+    #: its operations' table (``Calls``), through which a profile records them
+    calls: Any
 
 
-class Halo(Freed, Recorded):
+@operations("update", "reverse", "update_begin", "update_end", "reverse_begin", "reverse_end")
+class Halo(Freed):
     """Ghost updates of one pattern for vectors of one dtype and block size.
 
     Collective over the pattern's HybridComm, and so is every update: all
@@ -84,8 +80,12 @@ class Halo(Freed, Recorded):
         FreedError: the pattern's HybridComm was freed.
     """
 
+    __slots__ = ("_calls",)
+    RECORDED_AS = "Halo"
+
     def __init__(self, pattern: GhostPattern, *, dtype: Any = np.float64, block: int = 1,
                  method: str | None = None) -> None:
+        self._calls = Calls(self.OPERATIONS)   # what serves update and reverse; the profile's
         if not isinstance(pattern, GhostPattern):
             raise TypeError(f"hybridmpi: Halo needs a GhostPattern, got {type(pattern).__name__}")
         hc = pattern.hc
@@ -113,7 +113,7 @@ class Halo(Freed, Recorded):
         self._shapes = (((pattern.size, block), (pattern.size * block,)) if block > 1
                         else ((pattern.size,), (pattern.size, 1)))
         #: the one owner of the per-call state: epochs, current direction, pending begin, broken
-        self._state = _State()
+        self._state = State()
         self._vectors: list[Any] = []   # (array, arena block, ZeroCopy or None) of vector()
         self.zero_copy = False  # whether vector()s are updated without staging buffers
         plans = []
@@ -140,7 +140,7 @@ class Halo(Freed, Recorded):
         # the method packs a whole call into one C call (atomic, every peer on this node): one
         # identity test and three cheap checks, then that C call (_fast: per direction, or None).
         self._fast: list[Any] = [self._transport.packed(FWD), self._transport.packed(REV)]
-        self._hot_sig: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
+        self._hot_plan: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
         self._rops = {k: v for k, v in _REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
         hc.context.adopt(self, poison=self._poison, describe_word=self._describe_word)
@@ -460,7 +460,7 @@ class Halo(Freed, Recorded):
             PeerError: a peer failed in this call.
             SyncTimeout: a peer did not take part within the timeout.
         """
-        self._update(x)   # (the C object of _install serves the hot array before this)
+        self._update(x)   # (the Hot that _install made serves the hot arrays before this)
 
     def _update(self, x):
         """The checked, general path of :meth:`update`."""
@@ -504,7 +504,7 @@ class Halo(Freed, Recorded):
             PeerError: a peer failed in this call.
             SyncTimeout: a peer did not take part within the timeout.
         """
-        self._reverse(x, op)   # (the C object of _install serves the hot array before this)
+        self._reverse(x, op)   # (the Hot that _install made serves the hot arrays before this)
 
     def _reverse(self, x, op):
         """The checked, general path of :meth:`reverse`."""
@@ -535,44 +535,29 @@ class Halo(Freed, Recorded):
                           functools.partial(self._fast_error, FWD))
 
     def _install(self, name, kind, d, x, buf, fn, structs, error, op="add", opcode=0, tag=0):
-        """Make ``self.update`` (or ``reverse``) of ``x`` one C object (hybridmpi._timed.Hot): the
-        checks of the hot path and the C call without Python in between; any other call goes
-        to the method (while a profile records this Halo: to the profile's wrapper, and the hot
-        calls are recorded by the C object itself)."""
-        fallback, prof = getattr(Halo, name), None
-        recorder = self.hc.context.profile
-        if recorder is not None:   # recorded by the profile, its wrapper the fallback
-            got = recorder.hot_recording(self, name)
-            if got is None:
-                return
-            fallback, prof = got
-        addrs = [int(ffi.cast("uintptr_t", p)) for p in structs]
-        sig = (kind, fn, tuple(addrs), tag, op, opcode, id(fallback))
-        hot = self.__dict__.get(name)
+        """Serve ``update`` (or ``reverse``) of ``x`` by one C call object (``Hot``): the checks
+        of the hot path and the C call without Python in between.  It declines any other call
+        (the method serves it); a profile that records the Halo records its calls too."""
+        plan = (kind, d, opcode, op, _FN[fn], tuple(int(ffi.cast("uintptr_t", p)) for p in structs),
+                tag)
+        hot = self._calls.fast(name)
         try:
-            if type(hot) is _Hot and self._hot_sig.get(name) == sig:
+            if hot is not None and self._hot_plan.get(name) == plan:
                 hot.add(x)   # the same call for another array: both stay hot (alternating vectors)
                 return
             self._cool(name)
-            self.__dict__[name] = _Hot(self, self._state, x, fallback, error, op, kind, d, opcode,
-                                       _FN[fn], addrs,
-                                       int(ffi.cast("uintptr_t", buf)), tag, prof)
-            self._hot_sig[name] = sig
+            self._calls.serve(name, Hot(self._state, x, int(ffi.cast("uintptr_t", buf)), error, plan))
+            self._hot_plan[name] = plan
         except (ValueError, BufferError):
             self._cool(name)
-            if prof is not None:
-                self.__dict__[name] = fallback  # the profile's wrapper stays in place
 
     def _cool(self, *names):
-        """Drop the C hot paths ``names`` (a kept reference to one then calls the method)."""
+        """Drop the C hot paths ``names`` (a kept reference to one then declines every call)."""
         for name in names or ("update", "reverse"):
-            hot = self.__dict__.get(name)
-            if hot is not None and type(hot) is _Hot:
+            hot = self._calls.fast(name)
+            if hot is not None:
                 hot.close()
-                if hot.bound:   # the profile's wrapper was its fallback: it stays
-                    self.__dict__[name] = hot.__wrapped__
-                else:
-                    del self.__dict__[name]
+                self._calls.serve(name, None)
 
     def _fast_error(self, d, rc):
         """The hot path's packed exchange returned ``rc``: raise as the transport would."""
@@ -662,10 +647,7 @@ class Halo(Freed, Recorded):
     def _internal(self) -> HaloParts:
         """What the profile uses of a Halo it records (the Halo's one seam: every other private
         name stays in this module)."""
-        return HaloParts(self._cool, self._state.epochs, self._record, self._unrecord)
-
-    def _drop_hot(self):
-        self._cool()   # its C hot paths: made again, recording or not, by the next calls
+        return HaloParts(self._state.epochs, self._calls)
 
     def __repr__(self):
         state = "freed" if self._transport is None else f"{len(self.pattern.neighbors)} neighbors"

@@ -8,9 +8,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._clib import Calls, operations
 from .._types import mpi
 from ..comm._agree import agree, safe_repr
-from ..comm._resource import Freed, Recorded
+from ..comm._resource import Freed
 from ..comm.hybridcomm import HybridComm
 from ..errors import FreedError
 from .memory import GlobalMemory
@@ -62,12 +63,12 @@ class CoarrayParts(NamedTuple):
 
     #: ``section_nbytes(index)``: the bytes of ``a[r][index]``
     section_nbytes: Any
-    #: ``record(names, wrap)`` and ``unrecord()``: a profile's wrappers over its operations
-    record: Any
-    unrecord: Any
+    #: its operations' table (``Calls``), through which a profile records them
+    calls: Any
 
 
-class Coarray(Freed, Recorded):
+@operations("_put", "_get", "Rput", "Rget", "sync_all", "sync_images")
+class Coarray(Freed):
     """XcalableMP coarrays: an array of the same shape on every rank, ``a[r][index]`` put and get.
 
     ``a.local`` is this rank's array (shared memory).  ``a[r][index] = values``
@@ -89,7 +90,11 @@ class Coarray(Freed, Recorded):
         FreedError: the HybridComm was freed.
     """
 
+    __slots__ = ("_calls",)
+    RECORDED_AS = "Coarray"
+
     def __init__(self, hc: HybridComm, shape: int | tuple[int, ...], dtype: Any = np.float64) -> None:
+        self._calls = Calls(self.OPERATIONS)   # the profile records through it
         if not isinstance(hc, HybridComm):
             raise TypeError(f"hybridmpi: Coarray needs a HybridComm, got {type(hc).__name__}")
         if hc.closed:
@@ -275,7 +280,7 @@ class Coarray(Freed, Recorded):
     @property
     def _internal(self) -> CoarrayParts:
         """What the profile uses of a Coarray it records (its one seam)."""
-        return CoarrayParts(self._section_nbytes, self._record, self._unrecord)
+        return CoarrayParts(self._section_nbytes, self._calls)
 
     def _section_nbytes(self, index):
         return self._section(_key(index, self.mem.rank), index).nbytes

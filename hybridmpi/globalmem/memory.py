@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import itertools
-import weakref
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._clib import ffi, lib
+from .._clib import Calls, Near, ffi, lib, operations
 from .._types import mpi
 from ..comm._agree import agree, safe_repr
-from ..comm._resource import Freed, Recorded
+from ..comm._resource import Freed
 from ..comm.arena import MAX_BYTES
 from ..comm.hybridcomm import HybridComm
 from ..errors import FreedError
 from .requests import Owner, Request, get_flush, put_flush
 from .sync import int64_arg, int_arg, sync_state
-
-try:
-    from .._timed import Near as _Near
-except ImportError:  # built without the extension: the Python methods
-    _Near = None
 
 
 class Parts(NamedTuple):
@@ -43,12 +37,13 @@ class Parts(NamedTuple):
     target: Any
     #: what the memory's requests share (:class:`~hybridmpi.globalmem.requests.Owner`)
     owner: Any
-    #: ``record(names, wrap)`` and ``unrecord()``: a profile's wrappers over its operations
-    record: Any
-    unrecord: Any
+    #: its operations' table (``Calls``), through which a profile records them
+    calls: Any
 
 
-class GlobalMemory(Freed, Recorded):
+@operations("Put", "Get", "Rput", "Rget", "fetch_add", "compare_swap", "flush", "sync_all",
+            "sync_images")
+class GlobalMemory(Freed):
     """An array with a part on every rank, reachable by one-sided put and get.
 
     Collective over the HybridComm.  The parts live in the HybridComm's
@@ -79,7 +74,11 @@ class GlobalMemory(Freed, Recorded):
         FreedError: the HybridComm was freed.
     """
 
+    __slots__ = ("_calls",)
+    RECORDED_AS = "GlobalMemory"
+
     def __init__(self, hc: HybridComm, count: int, dtype: Any = np.float64) -> None:
+        self._calls = Calls(self.OPERATIONS)   # what serves Put and Get; the profile's
         if not isinstance(hc, HybridComm):
             raise TypeError(f"hybridmpi: GlobalMemory needs a HybridComm, got {type(hc).__name__}")
         if hc.closed:
@@ -139,14 +138,12 @@ class GlobalMemory(Freed, Recorded):
         self.closed = False
         self._owner = Owner(hc, self._win)   # what its requests share
         self._near = {r: views[r] for r in node_rank}  # the parts reached by load/store
-        if _Near is not None and dt.itemsize:
+        if dt.itemsize:
             # Put and Get of a 1-D array to a part on this node in C: about 0.2 us instead of
-            # 1 us of Python checks and slicing; anything else falls back to the methods below
+            # 1 us of Python checks and slicing; Near declines anything else (the methods below)
             bases = [a if v is not None else 0 for a, v in zip(addrs, views)]
-            me = weakref.proxy(self)  # no reference cycle through the C object
             for name, get in (("Put", False), ("Get", True)):
-                self.__dict__[name] = _Near(np.ndarray, dt, getattr(GlobalMemory, name).__get__(me),
-                                            bases, list(self.counts), dt.itemsize, get)
+                self._calls.serve(name, Near(np.ndarray, dt, bases, list(self.counts), dt.itemsize, get))
         hc.comm.Barrier()  # every part zeroed before anyone reaches it
         # its number among the HybridComm's global memory, the same on every rank (made
         # collectively, in one order): free() checks that every rank frees the same one
@@ -158,7 +155,7 @@ class GlobalMemory(Freed, Recorded):
         """What a Coarray built on this memory uses of it (the layer's one seam: every other
         private name stays in this module)."""
         return Parts(self._win, self._disp, self._views, self._sync, GlobalMemory._usable,
-                     GlobalMemory._target, self._owner, self._record, self._unrecord)
+                     GlobalMemory._target, self._owner, self._calls)
 
     def _array(self, addr, count):
         if count == 0:
@@ -404,11 +401,7 @@ class GlobalMemory(Freed, Recorded):
         self.closed = True
         self._near = {}
         self.local = None
-        for name in ("Put", "Get"):
-            fast = self.__dict__.pop(name, None)
-            if fast is not None and hasattr(fast, "close"):
-                fast.close()  # a reference kept by the caller now raises FreedError too
-        self._close_set_aside()   # ... also one a profile that is on set aside
+        self._calls.close()  # the methods serve every call now: they raise FreedError
         if self._win is not None and not mpi().Is_finalized():
             self._win.Flush_all()  # every pending operation on the window: none stays dirty
             self._sync.dirty.pop(id(self._win), None)

@@ -48,10 +48,6 @@ KEYS = ("object", "op", "calls", "bytes", "time_s", "python_s", "wait_s", "imbal
 
 _ACTIVE: list[profile] = []   # profiles that are on (the C clock runs while there is one)
 
-try:  # the call wrapper in C: two clock reads and one record per call
-    from .._timed import Timed as _Timed
-except ImportError:  # built without it: the same records, from Python (slower)
-    _Timed = None
 _ADDRS = [int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
           for name in ("hm_prof_begin", "hm_prof_end", "hm_prof_abort")]
 
@@ -122,8 +118,6 @@ class _Recorder(NamedTuple):
     adopt: Callable[[Any], None]
     #: ``forget(obj)``: stop recording a Coarray's own GlobalMemory
     forget: Callable[[Any], None]
-    #: ``hot_recording(halo, name)``: how a Halo's C hot path records its calls, or None
-    hot_recording: Callable[[Any, str], Any]
 
 
 class profile:
@@ -160,11 +154,8 @@ class profile:
             raise TypeError(f"hybridmpi: profile needs a HybridComm, got {type(hc).__name__}")
         self.hc = hc
         self._ops: list[_Op] = []
-        # (object, [op names], its own instance attributes they replaced)
-        self._wrapped: list[tuple[Any, list[str], dict[str, Any]]] = []
+        self._wrapped: list[Any] = []   # the objects recorded (through their Calls tables)
         self._epochs: list[tuple[Any, list[int]]] = []    # (Halo, its epochs when recording began)
-        # (id(object), op) -> (its wrapper, its _Op)
-        self._recorders: dict[tuple[int, str], tuple[Any, _Op]] = {}
         self._counts: collections.Counter[str] = collections.Counter()   # labels given per kind of object
         self._rows: list[dict[str, Any]] = []
         self._all: list[Any] | None = None
@@ -188,7 +179,7 @@ class profile:
         agree(hc.comm, problem and (RuntimeError, f"rank {hc.rank}: {problem}"), "profile")
         self._offset = _clock_offset(hc)
         self._state = "on"
-        hc.context.profile = _Recorder(self, self._adopt, self._forget, self._hot_recording)
+        hc.context.profile = _Recorder(self, self._adopt, self._forget)
         self._adopt(hc)
         for child in list(hc.context.children.values()):
             self._adopt(child)
@@ -234,7 +225,7 @@ class profile:
         if not _ACTIVE:
             _CLK[2] = 0
         for obj in self._wrapped:
-            _seam(obj).unrecord()   # the object gives its C fast paths back (or closes them)
+            _seam(obj).calls.unrecord()
         self._wrapped = []
         ctx = self.hc.context
         if ctx.profile is not None and ctx.profile.owner is self:
@@ -243,50 +234,33 @@ class profile:
     # ------------------------------------------------------------ recording
 
     def _adopt(self, obj):
-        """Record the operations of ``obj`` (HybridComm, Halo, GlobalMemory, Coarray)."""
-        from ..comm.hybridcomm import HybridComm
-        from ..ghost.halo import Halo
-        from ..globalmem import Coarray, GlobalMemory
-
-        if isinstance(obj, Halo):
+        """Record the operations of ``obj`` (HybridComm, Halo, GlobalMemory, Coarray: what
+        its class is recorded as, ``RECORDED_AS``), through its operations' table."""
+        what = getattr(obj, "RECORDED_AS", None)
+        if what == "Halo":
             ops, label = _HALO_OPS, f"Halo #{obj.tag} ({obj.method})"
             self._epochs.append((obj, list(obj._internal.epochs)))
-        elif isinstance(obj, HybridComm):
+        elif what == "HybridComm":
             ops, label = _COMM_OPS, "HybridComm"
-        elif isinstance(obj, Coarray):
-            self._counts["Coarray"] += 1
-            ops, label = _CO_OPS, f"Coarray {self._counts['Coarray']} {obj.shape}"
-        elif isinstance(obj, GlobalMemory):
-            self._counts["GlobalMemory"] += 1
-            ops, label = _MEM_OPS, f"GlobalMemory {self._counts['GlobalMemory']}"
+        elif what in ("Coarray", "GlobalMemory"):
+            self._counts[what] += 1
+            n = self._counts[what]
+            ops, label = (_CO_OPS, f"Coarray {n} {obj.shape}") if what == "Coarray" else \
+                (_MEM_OPS, f"GlobalMemory {n}")
         else:
             return
-
-        def wrap(name, method):
-            kind, key = ops[name]
-            # Coarray's a[r][index] put and get are its methods _put and _get
+        calls = _seam(obj).calls
+        for name, (kind, key) in ops.items():
+            # Coarray's a[r][index] put and get are its operations _put and _get
             rec = _Op(label, key if name.startswith("_") else name, kind, key, obj)
             self._ops.append(rec)
-            wrapper = _wrapper(method, rec, obj)
-            self._recorders[(id(obj), name)] = (wrapper, rec)
-            return wrapper
-
-        _seam(obj).record(list(ops), wrap)   # the object installs the wrappers over its methods
+            calls.record(name, *_ADDRS, int(ffi.cast("uintptr_t", rec.log)), _finish(rec, obj), rec.log)
         self._wrapped.append(obj)
-
-    def _hot_recording(self, halo, name):
-        """For a Halo's C hot path of ``name`` while this profile is on: (the wrapper, as its
-        fallback; (begin, end, abort, log) addresses, so that it records its calls), or None."""
-        got = self._recorders.get((id(halo), name))
-        if got is None or _Timed is None:
-            return None
-        wrapper, rec = got
-        return wrapper, (*_ADDRS, int(ffi.cast("uintptr_t", rec.log)), rec.log)
 
     def _forget(self, obj):
         """Stop recording ``obj`` (a Coarray's own GlobalMemory), before any call of it."""
         if any(o is obj for o in self._wrapped):
-            _seam(obj).unrecord()
+            _seam(obj).calls.unrecord()
         self._wrapped = [o for o in self._wrapped if o is not obj]
         self._ops = [rec for rec in self._ops if rec.obj is not obj]
         self._counts["GlobalMemory"] -= 1
@@ -527,13 +501,12 @@ def _image_calls(recs, rank, size):
 def _seam(obj):
     """What the profile may use of a recorded object: a HybridComm's context, the others'
     ``_internal``."""
-    from ..comm.hybridcomm import HybridComm
-
-    return obj.context if isinstance(obj, HybridComm) else obj._internal
+    return obj.context if obj.RECORDED_AS == "HybridComm" else obj._internal
 
 
-def _wrapper(f, rec, obj):
-    """``f`` (a bound method) timed into ``rec``: one C call before, one after."""
+def _finish(rec, obj):
+    """How a recorded call of ``rec`` ends its record: None (the C call object ends it: the
+    bytes of a Halo's calls are fixed, set here), or ``finish(out, *args, **kw)``."""
     log = rec.log
     kind, op = rec.kind, rec.op
     if kind in ("whole", "begin", "end"):
@@ -542,40 +515,20 @@ def _wrapper(f, rec, obj):
         sent = sum(ids.size for ids in (p.send if d == 0 else p.recv).values()) * obj.esz
         got = sum(ids.size for ids in (p.recv if d == 0 else p.send).values()) * obj.esz
         log.nbytes = {"whole": sent + got, "begin": sent, "end": got}[kind]
-        if _Timed is not None:
-            return _Timed(f, *_ADDRS, int(ffi.cast("uintptr_t", log)), log)
-        end = lib.hm_prof_end
-        return _timed_in_python(f, lambda args, kw, out: end(log))
+        return None
     if kind == "images":
         named, end = rec.named, lib.hm_prof_end
 
-        def finish(args, kw, out):
+        def images(out, *args, **kw):
             named.append(args[0] if args else kw.get("ranks"))
             end(log)
-        return _timed_in_python(f, finish)
+        return images
     end_bytes = lib.hm_prof_end_bytes
     section_nbytes = obj._internal.section_nbytes if op == "put" else None
-    return _timed_in_python(f, lambda args, kw, out: end_bytes(log, _nbytes(op, args, out,
-                                                                             section_nbytes)))
 
-
-def _timed_in_python(f, finish):
-    """``f`` between hm_prof_begin and ``finish(args, kw, result)`` (which ends the record),
-    or hm_prof_abort when it raises."""
-    begin, abort = lib.hm_prof_begin, lib.hm_prof_abort
-
-    def call(*args, **kw):
-        begin()
-        try:
-            out = f(*args, **kw)
-        except BaseException:
-            abort()
-            raise
-        finish(args, kw, out)
-        return out
-    call.__doc__ = f.__doc__
-    call.__wrapped__ = f
-    return call
+    def moved(out, *args, **kw):
+        end_bytes(log, _nbytes(op, args, out, section_nbytes))
+    return moved
 
 
 def split_waits(hc: HybridComm, entries: Any, exits: Any,

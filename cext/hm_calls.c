@@ -1,22 +1,24 @@
-/* hybridmpi._timed: calls that pay for Python's overhead more than for their work, in C.
+/* hybridmpi._calls: the library's operations as C call objects (a small CPython extension).
  *
- * Timed(fn, begin, end, abort, log), the profile's call wrapper (hybridmpi.profile): a
- * profiled call costs two clock reads and one record instead of several Python calls.  It
- * calls begin(), then fn(*args, **kw), then end(log) (or abort() when fn raised) — the C
- * core's hm_prof_begin, hm_prof_end and hm_prof_abort, passed as addresses because they
- * live in another shared object.
+ * Op(owner, method, index): an operation of a class (HybridComm.barrier, Halo.update,
+ * GlobalMemory.Put, ...), its method: one C call that goes to what serves the operation in
+ * the object's Calls table, or to the Python method; while a profile records the operation,
+ * it times the call into the profile's log.
  *
- * Near(ndarray, dtype, fallback, bases, counts, itemsize, get): GlobalMemory.Put or Get
- * on a part of this node (a memcpy from or into the peer's segment).  Anything else (another
- * type, dtype or shape, a rank on another node, a range outside the part, keywords) goes
- * to `fallback`, the Python method, which checks and raises.  close() sends every call
- * there (GlobalMemory.free). */
+ * Calls(names): an object's table of its operations, in its `_calls` slot.
+ *
+ * What serves an operation (each declines with NotImplemented what it does not serve: the
+ * method then checks and raises):
+ *   Near: GlobalMemory.Put or Get on a part of this node (a memcpy);
+ *   Coll: HybridComm.barrier() and allreduce(float) on one node;
+ *   Hot: Halo.update or reverse of the arrays last exchanged (State: the Halo's epochs). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <structmember.h>
 
 #include "hm_core.h"
 
@@ -43,14 +45,14 @@ static int read_words(PyObject *seq, Py_ssize_t n, unsigned long long *out)
 }
 
 /* The fields every callable type of this module shares (a vectorcall object
- * whose functions are PREFIX_new, PREFIX_dealloc and attributes PREFIX_getset). */
+ * whose functions are PREFIX_new and PREFIX_dealloc). */
 #define CALLABLE(T, PREFIX, NAME, DOC)                                                          \
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._timed." NAME,                         \
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._calls." NAME,                         \
     .tp_basicsize = sizeof(T), .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,     \
     .tp_vectorcall_offset = offsetof(T, vectorcall), .tp_call = PyVectorcall_Call, .tp_doc = DOC, \
-    .tp_new = PREFIX##_new, .tp_dealloc = (destructor)PREFIX##_dealloc, .tp_getset = PREFIX##_getset
+    .tp_new = PREFIX##_new, .tp_dealloc = (destructor)PREFIX##_dealloc
 
-/* A new reference to `o`, or to None when it is NULL (the __wrapped__ getters). */
+/* A new reference to `o`, or to None when it is NULL. */
 static PyObject *ref_or_none(PyObject *o)
 {
     if (o == NULL)
@@ -58,11 +60,6 @@ static PyObject *ref_or_none(PyObject *o)
     Py_INCREF(o);
     return o;
 }
-
-/* The attributes of a type that has only __wrapped__ (its getter: PREFIX_wrapped). */
-#define WRAPPED_ONLY(PREFIX, DOC)                                                               \
-    static PyGetSetDef PREFIX##_getset[] = {                                                    \
-        {"__wrapped__", (getter)PREFIX##_wrapped, NULL, DOC, NULL}, {NULL}}
 
 /* PREFIX_dealloc of a type the garbage collector tracks: untrack, PREFIX_clear, free. */
 #define GC_DEALLOC(T, PREFIX)                                                                   \
@@ -73,82 +70,414 @@ static PyObject *ref_or_none(PyObject *o)
         Py_TYPE(t)->tp_free((PyObject *)t);                                                     \
     }
 
-/* __wrapped__ (the fallback) and close() (PREFIX_close) of a type that has nothing more. */
-#define CLOSE_ONLY(T, PREFIX)                                                                   \
-    static PyObject *PREFIX##_wrapped(T *t, void *closure) { return ref_or_none(t->fallback); } \
+/* close() (PREFIX_close) of a call object that has nothing more. */
+#define CLOSE_ONLY(PREFIX)                                                                      \
     static PyMethodDef PREFIX##_methods[] = {                                                   \
         {"close", (PyCFunction)PREFIX##_close, METH_NOARGS,                                     \
-         "send every later call to the fallback"},                                              \
-        {NULL}};                                                                                \
-    WRAPPED_ONLY(PREFIX, "the Python method")
+         "decline every later call (the method serves it)"},                                    \
+        {NULL}}
 
-/* hm_prof_begin, hm_prof_end and hm_prof_abort of the C core, passed by address. */
+/* hm_prof_begin, hm_prof_end and hm_prof_abort of the C core, passed by address (they live
+ * in hybridmpi._core). */
 typedef __typeof__(hm_prof_begin) *begin_fn;
 typedef __typeof__(hm_prof_end) *end_fn;
 
+/* ------------------------------------------------------------------ operations */
+
+/* The most operations one class declares (GlobalMemory: 9). */
+#define CALLS_MAX 12
+
+/* What a profile records of one operation: its log, and how a call's record ends. */
+typedef struct {
+    hm_prof_log *log;     /* NULL: not recorded */
+    PyObject *finish;     /* finish(out, *args, **kw) ends the record; NULL: end(log) */
+    PyObject *keep;       /* what owns the log's memory */
+} recording;
+
+/* Calls(names): one object's table of its operations, held in its `_calls` slot: the C call
+ * object that serves each (or none), and what a profile records of each.  The object edits
+ * it (serve, close); the profile records through it (record, unrecord). */
 typedef struct {
     PyObject_HEAD
-    PyObject *fn;
-    PyObject *keep;       /* what owns the log's memory */
-    begin_fn begin;
+    PyObject *names;             /* tuple of str, in the operations' index order */
+    Py_ssize_t n;
+    PyObject *fast[CALLS_MAX];   /* serves the operation (returns NotImplemented to decline) */
+    recording rec[CALLS_MAX];
+    begin_fn begin;              /* set by record() */
     end_fn end;
     begin_fn abort;
-    hm_prof_log *log;
-    vectorcallfunc vectorcall;
-} Timed;
+} Calls;
 
-static PyObject *timed_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
-                                  PyObject *kwnames)
+static PyTypeObject CallsType;
+
+static PyObject *calls_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    Timed *t = (Timed *)self;
-    t->begin();
-    PyObject *out = PyObject_Vectorcall(t->fn, args, nargsf, kwnames);
+    PyObject *names;
+    if (!PyArg_ParseTuple(args, "O!:Calls", &PyTuple_Type, &names))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (n > CALLS_MAX) {
+        PyErr_Format(PyExc_ValueError, "Calls: at most %d operations, got %zd", CALLS_MAX, n);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(names, i))) {
+            PyErr_SetString(PyExc_TypeError, "Calls: the operations' names are str");
+            return NULL;
+        }
+    Calls *c = (Calls *)type->tp_alloc(type, 0);
+    if (c == NULL)
+        return NULL;
+    c->names = ref(names);
+    c->n = n;
+    return (PyObject *)c;
+}
+
+/* The index of operation `name`, or -1 with a KeyError. */
+static Py_ssize_t calls_index(Calls *c, PyObject *name)
+{
+    for (Py_ssize_t i = 0; i < c->n; i++) {
+        int eq = PyUnicode_Check(name) ? PyUnicode_Compare(PyTuple_GET_ITEM(c->names, i), name) : 1;
+        if (eq == 0)
+            return i;
+        if (eq == -1 && PyErr_Occurred())
+            return -1;
+    }
+    PyErr_SetObject(PyExc_KeyError, name);
+    return -1;
+}
+
+static void calls_unrecord_one(recording *r)
+{
+    r->log = NULL;
+    Py_CLEAR(r->finish);
+    Py_CLEAR(r->keep);
+}
+
+/* serve(name, fast): `fast` serves the operation from now on (None: the method does). */
+static PyObject *calls_serve(Calls *c, PyObject *args)
+{
+    PyObject *name, *fast;
+    if (!PyArg_ParseTuple(args, "OO:serve", &name, &fast))
+        return NULL;
+    Py_ssize_t i = calls_index(c, name);
+    if (i < 0)
+        return NULL;
+    if (fast != Py_None && !PyCallable_Check(fast)) {
+        PyErr_SetString(PyExc_TypeError, "Calls.serve: a callable or None");
+        return NULL;
+    }
+    Py_XSETREF(c->fast[i], fast == Py_None ? NULL : ref(fast));
+    Py_RETURN_NONE;
+}
+
+/* fast(name): what serves the operation, or None. */
+static PyObject *calls_fast(Calls *c, PyObject *name)
+{
+    Py_ssize_t i = calls_index(c, name);
+    return i < 0 ? NULL : ref_or_none(c->fast[i]);
+}
+
+/* record(name, begin, end, abort, log, finish, keep): time every call of the operation into
+ * `log` (an hm_prof_log address, owned by `keep`); finish(out, *args, **kw) ends each record
+ * (None: hm_prof_end(log)). */
+static PyObject *calls_record(Calls *c, PyObject *args)
+{
+    PyObject *name, *finish, *keep;
+    unsigned long long b, e, a, log;
+    if (!PyArg_ParseTuple(args, "OKKKKOO:record", &name, &b, &e, &a, &log, &finish, &keep))
+        return NULL;
+    Py_ssize_t i = calls_index(c, name);
+    if (i < 0)
+        return NULL;
+    if (b == 0 || e == 0 || a == 0 || log == 0) {
+        PyErr_SetString(PyExc_ValueError, "Calls.record: addresses");
+        return NULL;
+    }
+    c->begin = (begin_fn)(uintptr_t)b;
+    c->end = (end_fn)(uintptr_t)e;
+    c->abort = (begin_fn)(uintptr_t)a;
+    recording *r = &c->rec[i];
+    calls_unrecord_one(r);
+    r->finish = finish == Py_None ? NULL : ref(finish);
+    r->keep = ref(keep);
+    r->log = (hm_prof_log *)(uintptr_t)log;
+    Py_RETURN_NONE;
+}
+
+/* unrecord(): no operation is recorded. */
+static PyObject *calls_unrecord(Calls *c, PyObject *unused)
+{
+    for (Py_ssize_t i = 0; i < c->n; i++)
+        calls_unrecord_one(&c->rec[i]);
+    Py_RETURN_NONE;
+}
+
+/* close(): every operation goes to its method (the object was freed or broke); each call
+ * object that served one is closed, so that a reference kept to it serves nothing either. */
+static PyObject *calls_close(Calls *c, PyObject *unused)
+{
+    for (Py_ssize_t i = 0; i < c->n; i++) {
+        PyObject *fast = c->fast[i];
+        if (fast == NULL)
+            continue;
+        c->fast[i] = NULL;
+        PyObject *r = PyObject_CallMethod(fast, "close", NULL);
+        Py_DECREF(fast);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+static int calls_traverse(Calls *c, visitproc visit, void *arg)
+{
+    Py_VISIT(c->names);
+    for (Py_ssize_t i = 0; i < c->n; i++) {
+        Py_VISIT(c->fast[i]);
+        Py_VISIT(c->rec[i].finish);
+        Py_VISIT(c->rec[i].keep);
+    }
+    return 0;
+}
+
+static int calls_clear(Calls *c)
+{
+    for (Py_ssize_t i = 0; i < CALLS_MAX; i++) {
+        Py_CLEAR(c->fast[i]);
+        calls_unrecord_one(&c->rec[i]);
+    }
+    Py_CLEAR(c->names);
+    c->n = 0;
+    return 0;
+}
+
+static void calls_dealloc(Calls *c)
+{
+    PyObject_GC_UnTrack(c);
+    calls_clear(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyObject *calls_names(Calls *c, void *closure) { return ref_or_none(c->names); }
+
+/* The names of the operations a profile records now. */
+static PyObject *calls_recorded(Calls *c, void *closure)
+{
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < c->n; i++)
+        if (c->rec[i].log != NULL && PyList_Append(out, PyTuple_GET_ITEM(c->names, i)) < 0)
+            Py_CLEAR(out);
     if (out == NULL)
-        t->abort();
-    else
-        t->end(t->log);
+        return NULL;
+    PyObject *t = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return t;
+}
+
+static PyMethodDef calls_methods[] = {
+    {"serve", (PyCFunction)calls_serve, METH_VARARGS, "serve(name, fast): fast serves it (None: the method)"},
+    {"fast", (PyCFunction)calls_fast, METH_O, "fast(name): what serves it, or None"},
+    {"record", (PyCFunction)calls_record, METH_VARARGS,
+     "record(name, begin, end, abort, log, finish, keep): time its calls into log"},
+    {"unrecord", (PyCFunction)calls_unrecord, METH_NOARGS, "record no operation"},
+    {"close", (PyCFunction)calls_close, METH_NOARGS, "close every call object: the methods serve all"},
+    {NULL}
+};
+
+static PyGetSetDef calls_getset[] = {
+    {"names", (getter)calls_names, NULL, "the operations, in index order", NULL},
+    {"recorded", (getter)calls_recorded, NULL, "the operations a profile records now", NULL},
+    {NULL}
+};
+
+static PyTypeObject CallsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._calls.Calls",
+    .tp_basicsize = sizeof(Calls),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Calls(names): an object's operations: what serves each, what a profile records",
+    .tp_new = calls_new,
+    .tp_dealloc = (destructor)calls_dealloc,
+    .tp_traverse = (traverseproc)calls_traverse,
+    .tp_clear = (inquiry)calls_clear,
+    .tp_methods = calls_methods,
+    .tp_getset = calls_getset,
+};
+
+/* Op(owner, method, index): operation `index` of class `owner` (HybridComm.barrier,
+ * Halo.update, ...), a method of the class: obj.op(*args) is one C call.  It goes to the call
+ * object that serves the operation in obj's `_calls` table, then (none, or it declined) to
+ * `method`, the Python function; while a profile records the operation, the call is timed
+ * into its log: one load and branch when it does not. */
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *owner;
+    PyObject *method;
+    Py_ssize_t offset;    /* of the `_calls` slot in owner's instances */
+    Py_ssize_t index;
+    vectorcallfunc vectorcall;
+} Op;
+
+static PyTypeObject OpType;
+
+static PyObject *op_serve(Op *op, Calls *c, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *fast = c->fast[op->index];
+    if (fast != NULL) {
+        Py_INCREF(fast);   /* served to the end even when its object closes it meanwhile */
+        PyObject *out = PyObject_Vectorcall(fast, args, nargsf, kwnames);
+        Py_DECREF(fast);
+        if (out != Py_NotImplemented)
+            return out;
+        Py_DECREF(out);
+    }
+    return PyObject_Vectorcall(op->method, args, nargsf, kwnames);
+}
+
+/* finish(out, *args[1:], **kw) of a recorded call. */
+static PyObject *op_finish(PyObject *finish, PyObject *out, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
+{
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0, n = nargs + nk;
+    PyObject *small[16], **stack = n <= 16 ? small : PyMem_Malloc((size_t)n * sizeof(PyObject *));
+    if (stack == NULL)
+        return PyErr_NoMemory();
+    stack[0] = out;
+    for (Py_ssize_t i = 1; i < n; i++)
+        stack[i] = args[i];
+    PyObject *r = PyObject_Vectorcall(finish, stack, (size_t)nargs, kwnames);
+    if (stack != small)
+        PyMem_Free(stack);
+    return r;
+}
+
+static PyObject *op_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames)
+{
+    Op *op = (Op *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1 || !PyObject_TypeCheck(args[0], op->owner))
+        return PyObject_Vectorcall(op->method, args, nargsf, kwnames);
+    Calls *c = *(Calls **)((char *)args[0] + op->offset);
+    if (c == NULL || !Py_IS_TYPE(c, &CallsType) || op->index >= c->n)
+        return PyObject_Vectorcall(op->method, args, nargsf, kwnames);
+    recording *r = &c->rec[op->index];
+    if (r->log == NULL)
+        return op_serve(op, c, args, nargsf, kwnames);
+    /* recorded: what the record needs stays alive if the profile ends inside the call */
+    Py_INCREF(c);
+    hm_prof_log *log = r->log;
+    PyObject *finish = r->finish, *keep = r->keep;
+    Py_XINCREF(finish);
+    Py_XINCREF(keep);
+    c->begin();
+    PyObject *out = op_serve(op, c, args, nargsf, kwnames);
+    if (out == NULL) {
+        c->abort();
+    } else if (finish == NULL) {
+        c->end(log);
+    } else {
+        PyObject *done = op_finish(finish, out, args, nargs, kwnames);
+        if (done == NULL)
+            Py_CLEAR(out);
+        Py_XDECREF(done);
+    }
+    Py_XDECREF(finish);
+    Py_XDECREF(keep);
+    Py_DECREF(c);
     return out;
 }
 
-static PyObject *timed_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+static PyObject *op_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    PyObject *fn, *keep = Py_None;
-    unsigned long long b, e, a, log;
-    if (!PyArg_ParseTuple(args, "OKKKK|O", &fn, &b, &e, &a, &log, &keep))
+    PyTypeObject *owner;
+    PyObject *method;
+    Py_ssize_t index;
+    if (!PyArg_ParseTuple(args, "O!On:Op", &PyType_Type, &owner, &method, &index))
         return NULL;
-    Timed *t = (Timed *)type->tp_alloc(type, 0);
-    if (t == NULL)
+    if (!PyCallable_Check(method) || index < 0 || index >= CALLS_MAX) {
+        PyErr_SetString(PyExc_ValueError, "Op: a callable method and an index below CALLS_MAX");
         return NULL;
-    t->fn = ref(fn);
-    t->keep = ref(keep);
-    t->begin = (begin_fn)(uintptr_t)b;
-    t->end = (end_fn)(uintptr_t)e;
-    t->abort = (begin_fn)(uintptr_t)a;
-    t->log = (hm_prof_log *)(uintptr_t)log;
-    t->vectorcall = timed_vectorcall;
-    return (PyObject *)t;
+    }
+    /* the `_calls` slot: a member of owner's instances (declared in its __slots__) */
+    PyObject *slot = PyObject_GetAttrString((PyObject *)owner, "_calls");
+    if (slot == NULL)
+        return NULL;
+    int ok = Py_IS_TYPE(slot, &PyMemberDescr_Type) &&
+             ((PyMemberDescrObject *)slot)->d_member->type == T_OBJECT_EX;
+    Py_ssize_t offset = ok ? ((PyMemberDescrObject *)slot)->d_member->offset : 0;
+    Py_DECREF(slot);
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "Op: the owner declares `_calls` in its __slots__");
+        return NULL;
+    }
+    Op *op = (Op *)type->tp_alloc(type, 0);
+    if (op == NULL)
+        return NULL;
+    op->owner = (PyTypeObject *)ref((PyObject *)owner);
+    op->method = ref(method);
+    op->offset = offset;
+    op->index = index;
+    op->vectorcall = op_vectorcall;
+    return (PyObject *)op;
 }
 
-static void timed_dealloc(Timed *t)
+/* obj.op: bound to obj (the class's attribute: the Op itself). */
+static PyObject *op_get(PyObject *self, PyObject *obj, PyObject *type)
 {
-    Py_XDECREF(t->fn);
-    Py_XDECREF(t->keep);
-    Py_TYPE(t)->tp_free((PyObject *)t);
+    if (obj == NULL || obj == Py_None)
+        return ref(self);
+    return PyMethod_New(self, obj);
 }
 
-static PyObject *timed_wrapped(Timed *t, void *closure) { return ref_or_none(t->fn); }
+static int op_traverse(Op *op, visitproc visit, void *arg)
+{
+    Py_VISIT(op->owner);
+    Py_VISIT(op->method);
+    return 0;
+}
 
-WRAPPED_ONLY(timed, "the timed callable");
+static int op_clear(Op *op)
+{
+    Py_CLEAR(op->owner);
+    Py_CLEAR(op->method);
+    return 0;
+}
 
-static PyTypeObject TimedType = {
-    CALLABLE(Timed, timed, "Timed", "Timed(fn, begin, end, abort, log): fn timed into a profile log"),
+GC_DEALLOC(Op, op);
+
+/* __doc__, __name__, __qualname__ and __module__: the method's (docs, help(), inspect). */
+static PyObject *op_attr(Op *op, void *name)
+{
+    if (op->method == NULL)
+        Py_RETURN_NONE;
+    return PyObject_GetAttrString(op->method, (const char *)name);
+}
+
+static PyObject *op_wrapped(Op *op, void *closure) { return ref_or_none(op->method); }
+
+static PyGetSetDef op_getset[] = {
+    {"__doc__", (getter)op_attr, NULL, NULL, "__doc__"},
+    {"__name__", (getter)op_attr, NULL, NULL, "__name__"},
+    {"__qualname__", (getter)op_attr, NULL, NULL, "__qualname__"},
+    {"__module__", (getter)op_attr, NULL, NULL, "__module__"},
+    {"__wrapped__", (getter)op_wrapped, NULL, "the Python method", NULL},
+    {NULL}
+};
+
+static PyTypeObject OpType = {
+    CALLABLE(Op, op, "Op", "Op(owner, method, index): an operation of owner, served by its _calls"),
+    .tp_descr_get = op_get,
+    .tp_getset = op_getset,
+    .tp_traverse = (traverseproc)op_traverse,
+    .tp_clear = (inquiry)op_clear,
 };
 
 typedef struct {
     PyObject_HEAD
     PyObject *ndarray;
     PyObject *dtype;
-    PyObject *fallback;
     char **base;
     int64_t *count;
     Py_ssize_t nranks;
@@ -164,14 +493,14 @@ static PyObject *near_vectorcall(PyObject *self, PyObject *const *args, size_t n
 {
     Near *t = (Near *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs < 2 || nargs > 3 || t->base == NULL)
+    if (kwnames != NULL || nargs < 3 || nargs > 4 || t->base == NULL)
         goto slow;
-    PyObject *a = args[0];
-    if ((PyObject *)Py_TYPE(a) != t->ndarray || !PyLong_CheckExact(args[1]) ||
-        (nargs == 3 && !PyLong_CheckExact(args[2])))
+    PyObject *a = args[1];
+    if ((PyObject *)Py_TYPE(a) != t->ndarray || !PyLong_CheckExact(args[2]) ||
+        (nargs == 4 && !PyLong_CheckExact(args[3])))
         goto slow;
-    long long rank = PyLong_AsLongLong(args[1]);
-    long long off = nargs == 3 ? PyLong_AsLongLong(args[2]) : 0;
+    long long rank = PyLong_AsLongLong(args[2]);
+    long long off = nargs == 4 ? PyLong_AsLongLong(args[3]) : 0;
     if (PyErr_Occurred()) {
         PyErr_Clear();
         goto slow;
@@ -207,7 +536,7 @@ static PyObject *near_vectorcall(PyObject *self, PyObject *const *args, size_t n
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
 slow:
-    return PyObject_Vectorcall(t->fallback, args, nargsf, kwnames);
+    Py_RETURN_NOTIMPLEMENTED;
 }
 
 /* Near's arrays come from libc, not from Python's allocator: under HYBRIDMPI_SANITIZE, ASan
@@ -223,10 +552,10 @@ static void near_release(Near *t)
 
 static PyObject *near_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    PyObject *nd, *dt, *fb, *bases, *counts;
+    PyObject *nd, *dt, *bases, *counts;
     Py_ssize_t itemsize;
     int get;
-    if (!PyArg_ParseTuple(args, "OOOOOnp", &nd, &dt, &fb, &bases, &counts, &itemsize, &get))
+    if (!PyArg_ParseTuple(args, "OOOOnp", &nd, &dt, &bases, &counts, &itemsize, &get))
         return NULL;
     if (itemsize < 1) {
         PyErr_Format(PyExc_ValueError, "Near: itemsize must be >= 1, got %zd", itemsize);
@@ -269,7 +598,6 @@ static PyObject *near_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     free(words);
     t->ndarray = ref(nd);
     t->dtype = ref(dt);
-    t->fallback = ref(fb);
     t->nranks = n;
     t->itemsize = itemsize;
     t->get = get;
@@ -282,7 +610,6 @@ static void near_dealloc(Near *t)
     near_release(t);
     Py_XDECREF(t->ndarray);
     Py_XDECREF(t->dtype);
-    Py_XDECREF(t->fallback);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
@@ -292,23 +619,22 @@ static PyObject *near_close(Near *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-CLOSE_ONLY(Near, near);
+CLOSE_ONLY(near);
 
 static PyTypeObject NearType = {
     CALLABLE(Near, near, "Near",
-             "Near(ndarray, dtype, fallback, bases, counts, itemsize, get): Put or Get on this node"),
+             "Near(ndarray, dtype, bases, counts, itemsize, get): Put or Get on this node"),
     .tp_methods = near_methods,
 };
 
 /* ------------------------------------------------------------------ collectives */
 
-/* Coll(kind, st, fn, fallback, fail, ops): HybridComm.barrier() or allreduce(x[, op]) of one
- * float on one node, as one C call instead of a Python method and a cffi call.  kind 0:
- * fn = hm_barrier_dissemination, called with no arguments; kind 1: fn = hm_allreduce_rd_f64,
- * called with a float and optionally an op name (a key of `ops`, the names' codes).  Any
- * other call (keywords, another type, an unknown op) goes to `fallback`, the Python method,
- * which checks and raises; a call the C core failed goes to fail(code), which raises its
- * error.  close() sends every later call to the fallback (the comm freed or broken). */
+/* Coll(kind, st, fn, fail, ops): what serves HybridComm.barrier() (kind 0: fn =
+ * hm_barrier_dissemination, no arguments) or allreduce(x[, op]) of one float (kind 1: fn =
+ * hm_allreduce_rd_f64; op a name, a key of `ops`, the names' codes) on one node, as one C
+ * call.  It declines any other call (keywords, another type, an unknown op: the method checks
+ * and raises); a call the C core failed goes to fail(code), which raises its error.  close()
+ * declines every later call (the comm freed or broken). */
 typedef __typeof__(hm_barrier_dissemination) *barrier_fn;
 typedef __typeof__(hm_allreduce_rd_f64) *allreduce_fn;
 
@@ -317,7 +643,6 @@ typedef struct {
     hm_coll *st;          /* NULL once closed */
     void *fn;
     int kind;
-    PyObject *fallback;
     PyObject *fail;
     PyObject *ops;        /* dict: op name -> code */
     vectorcallfunc vectorcall;
@@ -338,14 +663,14 @@ static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t n
 {
     Coll *t = (Coll *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (t->fallback == NULL) {  /* cleared by the garbage collector */
+    if (t->fail == NULL) {  /* cleared by the garbage collector */
         PyErr_SetString(PyExc_RuntimeError, "hybridmpi: the HybridComm of this call is gone");
         return NULL;
     }
     if (t->st == NULL || kwnames != NULL)
         goto slow;
     if (t->kind == 0) {
-        if (nargs != 0)
+        if (nargs != 1)
             goto slow;
         int rc;
         hm_coll *st = t->st;  /* close() may clear t->st meanwhile */
@@ -356,20 +681,20 @@ static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t n
             return coll_failed(t, rc);
         Py_RETURN_NONE;
     }
-    if (nargs < 1 || nargs > 2 || !PyFloat_CheckExact(args[0]))
+    if (nargs < 2 || nargs > 3 || !PyFloat_CheckExact(args[1]))
         goto slow;
     int op = HM_SUM;
-    if (nargs == 2) {
-        if (!PyUnicode_CheckExact(args[1]))
+    if (nargs == 3) {
+        if (!PyUnicode_CheckExact(args[2]))
             goto slow;
-        PyObject *code = PyDict_GetItemWithError(t->ops, args[1]);
+        PyObject *code = PyDict_GetItemWithError(t->ops, args[2]);
         if (code == NULL) {
             PyErr_Clear();
             goto slow;
         }
         op = (int)PyLong_AsLong(code);
     }
-    double x = PyFloat_AS_DOUBLE(args[0]), r;
+    double x = PyFloat_AS_DOUBLE(args[1]), r;
     hm_coll *st = t->st;  /* close() may clear t->st meanwhile */
     Py_BEGIN_ALLOW_THREADS
     r = ((allreduce_fn)t->fn)(st, x, op);
@@ -378,15 +703,15 @@ static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t n
         return coll_failed(t, st->err.code);
     return PyFloat_FromDouble(r);
 slow:
-    return PyObject_Vectorcall(t->fallback, args, nargsf, kwnames);
+    Py_RETURN_NOTIMPLEMENTED;
 }
 
 static PyObject *coll_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     int kind;
     unsigned long long st, fn;
-    PyObject *fallback, *fail, *ops;
-    if (!PyArg_ParseTuple(args, "iKKOOO!", &kind, &st, &fn, &fallback, &fail, &PyDict_Type, &ops))
+    PyObject *fail, *ops;
+    if (!PyArg_ParseTuple(args, "iKKOO!", &kind, &st, &fn, &fail, &PyDict_Type, &ops))
         return NULL;
     if (kind != 0 && kind != 1) {
         PyErr_Format(PyExc_ValueError, "Coll: kind must be 0 (barrier) or 1 (allreduce), got %d", kind);
@@ -402,18 +727,16 @@ static PyObject *coll_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     t->st = (hm_coll *)(uintptr_t)st;
     t->fn = (void *)(uintptr_t)fn;
     t->kind = kind;
-    t->fallback = ref(fallback);
     t->fail = ref(fail);
     t->ops = ref(ops);
     t->vectorcall = coll_vectorcall;
     return (PyObject *)t;
 }
 
-/* The fallback is a method bound to the HybridComm, whose __dict__ holds this object: a
- * cycle, which the garbage collector sees through these. */
+/* fail is a method bound to the HybridComm, whose _calls table holds this object: a cycle,
+ * which the garbage collector sees through these. */
 static int coll_traverse(Coll *t, visitproc visit, void *arg)
 {
-    Py_VISIT(t->fallback);
     Py_VISIT(t->fail);
     Py_VISIT(t->ops);
     return 0;
@@ -422,7 +745,6 @@ static int coll_traverse(Coll *t, visitproc visit, void *arg)
 static int coll_clear(Coll *t)
 {
     t->st = NULL;
-    Py_CLEAR(t->fallback);
     Py_CLEAR(t->fail);
     Py_CLEAR(t->ops);
     return 0;
@@ -436,11 +758,11 @@ static PyObject *coll_close(Coll *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-CLOSE_ONLY(Coll, coll);
+CLOSE_ONLY(coll);
 
 static PyTypeObject CollType = {
     CALLABLE(Coll, coll, "Coll",
-             "Coll(kind, st, fn, fallback, fail, ops): barrier() or allreduce(x[, op]) of a float "
+             "Coll(kind, st, fn, fail, ops): barrier() or allreduce(x[, op]) of a float "
              "on one node as one C call"),
     .tp_methods = coll_methods,
     .tp_traverse = (traverseproc)coll_traverse,
@@ -572,7 +894,7 @@ static PyGetSetDef state_getset[] = {
 };
 
 static PyTypeObject StateType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._timed.State",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._calls.State",
     .tp_basicsize = sizeof(State),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "State(): a Halo's epochs, current direction, pending begin and broken state",
@@ -598,26 +920,15 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *halo;
     State *state;         /* the Halo's State */
     hot_array arr[HOT_ARRAYS];
     int narr, next;       /* arrays held; the slot the next one replaces */
-    PyObject *fallback;   /* Halo.update or Halo.reverse (the function) */
     PyObject *error;      /* error(rc): raises the exception of a failed call */
     PyObject *op;         /* reverse: the op string of the hot call */
-    PyObject *keep;       /* what owns the profile log's memory, or None */
-    int kind, d, opcode, closed, default_op, bound;
-    begin_fn pbegin;      /* a profile records the hot calls (hybridmpi.profile): */
-    end_fn pend;          /* hm_prof_begin, hm_prof_end, hm_prof_abort and the log */
-    begin_fn pabort;
-    hm_prof_log *plog;
+    int kind, d, opcode, closed, default_op;
     void *fn;
     void *a[4];
     int64_t tagval;
-    char *buf;
-    Py_ssize_t len, itemsize, shape[2];
-    int ndim;
-    char format[8];
     vectorcallfunc vectorcall;
 } Hot;
 
@@ -646,26 +957,26 @@ static int hot_set(Hot *t, int i, PyObject *x)
     return bad ? -1 : 0;
 }
 
-/* The checks of Halo.update's hot path: one of the hot array objects, no begin pending, not
- * broken, still writeable, C-contiguous, of the same memory, dtype (format) and shape.
- * Returns that array's slot, or -1. */
+/* The checks of Halo.update's hot path (args: the Halo, x[, op]): one of the hot array
+ * objects, no begin pending, not broken, still writeable, C-contiguous, of the same memory,
+ * dtype (format) and shape.  Returns that array's slot, or -1. */
 static int hot_ok(Hot *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     int i = 0;
-    while (i < t->narr && args[0] != t->arr[i].x)
+    while (i < t->narr && args[1] != t->arr[i].x)
         i++;
     if (t->closed || kwnames != NULL || i == t->narr)
         return -1;
     if (t->kind == HOT_REVERSE) {
-        if (nargs == 2 ? args[1] != t->op : !t->default_op)
+        if (nargs == 3 ? args[2] != t->op : !t->default_op)
             return -1;
-    } else if (nargs != 1) {
+    } else if (nargs != 2) {
         return -1;
     }
     if (t->state->pending != NULL || t->state->broken != NULL)
         return -1;
     Py_buffer v;
-    if (PyObject_GetBuffer(args[0], &v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+    if (PyObject_GetBuffer(args[1], &v, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
         return -1;
     }
@@ -683,12 +994,10 @@ static PyObject *hot_vectorcall(PyObject *self, PyObject *const *args, size_t na
 {
     Hot *t = (Hot *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    int slot = nargs < 1 || nargs > 2 ? -1 : hot_ok(t, args, nargs, kwnames);
+    int slot = nargs < 2 || nargs > 3 ? -1 : hot_ok(t, args, nargs, kwnames);
     if (slot < 0)
-        goto slow;
+        Py_RETURN_NOTIMPLEMENTED;
     char *buf = t->arr[slot].buf;
-    if (t->plog)
-        t->pbegin();
     uint64_t e = ++t->state->epoch[t->d];
     t->state->current = t->d;
     int rc;
@@ -702,12 +1011,6 @@ static PyObject *hot_vectorcall(PyObject *self, PyObject *const *args, size_t na
     else
         rc = ((xchg_both_fn)t->fn)(t->a[0], t->a[1], buf, e, t->opcode, t->d);
     Py_END_ALLOW_THREADS
-    if (t->plog) {
-        if (rc == 0)
-            t->pend(t->plog);
-        else
-            t->pabort();
-    }
     if (rc != 0) {
         PyObject *code = PyLong_FromLong(rc);
         if (code == NULL)
@@ -719,33 +1022,20 @@ static PyObject *hot_vectorcall(PyObject *self, PyObject *const *args, size_t na
         Py_DECREF(r);
     }
     Py_RETURN_NONE;
-slow:;
-    /* fallback(halo, *args, **kw) */
-    PyObject *stack[4];
-    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (t->bound || nargs + nk > 3)
-        return PyObject_Vectorcall(t->fallback, args, nargsf, kwnames);
-    stack[0] = t->halo;
-    for (Py_ssize_t i = 0; i < nargs + nk; i++)
-        stack[i + 1] = args[i];
-    return PyObject_Vectorcall(t->fallback, stack, (size_t)(nargs + 1), kwnames);
 }
 
 static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    PyObject *halo, *state, *x, *fb, *err, *op, *addrs, *prof = Py_None;
+    PyObject *state, *x, *err, *plan, *op, *addrs;
     int kind, d, opcode;
     unsigned long long fn, buf;
     long long tagval;
-    if (!PyArg_ParseTuple(args, "OO!OOOOiiiKOKL|O", &halo, &StateType, &state, &x, &fb, &err, &op,
-                          &kind, &d, &opcode, &fn, &addrs, &buf, &tagval, &prof))
+    if (!PyArg_ParseTuple(args, "O!OKOO!:Hot", &StateType, &state, &x, &buf, &err, &PyTuple_Type, &plan))
         return NULL;
-    unsigned long long pa[4] = {0, 0, 0, 0};
-    PyObject *keep = Py_None;
-    if (prof != Py_None && !PyArg_ParseTuple(prof, "KKKKO", &pa[0], &pa[1], &pa[2], &pa[3], &keep))
+    if (!PyArg_ParseTuple(plan, "iiiOKOL:Hot plan", &kind, &d, &opcode, &op, &fn, &addrs, &tagval))
         return NULL;
-    if (kind < HOT_UPDATE || kind > HOT_REVERSE || d < 0 || d > 1) {
-        PyErr_SetString(PyExc_ValueError, "Hot: bad kind or direction");
+    if (kind < HOT_UPDATE || kind > HOT_REVERSE || d < 0 || d > 1 || fn == 0) {
+        PyErr_SetString(PyExc_ValueError, "Hot: bad kind, direction or function");
         return NULL;
     }
     Hot *t = (Hot *)type->tp_alloc(type, 0);
@@ -769,10 +1059,7 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     }
     for (int i = 0; i < 4; i++)
         t->a[i] = (void *)(uintptr_t)a[i];
-    t->keep = ref(keep);
-    t->halo = ref(halo);
     t->state = (State *)ref(state);
-    t->fallback = ref(fb);
     t->error = ref(err);
     t->op = ref(op);
     t->default_op = PyUnicode_Check(op) && PyUnicode_CompareWithASCIIString(op, "add") == 0;
@@ -781,18 +1068,12 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     t->opcode = opcode;
     t->fn = (void *)(uintptr_t)fn;
     t->tagval = tagval;
-    /* with a profile: the fallback is its (bound) wrapper, and the hot calls are recorded */
-    t->bound = prof != Py_None;
-    t->pbegin = (begin_fn)(uintptr_t)pa[0];
-    t->pend = (end_fn)(uintptr_t)pa[1];
-    t->pabort = (begin_fn)(uintptr_t)pa[2];
-    t->plog = (hm_prof_log *)(uintptr_t)pa[3];
     t->vectorcall = hot_vectorcall;
     return (PyObject *)t;
 }
 
 /* The object references a Hot holds besides its arrays (for the collector). */
-#define HOT_REFS(DO) DO(t->halo); DO(t->state); DO(t->fallback); DO(t->error); DO(t->op); DO(t->keep)
+#define HOT_REFS(DO) DO(t->state); DO(t->error); DO(t->op)
 
 static int hot_traverse(Hot *t, visitproc visit, void *arg)
 {
@@ -836,54 +1117,41 @@ static PyObject *hot_close(Hot *t, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *hot_wrapped(Hot *t, void *closure) { return ref_or_none(t->fallback); }
-
 static PyMethodDef hot_methods[] = {
     {"add", (PyCFunction)hot_add, METH_O, "serve this array too"},
-    {"close", (PyCFunction)hot_close, METH_NOARGS, "send every later call to the fallback"},
-    {NULL}
-};
-
-static PyObject *hot_bound(Hot *t, void *closure)
-{
-    return PyBool_FromLong(t->bound);
-}
-
-static PyGetSetDef hot_getset[] = {
-    {"__wrapped__", (getter)hot_wrapped, NULL, "the Python method", NULL},
-    {"bound", (getter)hot_bound, NULL, "whether the fallback is a profile's wrapper", NULL},
+    {"close", (PyCFunction)hot_close, METH_NOARGS, "decline every later call (the method serves it)"},
     {NULL}
 };
 
 static PyTypeObject HotType = {
     CALLABLE(Hot, hot, "Hot",
-             "Hot(halo, state, x, fallback, error, op, kind, d, opcode, fn, addrs, buf, tag[, prof]): "
-              "Halo.update or reverse of one array, as one C call; prof = (begin, end, abort, "
-              "log) records each hot call for a profile, whose wrapper is then the fallback"),
+             "Hot(state, x, buf, error, plan): what serves Halo.update or reverse of one array, as "
+             "one C call; plan = (kind, d, opcode, op, fn, addrs, tag)"),
     .tp_traverse = (traverseproc)hot_traverse,
     .tp_clear = (inquiry)hot_clear,
     .tp_methods = hot_methods,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._timed",
-                                    "The profile's call wrapper.", -1, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._calls",
+                                    "The C call objects of the library's operations.", -1, NULL};
 
-PyMODINIT_FUNC PyInit__timed(void)
+PyMODINIT_FUNC PyInit__calls(void)
 {
     HotType.tp_flags |= Py_TPFLAGS_HAVE_GC;
     CollType.tp_flags |= Py_TPFLAGS_HAVE_GC;
-    if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&NearType) < 0 || PyType_Ready(&HotType) < 0 ||
-        PyType_Ready(&StateType) < 0 || PyType_Ready(&CollType) < 0)
-        return NULL;
+    OpType.tp_flags |= Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_METHOD_DESCRIPTOR;
+    PyTypeObject *types[] = {&OpType, &CallsType, &NearType, &HotType, &StateType, &CollType};
+    const char *names[] = {"Op", "Calls", "Near", "Hot", "State", "Coll"};
+    for (int i = 0; i < 6; i++)
+        if (PyType_Ready(types[i]) < 0)
+            return NULL;
     dtype_name = PyUnicode_InternFromString("dtype");
     if (!dtype_name)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyTypeObject *types[] = {&TimedType, &NearType, &HotType, &StateType, &CollType};
-    const char *names[] = {"Timed", "Near", "Hot", "State", "Coll"};
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         if (PyModule_AddObject(m, names[i], ref((PyObject *)types[i])) < 0) {
             Py_DECREF(types[i]);
             Py_DECREF(m);

@@ -95,13 +95,16 @@ typedef struct {
 } recording;
 
 /* Calls(names): one object's table of its operations, held in its `_calls` slot: the C call
- * object that serves each (or none), and what a profile records of each.  The object edits
- * it (serve, close); the profile records through it (record, unrecord). */
+ * object that serves each (or none), what runs it otherwise (a method of an object the owner
+ * holds, or the class's method), and what a profile records of each.  The object edits it
+ * (serve, delegate, close); the profile records through it (record, unrecord). */
 typedef struct {
     PyObject_HEAD
     PyObject *names;             /* tuple of str, in the operations' index order */
     Py_ssize_t n;
     PyObject *fast[CALLS_MAX];   /* serves the operation (returns NotImplemented to decline) */
+    PyObject *then[CALLS_MAX];   /* runs it when nothing serves it, without the object (else
+                                  * the class's method runs it, with the object) */
     recording rec[CALLS_MAX];
     begin_fn begin;              /* set by record() */
     end_fn end;
@@ -171,6 +174,24 @@ static PyObject *calls_serve(Calls *c, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* delegate(name, fn): fn(*args, **kw) runs the operation when nothing serves it (a method of
+ * an object the owner holds: the owner is not passed); None: the class's method does. */
+static PyObject *calls_delegate(Calls *c, PyObject *args)
+{
+    PyObject *name, *fn;
+    if (!PyArg_ParseTuple(args, "OO:delegate", &name, &fn))
+        return NULL;
+    Py_ssize_t i = calls_index(c, name);
+    if (i < 0)
+        return NULL;
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "Calls.delegate: a callable or None");
+        return NULL;
+    }
+    Py_XSETREF(c->then[i], fn == Py_None ? NULL : ref(fn));
+    Py_RETURN_NONE;
+}
+
 /* fast(name): what serves the operation, or None. */
 static PyObject *calls_fast(Calls *c, PyObject *name)
 {
@@ -236,6 +257,7 @@ static int calls_traverse(Calls *c, visitproc visit, void *arg)
     Py_VISIT(c->names);
     for (Py_ssize_t i = 0; i < c->n; i++) {
         Py_VISIT(c->fast[i]);
+        Py_VISIT(c->then[i]);
         Py_VISIT(c->rec[i].finish);
         Py_VISIT(c->rec[i].keep);
     }
@@ -246,6 +268,7 @@ static int calls_clear(Calls *c)
 {
     for (Py_ssize_t i = 0; i < CALLS_MAX; i++) {
         Py_CLEAR(c->fast[i]);
+        Py_CLEAR(c->then[i]);
         calls_unrecord_one(&c->rec[i]);
     }
     Py_CLEAR(c->names);
@@ -279,6 +302,8 @@ static PyObject *calls_recorded(Calls *c, void *closure)
 static PyMethodDef calls_methods[] = {
     {"serve", (PyCFunction)calls_serve, METH_VARARGS, "serve(name, fast): fast serves it (None: the method)"},
     {"fast", (PyCFunction)calls_fast, METH_O, "fast(name): what serves it, or None"},
+    {"delegate", (PyCFunction)calls_delegate, METH_VARARGS,
+     "delegate(name, fn): fn(*args, **kw) runs it when nothing serves it (None: the method)"},
     {"record", (PyCFunction)calls_record, METH_VARARGS,
      "record(name, begin, end, abort, log, finish, keep): time its calls into log"},
     {"unrecord", (PyCFunction)calls_unrecord, METH_NOARGS, "record no operation"},
@@ -308,8 +333,9 @@ static PyTypeObject CallsType = {
 /* Op(owner, method, index): operation `index` of class `owner` (HybridComm.barrier,
  * Halo.update, ...), a method of the class: obj.op(*args) is one C call.  It goes to the call
  * object that serves the operation in obj's `_calls` table, then (none, or it declined) to
- * `method`, the Python function; while a profile records the operation, the call is timed
- * into its log: one load and branch when it does not. */
+ * what the table delegates it to, else to `method`, the Python function; while a profile
+ * records the operation, the call is timed into its log: one load and branch when it does
+ * not. */
 typedef struct {
     PyObject_HEAD
     PyTypeObject *owner;
@@ -331,6 +357,13 @@ static PyObject *op_serve(Op *op, Calls *c, PyObject *const *args, size_t nargsf
         if (out != Py_NotImplemented)
             return out;
         Py_DECREF(out);
+    }
+    PyObject *then = c->then[op->index];
+    if (then != NULL) {
+        Py_INCREF(then);
+        PyObject *out = PyObject_Vectorcall(then, args + 1, PyVectorcall_NARGS(nargsf) - 1, kwnames);
+        Py_DECREF(then);
+        return out;
     }
     return PyObject_Vectorcall(op->method, args, nargsf, kwnames);
 }

@@ -2,23 +2,25 @@
 
 Inside a node they run in the C core on the HybridComm's shared segments; across
 nodes each node's leader joins an MPI collective of the leaders between the node's
-gather and release phases.  :class:`Collectives` is the part of
-:class:`~hybridmpi.HybridComm` that holds them; the set-up, the errors and the
-failure notices are in ``hybridcomm.py``.
+gather and release phases.  :class:`Collectives` is an object the
+:class:`~hybridmpi.HybridComm` owns (made with the comm, over its C state and segments), and
+:class:`Plan` how it runs them, chosen once when the comm is made; the set-up, breaking and
+the failure notices are in ``hybridcomm.py``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import _errmap
-from .._clib import ffi, lib
+from .._clib import Coll, ffi, lib
 from .._types import DTYPES, OPS, op_code
-from ..errors import PeerArgumentError, agreed
+from ..errors import FreedError, PeerArgumentError, SyncTimeout, agreed
 from ._agree import exchange
 from ._waits import wait_requests
 
@@ -31,7 +33,6 @@ _EXACT = 2**53
 # attribute would be (no LOAD_METHOD in CPython 3.11), 0.1 us more per call.
 _op_of = OPS.get
 _dtype_of = DTYPES.get
-_barrier = lib.hm_barrier
 _store = lib.hm_store
 _ACQ_REL = lib.HM_ACQ_REL
 _barrier_tree = lib.hm_barrier_tree
@@ -57,32 +58,92 @@ _FAILED = 2
 _NO_ARG: Any = object()
 
 
+class Plan(NamedTuple):
+    """How a comm's collectives run, chosen once when the comm is made (the same on every rank
+    of a node): which ``Coll`` serves its one-node calls, and which path each call takes."""
+
+    #: every rank is on one node: the node's part is the whole call (the dissemination barrier)
+    one_node: bool
+    #: this rank leads its node and there are several nodes: the leaders' MPI call goes between
+    #: the node's gather and release phases
+    leader_multi: bool
+    #: allreduces of up to RD_BYTES go by recursive doubling (one node of several ranks, and
+    #: ``allreduce="recursive_doubling"``)
+    recursive_doubling: bool
+
+    @classmethod
+    def of(cls, num_nodes: int, node_size: int, is_leader: bool, allreduce: str) -> Plan:
+        one_node = num_nodes == 1
+        # recursive doubling needs the whole node in one phase: one node only
+        return cls(one_node, is_leader and num_nodes > 1,
+                   allreduce == "recursive_doubling" and one_node and node_size > 1)
+
+
 class Collectives:
-    """barrier, allreduce and Allreduce (a base of HybridComm, which sets up what they use)."""
+    """barrier, allreduce and Allreduce of a HybridComm (which makes it, and serves its
+    operations by it: :meth:`serve`).
 
-    # set up by HybridComm.__init__
-    rank: int
-    _MPI: Any
-    _live: Any          # the C collective state; None once freed or broken
-    _one_node_st: Any   # the same while one node does dissemination barriers alone
-    _rd_st: Any         # the same while small allreduces go by recursive doubling
-    _one_node: bool
-    _leader_multi: bool
-    _rd: bool
-    _scalar: dict[int, Any]
-    _f64: Any
+    Args:
+        hc: the comm (its layout, communicators, timeout and context are read once).
+        st: the C core's collective state over the node's segments ``segs``.
+        plan: how the calls run (:class:`Plan`).
+        leaders: each node's leader and host, by node id.
+        break_comm, peer_error: the comm's (its ``_break`` and ``_peer_error``).
+    """
 
-    _segs: Any          # the node's collective segments, by node rank
-    _leaders: list[tuple[int, str]]  # each node's leader and host, by node id
-    node_index: dict[int, int]
+    __slots__ = ("rank", "size", "num_nodes", "node_size", "node_id", "node_ranks", "is_leader",
+                 "comm", "leader_comm", "timeout", "context", "_MPI", "_st", "_live", "_segs",
+                 "_leaders", "plan", "_one_node", "_leader_multi", "_rd", "_f64", "_scalar",
+                 "_sig_buf", "_bufs", "_mpi_ops", "_int_bounds", "_broken", "_break", "_peer_error")
 
-    # the errors, methods of HybridComm (hybridcomm.py)
-    _fail: Callable[[int, str], None]
-    _other_leaders: Callable[[], str]
-    _break: Callable[..., None]
-    _unusable: Callable[[], Exception]
-    _broken: str | None
-    _int_bounds: tuple[int, ...] | None = None  # set on the first allreduce of a Python int
+    def __init__(self, hc: Any, st: Any, segs: Any, plan: Plan, leaders: list[tuple[int, str]], *,
+                 break_comm: Callable[..., None], peer_error: Callable[..., Exception]) -> None:
+        for name in ("rank", "size", "num_nodes", "node_size", "node_id", "is_leader", "comm",
+                     "leader_comm", "timeout", "context"):
+            setattr(self, name, getattr(hc, name))
+        self.node_ranks = tuple(hc.node_ranks)
+        MPI = self._MPI = hc.context.MPI
+        self._st = st
+        self._live = st      # None once freed or broken: one check on every call
+        self._segs = segs
+        self._leaders = leaders
+        #: how the calls run; its fields are also kept as attributes, read on every call
+        self.plan = plan
+        self._one_node, self._leader_multi, self._rd = plan
+        self._f64 = ffi.new("double[1]")
+        self._scalar = {lib.HM_I64: ffi.new("int64_t[1]"), lib.HM_C128: ffi.new("double[2]")}
+        self._sig_buf = np.zeros(9, dtype=np.int64)
+        self._bufs: dict[Any, Any] = {}
+        self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
+        self._int_bounds: tuple[int, ...] | None = None  # set on the first allreduce of a Python int
+        self._broken: str | None = None
+        self._break = break_comm
+        self._peer_error = peer_error
+
+    def serve(self, calls: Any) -> None:
+        """Serve the comm's operations (its ``Calls`` table): by these methods, and where the
+        plan allows by one C call (``Coll``: a one-node ``barrier()`` and ``allreduce(float)``,
+        about 0.1 us less than a Python method and a cffi call), which declines anything else."""
+        for name in ("barrier", "allreduce", "Allreduce"):
+            calls.delegate(name, getattr(self, name))
+        address = int(ffi.cast("uintptr_t", self._st))
+        for kind, name, on, fn, what in ((0, "barrier", self.plan.one_node, "hm_barrier_dissemination",
+                                          "barrier(dissemination)"),
+                                         (1, "allreduce", self.plan.recursive_doubling,
+                                          "hm_allreduce_rd_f64", "allreduce")):
+            if on:
+                fn_address = int(ffi.cast("uintptr_t", ffi.addressof(lib, fn)))
+                calls.serve(name, Coll(kind, address, fn_address, functools.partial(self._failed, what),
+                                       OPS))
+
+    def stop(self, why: str | None) -> None:
+        """Every later call raises: the comm broke (``why``) or was freed (None)."""
+        self._live = None
+        if why is None:
+            self._st = None
+            self._bufs = {}
+        elif self._broken is None:
+            self._broken = why
 
     def _bad_call(self, exc):
         """Raise ``exc``, a local argument error, after telling the peers: the call is made
@@ -100,7 +161,7 @@ class Collectives:
                     self._break("ValueError")
         if not _errmap.ok(rc):
             self._break(type(exc).__name__)
-        elif self._broken is None:   # every rank found its arguments invalid: the comm is usable
+        elif self._live is not None:   # every rank found its arguments invalid: the comm is usable
             agreed(exc)
         raise exc
 
@@ -137,10 +198,62 @@ class Collectives:
             raise self._peer_error(what, stop.notice, None,
                                    f"; this rank, the node's leader, was waiting on the leaders of "
                                    f"the other nodes, which had not all joined: {self._other_leaders()}")
-        raise self._timeout(
+        self._break("SyncTimeout")
+        raise SyncTimeout(
             f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
             f"the leaders of the other nodes did not all join: {self._other_leaders()}",
-            None, "internode", int(st.epoch), [])
+            rank=self.rank, peer=None, counter="internode", epoch=int(st.epoch), missing=[])
+
+    # ------------------------------------------------------------ errors
+
+    def _fail(self, rc, what):
+        """Raise the exception of a C core collective call that returned ``rc`` (the error map:
+        :func:`hybridmpi._errmap.collective`), breaking the comm where the map says so."""
+        st = self._st
+        exc, why, notify = _errmap.collective(
+            rc, st.err, what, rank=self.rank, node_ranks=self.node_ranks, timeout=self.timeout,
+            other_node_invalid=self._leader_multi and self._sig_buf[1] == lib.HM_K_BAD,
+            leader_note=lambda: self._leader_waits(int(st.epoch)),
+            leaders_waited=lambda call: (self._other_leaders()
+                                         if self._leader_waits_on_nodes(call) else None),
+            missing=lambda: [self.node_ranks[r] for r in range(self.node_size)
+                             if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED,
+                                            lib.HM_ACQ_REL) < st.epoch])
+        if why is not None:
+            self._break(why, notify=notify)
+        raise exc
+
+    def _failed(self, what, rc):
+        """Raise the error of call ``what`` that the C core failed with ``rc`` (``Coll``'s way
+        back into :meth:`_fail`)."""
+        self._fail(rc, what)
+
+    def _leader_waits_on_nodes(self, call):
+        """Whether this rank is not its node's leader and the leader waits on the other nodes in
+        collective call ``call`` (the word it publishes before that wait)."""
+        return self.num_nodes > 1 and not self.is_leader and \
+            lib.hm_load(self._segs[0] + LEADER_WAIT, lib.HM_ACQ_REL) == call
+
+    def _leader_waits(self, call):
+        """What this node's leader waits on, when it waits on the other nodes in collective call
+        ``call`` and this rank is not the leader; else ''."""
+        if not self._leader_waits_on_nodes(call):
+            return ""
+        return (f"; this node's leader, rank {self.node_ranks[0]}, was waiting since call {call} on "
+                f"the leaders of the other nodes, which had not all joined: {self._other_leaders()}")
+
+    def _other_leaders(self):
+        """The leaders of the other nodes and their hosts, in words."""
+        return ", ".join(f"rank {r} (node {i}, host {h})" for i, (r, h) in enumerate(self._leaders)
+                         if i != self.node_id)
+
+    def _unusable(self):
+        if self._broken is not None and self._st is not None:  # broken, not yet freed
+            return RuntimeError(f"hybridmpi: rank {self.rank}: this HybridComm is unusable after "
+                                f"an earlier error ({self._broken}); free it")
+        return FreedError(f"hybridmpi: rank {self.rank}: HybridComm used after free()")
+
+    # ------------------------------------------------------------ the calls
 
     def barrier(self, *args: Any, method: str = "dissemination", **kwargs: Any) -> None:
         """Block until every rank of the communicator has called it.
@@ -164,12 +277,6 @@ class Collectives:
         if args or kwargs:
             self._bad_call(TypeError(f"hybridmpi: barrier() takes only the keyword 'method', got "
                                      f"{len(args)} positional argument(s) and keywords {sorted(kwargs)}"))
-        st = self._one_node_st
-        if st is not None and type(method) is str and method == "dissemination":
-            rc = _barrier_diss(st)
-            if rc:
-                self._fail(rc, "barrier(dissemination)")
-            return
         st = self._live
         if st is None:
             raise self._unusable()
@@ -310,14 +417,6 @@ class Collectives:
             self._bad_call(TypeError(f"hybridmpi: allreduce(x, op='sum') got {len(args)} more "
                                      f"argument(s), keywords {sorted(kwargs)}"
                                      + (" and no x" if x is _NO_ARG else "")))
-        st = self._rd_st
-        if st is not None and type(x) is float and type(op) is str:
-            opc = _op_of(op)
-            if opc is not None:
-                r = _allreduce_rd_f64(st, x, opc)
-                if r != r and st.err.code:
-                    self._fail(st.err.code, "allreduce")
-                return r
         st = self._live
         if st is None:
             raise self._unusable()

@@ -8,7 +8,7 @@ between the node's gather and release phases.
 
 from __future__ import annotations
 
-import functools
+import inspect
 import itertools
 import operator
 import os
@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from .. import _errmap, settings
-from .._clib import Calls, Coll, ffi, lib, operations
-from .._types import OPS, as_int
+from .._clib import Calls, ffi, lib, operations
+from .._types import as_int
 from .._types import mpi as _mpi
-from ..errors import FreedError, PeerError, SyncTimeout, agreed
+from ..errors import PeerError, SyncTimeout, agreed
 from ._agree import agree, register, safe_repr, unregister
 from ._context import Context
 from ._hooks import START_ENV_PROFILE
@@ -28,7 +28,7 @@ from ._notice import Notices, new_nonce
 from ._resource import leave_on_error
 from ._waits import progress_off, progress_on
 from .arena import HYBRIDCOMM_IDS, Arena, allocate_shared, check_room, commit
-from .collectives import LEADER_WAIT, SLOT_BYTES, Collectives
+from .collectives import SLOT_BYTES, Collectives, Plan
 
 _ALLREDUCES = ("recursive_doubling", "tree")
 _ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
@@ -132,8 +132,20 @@ def _install_finalize_hook(MPI):
     _FINALIZE_HOOK.append(keyval)
 
 
+def _by_collectives(name: str) -> Any:
+    """HybridComm's method ``name``, run by its :class:`Collectives` (the comm's ``Calls``
+    table sends each call there directly once the comm is made: this runs only before)."""
+    impl = getattr(Collectives, name)
+
+    def method(self, *args, **kwargs):
+        return getattr(self._coll, name)(*args, **kwargs)
+    method.__name__, method.__qualname__, method.__doc__ = name, f"HybridComm.{name}", impl.__doc__
+    method.__signature__ = inspect.signature(impl)  # type: ignore[attr-defined]
+    return method
+
+
 @operations("barrier", "allreduce", "Allreduce")
-class HybridComm(Collectives):
+class HybridComm:
     """A communicator split into nodes, with shared-memory collectives.
 
     Collective over ``comm``.  The communicator is duplicated, so traffic on
@@ -169,8 +181,12 @@ class HybridComm(Collectives):
             ``radix`` or ``spin``, or ranks that disagree on them.
     """
 
-    __slots__ = ("_calls",)
+    __slots__ = ("_calls", "__dict__", "__weakref__")
     RECORDED_AS = "HybridComm"
+
+    barrier = _by_collectives("barrier")
+    allreduce = _by_collectives("allreduce")
+    Allreduce = _by_collectives("Allreduce")
 
     def __init__(self, comm: Any = None, *, node_size: int | None = None,
                  memory_order: str = "acq_rel", timeout: float | None = None,
@@ -178,6 +194,7 @@ class HybridComm(Collectives):
                  allreduce: str = "recursive_doubling") -> None:
         MPI = _mpi()
         self._calls = Calls(self.OPERATIONS)  # what serves and records barrier and allreduce
+        self._coll: Any = None   # its Collectives, once made
         self._MPI = MPI
         self._st = None
         #: True before the comm is made and once it is freed (an attribute: one dictionary
@@ -324,23 +341,8 @@ class HybridComm(Collectives):
         children, identifiers, failure notices, Context and arena."""
         self._st = st
         self.closed = False
-        self._live = st  # None once freed or broken: one check on hot paths
-        self._leader_multi = self.is_leader and self.num_nodes > 1
-        # Recursive doubling needs the whole node in one phase: one node only.
         self.allreduce_method = allreduce
-        self._one_node = self.num_nodes == 1
-        self._rd = allreduce == "recursive_doubling" and self._one_node and self.node_size > 1
-        # The drop-in barrier calls the C core straight through this (None when
-        # several nodes need the leaders' MPI_Barrier, or once freed or broken).
-        self._one_node_st = st if self._one_node else None
-        self._rd_st = st if self._rd else None  # likewise for the drop-in allreduce
-        self._fast_paths(st)
         self._broken = None
-        self._f64 = ffi.new("double[1]")
-        self._scalar = {lib.HM_I64: ffi.new("int64_t[1]"), lib.HM_C128: ffi.new("double[2]")}
-        self._sig_buf = np.zeros(9, dtype=np.int64)
-        self._bufs: dict[Any, Any] = {}
-        self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         self._children: dict[int, Any] = {}  # Halos and global memory built on this comm, freed with it
         self._tags = np.zeros(TAG_SLOTS // 64 + 1, dtype=np.uint64)  # bit i: identifier i taken
         self._notices = Notices(self.comm, self._nonce, MPI)  # this rank's and the peers' (_break)
@@ -358,19 +360,11 @@ class HybridComm(Collectives):
         register(self.comm, self.context)  # agreements over it poll its notices, keep its deadline
         if self.size > 1:
             progress_on(self.comm)   # the C core's slow waits drive MPI's progress
-
-    def _fast_paths(self, st):
-        """Serve ``barrier()`` and ``allreduce(float)`` of one node by C calls (``Coll``: about
-        0.1 us less per call than a Python method and a cffi call); they decline anything else,
-        which goes to the methods."""
-        address = int(ffi.cast("uintptr_t", st))
-        for kind, name, on, fn, what in ((0, "barrier", self._one_node, "hm_barrier_dissemination",
-                                          "barrier(dissemination)"),
-                                         (1, "allreduce", self._rd, "hm_allreduce_rd_f64", "allreduce")):
-            if on:
-                fail = functools.partial(self._failed_call, what)
-                fn_address = int(ffi.cast("uintptr_t", ffi.addressof(lib, fn)))
-                self._calls.serve(name, Coll(kind, address, fn_address, fail, OPS))
+        #: how barrier and allreduce run, chosen once
+        self.plan = Plan.of(self.num_nodes, self.node_size, self.is_leader, allreduce)
+        self._coll = Collectives(self, st, self._segs, self.plan, self._leaders,
+                                 break_comm=self._break, peer_error=self._peer_error)
+        self._coll.serve(self._calls)
 
     @staticmethod
     def _check_args(node_size, memory_order, timeout, radix, spin):
@@ -415,10 +409,10 @@ class HybridComm(Collectives):
             if free is not None:
                 free()
         self.arena.free()
-        self._calls.close()  # the methods serve every call now: they raise FreedError
-        self._st = self._live = self._one_node_st = self._rd_st = None
+        self._calls.close()
+        self._coll.stop(None)   # every later call raises FreedError
+        self._st = None
         self.closed = True
-        self._bufs = {}
         MPI = self._MPI
         if MPI.Is_finalized():
             return
@@ -474,11 +468,6 @@ class HybridComm(Collectives):
             s = self._services[name] = make(self)
         return s
 
-    def _failed_call(self, what, rc):
-        """Raise the error of a collective call ``what`` that the C core failed with ``rc``
-        (the C fast paths' way back into :meth:`_fail`)."""
-        self._fail(rc, what)
-
     def _where_word(self, addr):
         """What a wait on the word at ``addr`` waits for, in words, if the word is one of this
         comm's collective segments or of its children or services; else None."""
@@ -531,54 +520,12 @@ class HybridComm(Collectives):
         if self._st is None or not leave_on_error(self.context, exc):
             self.free()   # collective unless the comm broke (then nothing waits on a peer)
 
-    def _unusable(self):
-        if self._broken is not None and self._st is not None:  # broken, not yet freed
-            return RuntimeError(f"hybridmpi: rank {self.rank}: this HybridComm is unusable after "
-                                f"an earlier error ({self._broken}); free it")
-        return FreedError(f"hybridmpi: rank {self.rank}: HybridComm used after free()")
-
     def __repr__(self):
         state = "freed" if self._st is None else f"{self.num_nodes} node(s)"
         return (f"<HybridComm rank {self.rank}/{self.size} node {self.node_id} "
                 f"rank {self.node_rank}/{self.node_size}, {state}>")
 
     # ------------------------------------------------------------ errors
-
-    def _fail(self, rc, what):
-        """Raise the exception of a C core collective call that returned ``rc`` (the error map:
-        :func:`hybridmpi._errmap.collective`), breaking the comm where the map says so."""
-        st = self._st
-        exc, why, notify = _errmap.collective(
-            rc, st.err, what, rank=self.rank, node_ranks=self.node_ranks, timeout=self.timeout,
-            other_node_invalid=self._leader_multi and self._sig_buf[1] == lib.HM_K_BAD,
-            leader_note=lambda: self._leader_waits(int(st.epoch)),
-            leaders_waited=lambda call: (self._other_leaders()
-                                         if self._leader_waits_on_nodes(call) else None),
-            missing=lambda: [self.node_ranks[r] for r in range(self.node_size)
-                             if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED,
-                                            lib.HM_ACQ_REL) < st.epoch])
-        if why is not None:
-            self._break(why, notify=notify)
-        raise exc
-
-    def _leader_waits_on_nodes(self, call):
-        """Whether this rank is not its node's leader and the leader waits on the other nodes in
-        collective call ``call`` (the word it publishes before that wait)."""
-        return self.num_nodes > 1 and not self.is_leader and \
-            lib.hm_load(self._segs[0] + LEADER_WAIT, lib.HM_ACQ_REL) == call
-
-    def _leader_waits(self, call):
-        """What this node's leader waits on, when it waits on the other nodes in collective call
-        ``call`` and this rank is not the leader; else ''."""
-        if not self._leader_waits_on_nodes(call):
-            return ""
-        return (f"; this node's leader, rank {self.node_ranks[0]}, was waiting since call {call} on "
-                f"the leaders of the other nodes, which had not all joined: {self._other_leaders()}")
-
-    def _other_leaders(self):
-        """The leaders of the other nodes and their hosts, in words."""
-        return ", ".join(f"rank {r} (node {i}, host {h})" for i, (r, h) in enumerate(self._leaders)
-                         if i != self.node_id)
 
     def _peer_error(self, what, peer, seen=None, also=""):
         """The error of a rank that found a peer's error bits ``seen`` (None: got its failure
@@ -596,7 +543,8 @@ class HybridComm(Collectives):
         first = self._broken is None
         self._broken = self._broken or why
         self._calls.close()
-        self._live = self._one_node_st = self._rd_st = None
+        if self._coll is not None:
+            self._coll.stop(why)
         if not first or self._st is None or self._MPI.Is_finalized():
             return
         bits = _errmap.poison_bits(why)
@@ -608,20 +556,3 @@ class HybridComm(Collectives):
         if (notify or self.num_nodes > 1) and self.size > 1:
             self._notices.send()
 
-
-
-
-
-
-    def _timeout(self, msg, peer, counter, epoch, missing):
-        self._break("SyncTimeout")
-        return SyncTimeout(msg, rank=self.rank, peer=peer, counter=counter, epoch=epoch,
-                           missing=missing)
-
-
-
-
-    # ------------------------------------------------------------ barrier
-
-
-    # ------------------------------------------------------------ allreduce

@@ -9,6 +9,6 @@ SANITIZE = runpy.run_path(BUILDER)["SANITIZE"]
 
 setup(cffi_modules=["cext/build_shim.py:ffibuilder"],
       # the operations as C call objects (cext/hm_calls.c)
-      ext_modules=[Extension("hybridmpi._calls", ["cext/hm_calls.c"], include_dirs=["cext"],
+      ext_modules=[Extension("hybridmpi._native._calls", ["cext/hm_calls.c"], include_dirs=["cext"],
                              extra_compile_args=["-O2", *SANITIZE],
                              extra_link_args=SANITIZE)])

@@ -2,7 +2,7 @@
 
 The declarations come from ``cext/hm_core.h``, the one header of the C core:
 its ``#define HM_*`` constants stay (cffi exposes them, as ``lib.HM_MAX_RADIX``),
-its other preprocessor lines are removed.  The compiled module is ``hybridmpi._core``.
+its other preprocessor lines are removed.  The compiled module is ``hybridmpi._native._core``.
 """
 
 import os
@@ -40,10 +40,10 @@ ffibuilder = FFI()
 ffibuilder.cdef(_cdef() + 'extern "Python" void hm_py_progress(void);'
                 'extern "Python" void hm_py_warn(const void *, uint64_t, uint64_t, double);')
 ffibuilder.set_source(
-    "hybridmpi._core",
+    "hybridmpi._native._core",
     '#include "hm_core.h"',
     sources=[os.path.relpath(os.path.join(HERE, f))
-             for f in ("hm_wait.c", "hm_core.c", "hm_halo.c", "hm_gm.c")],
+             for f in ("hm_wait.c", "hm_coll.c", "hm_halo.c", "hm_gm.c")],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-std=gnu11", "-O3", *SANITIZE],
     extra_link_args=SANITIZE,

@@ -1,4 +1,4 @@
-/* hybridmpi._calls: the library's operations as C call objects (a small CPython extension).
+/* hybridmpi._native._calls: the library's operations as C call objects (a small CPython extension).
  *
  * Op(owner, method, index): an operation of a class (HybridComm.barrier, Halo.update,
  * GlobalMemory.Put, ...), its method: one C call that goes to what serves the operation in
@@ -47,7 +47,7 @@ static int read_words(PyObject *seq, Py_ssize_t n, unsigned long long *out)
 /* The fields every callable type of this module shares (a vectorcall object
  * whose functions are PREFIX_new and PREFIX_dealloc). */
 #define CALLABLE(T, PREFIX, NAME, DOC)                                                          \
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._calls." NAME,                         \
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._native._calls." NAME,                         \
     .tp_basicsize = sizeof(T), .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,     \
     .tp_vectorcall_offset = offsetof(T, vectorcall), .tp_call = PyVectorcall_Call, .tp_doc = DOC, \
     .tp_new = PREFIX##_new, .tp_dealloc = (destructor)PREFIX##_dealloc
@@ -70,6 +70,29 @@ static PyObject *ref_or_none(PyObject *o)
         Py_TYPE(t)->tp_free((PyObject *)t);                                                     \
     }
 
+/* PREFIX_traverse and PREFIX_clear of a type T whose object references are REFS(DO), which
+ * applies DO (Py_VISIT or Py_CLEAR) to each of the object t's. */
+#define GC_REFS(T, PREFIX, REFS)                                                                \
+    static int PREFIX##_traverse(T *t, visitproc visit, void *arg)                              \
+    {                                                                                           \
+        REFS(Py_VISIT);                                                                         \
+        return 0;                                                                               \
+    }                                                                                           \
+    static int PREFIX##_clear(T *t)                                                             \
+    {                                                                                           \
+        REFS(Py_CLEAR);                                                                         \
+        return 0;                                                                               \
+    }
+
+/* The fields of a type the garbage collector tracks that is not called (its functions are
+ * PREFIX_new, _dealloc, _traverse and _clear, its tables PREFIX_methods and _getset). */
+#define GC_TYPE(T, PREFIX, NAME, DOC)                                                           \
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._native._calls." NAME,                 \
+    .tp_basicsize = sizeof(T), .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,             \
+    .tp_doc = DOC, .tp_new = PREFIX##_new, .tp_dealloc = (destructor)PREFIX##_dealloc,          \
+    .tp_traverse = (traverseproc)PREFIX##_traverse, .tp_clear = (inquiry)PREFIX##_clear,        \
+    .tp_methods = PREFIX##_methods, .tp_getset = PREFIX##_getset
+
 /* close() (PREFIX_close) of a call object that has nothing more. */
 #define CLOSE_ONLY(PREFIX)                                                                      \
     static PyMethodDef PREFIX##_methods[] = {                                                   \
@@ -78,7 +101,7 @@ static PyObject *ref_or_none(PyObject *o)
         {NULL}}
 
 /* hm_prof_begin, hm_prof_end and hm_prof_abort of the C core, passed by address (they live
- * in hybridmpi._core). */
+ * in hybridmpi._native._core). */
 typedef __typeof__(hm_prof_begin) *begin_fn;
 typedef __typeof__(hm_prof_end) *end_fn;
 
@@ -157,39 +180,31 @@ static void calls_unrecord_one(recording *r)
     Py_CLEAR(r->keep);
 }
 
-/* serve(name, fast): `fast` serves the operation from now on (None: the method does). */
-static PyObject *calls_serve(Calls *c, PyObject *args)
-{
-    PyObject *name, *fast;
-    if (!PyArg_ParseTuple(args, "OO:serve", &name, &fast))
-        return NULL;
-    Py_ssize_t i = calls_index(c, name);
-    if (i < 0)
-        return NULL;
-    if (fast != Py_None && !PyCallable_Check(fast)) {
-        PyErr_SetString(PyExc_TypeError, "Calls.serve: a callable or None");
-        return NULL;
-    }
-    Py_XSETREF(c->fast[i], fast == Py_None ? NULL : ref(fast));
-    Py_RETURN_NONE;
-}
-
-/* delegate(name, fn): fn(*args, **kw) runs the operation when nothing serves it (a method of
- * an object the owner holds: the owner is not passed); None: the class's method does. */
-static PyObject *calls_delegate(Calls *c, PyObject *args)
+/* Set table[name] from args (name, callable or None): serve and delegate. */
+static PyObject *calls_put(Calls *c, PyObject *args, PyObject **table, const char *what)
 {
     PyObject *name, *fn;
-    if (!PyArg_ParseTuple(args, "OO:delegate", &name, &fn))
+    if (!PyArg_UnpackTuple(args, what, 2, 2, &name, &fn))
         return NULL;
     Py_ssize_t i = calls_index(c, name);
     if (i < 0)
         return NULL;
     if (fn != Py_None && !PyCallable_Check(fn)) {
-        PyErr_SetString(PyExc_TypeError, "Calls.delegate: a callable or None");
+        PyErr_Format(PyExc_TypeError, "Calls.%s: a callable or None", what);
         return NULL;
     }
-    Py_XSETREF(c->then[i], fn == Py_None ? NULL : ref(fn));
+    Py_XSETREF(table[i], fn == Py_None ? NULL : ref(fn));
     Py_RETURN_NONE;
+}
+
+/* serve(name, fast): `fast` serves the operation from now on (None: nothing does). */
+static PyObject *calls_serve(Calls *c, PyObject *args) { return calls_put(c, args, c->fast, "serve"); }
+
+/* delegate(name, fn): fn(*args, **kw) runs the operation when nothing serves it (a method of
+ * an object the owner holds: the owner is not passed); None: the class's method does. */
+static PyObject *calls_delegate(Calls *c, PyObject *args)
+{
+    return calls_put(c, args, c->then, "delegate");
 }
 
 /* fast(name): what serves the operation, or None. */
@@ -276,14 +291,7 @@ static int calls_clear(Calls *c)
     return 0;
 }
 
-static void calls_dealloc(Calls *c)
-{
-    PyObject_GC_UnTrack(c);
-    calls_clear(c);
-    Py_TYPE(c)->tp_free((PyObject *)c);
-}
-
-static PyObject *calls_names(Calls *c, void *closure) { return ref_or_none(c->names); }
+GC_DEALLOC(Calls, calls);
 
 /* The names of the operations a profile records now. */
 static PyObject *calls_recorded(Calls *c, void *closure)
@@ -312,22 +320,13 @@ static PyMethodDef calls_methods[] = {
 };
 
 static PyGetSetDef calls_getset[] = {
-    {"names", (getter)calls_names, NULL, "the operations, in index order", NULL},
     {"recorded", (getter)calls_recorded, NULL, "the operations a profile records now", NULL},
     {NULL}
 };
 
 static PyTypeObject CallsType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._calls.Calls",
-    .tp_basicsize = sizeof(Calls),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Calls(names): an object's operations: what serves each, what a profile records",
-    .tp_new = calls_new,
-    .tp_dealloc = (destructor)calls_dealloc,
-    .tp_traverse = (traverseproc)calls_traverse,
-    .tp_clear = (inquiry)calls_clear,
-    .tp_methods = calls_methods,
-    .tp_getset = calls_getset,
+    GC_TYPE(Calls, calls, "Calls",
+            "Calls(names): an object's operations: what serves each, what a profile records"),
 };
 
 /* Op(owner, method, index): operation `index` of class `owner` (HybridComm.barrier,
@@ -464,19 +463,8 @@ static PyObject *op_get(PyObject *self, PyObject *obj, PyObject *type)
     return PyMethod_New(self, obj);
 }
 
-static int op_traverse(Op *op, visitproc visit, void *arg)
-{
-    Py_VISIT(op->owner);
-    Py_VISIT(op->method);
-    return 0;
-}
-
-static int op_clear(Op *op)
-{
-    Py_CLEAR(op->owner);
-    Py_CLEAR(op->method);
-    return 0;
-}
+#define OP_REFS(DO) DO(t->owner); DO(t->method)
+GC_REFS(Op, op, OP_REFS)
 
 GC_DEALLOC(Op, op);
 
@@ -804,7 +792,7 @@ static PyTypeObject CollType = {
 
 /* ------------------------------------------------------------------ Halo hot paths */
 
-/* The C core's calls, passed by address (they live in hybridmpi._core), typed by its header. */
+/* The C core's calls, passed by address (they live in hybridmpi._native._core), typed by its header. */
 typedef __typeof__(hm_xchg_update) *xchg_update_fn;
 typedef __typeof__(hm_xchg_both) *xchg_both_fn;
 typedef __typeof__(hm_zc_update) *zc_update_fn;
@@ -890,26 +878,10 @@ static PyObject *state_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return type->tp_alloc(type, 0);
 }
 
-static int state_traverse(State *st, visitproc visit, void *arg)
-{
-    Py_VISIT(st->pending);
-    Py_VISIT(st->broken);
-    return 0;
-}
+#define STATE_REFS(DO) DO(t->pending); DO(t->broken)
+GC_REFS(State, state, STATE_REFS)
 
-static int state_clear(State *st)
-{
-    Py_CLEAR(st->pending);
-    Py_CLEAR(st->broken);
-    return 0;
-}
-
-static void state_dealloc(State *st)
-{
-    PyObject_GC_UnTrack(st);
-    state_clear(st);
-    Py_TYPE(st)->tp_free((PyObject *)st);
-}
+GC_DEALLOC(State, state);
 
 static PyMethodDef state_methods[] = {
     {"start", (PyCFunction)state_start, METH_O, "start(d): the epoch of a new call of direction d"},
@@ -927,16 +899,8 @@ static PyGetSetDef state_getset[] = {
 };
 
 static PyTypeObject StateType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hybridmpi._calls.State",
-    .tp_basicsize = sizeof(State),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "State(): a Halo's epochs, current direction, pending begin and broken state",
-    .tp_new = state_new,
-    .tp_dealloc = (destructor)state_dealloc,
-    .tp_traverse = (traverseproc)state_traverse,
-    .tp_clear = (inquiry)state_clear,
-    .tp_methods = state_methods,
-    .tp_getset = state_getset,
+    GC_TYPE(State, state, "State",
+            "State(): a Halo's epochs, current direction, pending begin and broken state"),
 };
 
 /* The arrays a hot path serves (a program that alternates a few vectors keeps all of them
@@ -1165,7 +1129,7 @@ static PyTypeObject HotType = {
     .tp_methods = hot_methods,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._calls",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._native._calls",
                                     "The C call objects of the library's operations.", -1, NULL};
 
 PyMODINIT_FUNC PyInit__calls(void)

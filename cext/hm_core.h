@@ -58,7 +58,7 @@ enum { HM_OK = 0, HM_ETIMEOUT = 1, HM_EMISMATCH = 2, HM_EARG = 3, HM_ECMA = 4, H
  * ORs HM_ERRBIT into every word its peers wait on, with HM_MISBIT too when the
  * failure is an argument mismatch.  A poisoned word is above every epoch, so
  * a wait on it ends at once and the waiter checks the bits.  Defined here
- * only: Python reads them (hybridmpi/_errmap.py). */
+ * only: Python reads them (hybridmpi/_native/errmap.py). */
 #define HM_ERRBIT (1ULL << 62)
 #define HM_MISBIT (1ULL << 63)
 

@@ -1,5 +1,5 @@
 /* hybridmpi C core, internal: epoch counters and the wait policy, shared by
- * the collectives (hm_core.c) and the ghost exchange (hm_halo.c). */
+ * the collectives (hm_coll.c) and the ghost exchange (hm_halo.c). */
 #ifndef HM_WAIT_H
 #define HM_WAIT_H
 

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from hybridmpi._clib import ffi, lib
+from hybridmpi._native.clib import ffi, lib
 
 
 def test_import_does_not_initialize_mpi():

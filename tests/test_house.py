@@ -204,6 +204,10 @@ def test_settings_read_in_one_module():
     assert named == {v.name for v in VARIABLES}, named ^ {v.name for v in VARIABLES}
 
 
+#: the module that loads the C core and the error map
+_ERROR_MAP_FILES = (os.path.join("_native", "clib.py"), os.path.join("_native", "errmap.py"))
+
+
 def test_error_codes_named_in_the_error_map_only():
     """The C core's return codes, error-record markers and error bits are named in the module
     that loads the C core and in the error map only (docs/design.md, "The error map"); the
@@ -215,13 +219,13 @@ def test_error_codes_named_in_the_error_map_only():
         for f in files:
             path = os.path.join(dirpath, f)
             rel = os.path.relpath(path, PKG)
-            if f.endswith(".py") and rel not in ("_clib.py", "_errmap.py"):
+            if f.endswith(".py") and rel not in _ERROR_MAP_FILES:
                 with open(path) as fh:
                     found += [f"{rel}: {m}" for m in names.findall(fh.read())]
     assert found == [], found
     with open(os.path.join(ROOT, "cext", "hm_wait.h")) as fh:
         assert "#define HM_ERRBIT" not in fh.read()
-    from hybridmpi._errmap import ERRBIT, MISBIT
+    from hybridmpi._native.errmap import ERRBIT, MISBIT
 
     assert (ERRBIT, MISBIT) == (1 << 62, 1 << 63)
 

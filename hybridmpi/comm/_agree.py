@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import settings
-from .._types import mpi
+from .._native.tables import mpi
 from ..errors import SyncTimeout, agreed
 from ._waits import wait_requests
 

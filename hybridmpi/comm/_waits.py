@@ -12,10 +12,10 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from .._clib import ffi, lib
-from .._marks import mark as prof_mark
-from .._marks import mark_end as prof_mark_end
-from .._types import mpi
+from .._native.clib import ffi, lib
+from .._native.marks import mark as prof_mark
+from .._native.marks import mark_end as prof_mark_end
+from .._native.tables import mpi
 
 #: communicators whose Iprobe drives MPI's progress from the C core's waits once they stop
 #: spinning (one per live HybridComm of several ranks)

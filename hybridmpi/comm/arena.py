@@ -19,8 +19,8 @@ import mmap
 import os
 
 from .. import settings
-from .._clib import lib
-from .._types import as_int, mpi
+from .._native.clib import lib
+from .._native.tables import as_int, mpi
 from ._agree import agree, create_agreed
 
 _R = lib.HM_REGION

@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import _errmap
-from .._clib import Coll, ffi, lib
-from .._types import DTYPES, OPS, op_code
+from .._native import errmap as _errmap
+from .._native.clib import Coll, ffi, lib
+from .._native.tables import DTYPES, OPS, op_code
 from ..errors import FreedError, PeerArgumentError, SyncTimeout, agreed
 from ._agree import exchange
 from ._waits import wait_requests
@@ -96,6 +96,17 @@ class Collectives:
                  "_leaders", "plan", "_one_node", "_leader_multi", "_rd", "_f64", "_scalar",
                  "_sig_buf", "_bufs", "_mpi_ops", "_int_bounds", "_broken", "_break", "_peer_error")
 
+    rank: int
+    size: int
+    num_nodes: int
+    node_size: int
+    node_id: int
+    is_leader: bool
+    comm: Any
+    leader_comm: Any
+    timeout: float | None
+    context: Any
+
     def __init__(self, hc: Any, st: Any, segs: Any, plan: Plan, leaders: list[tuple[int, str]], *,
                  break_comm: Callable[..., None], peer_error: Callable[..., Exception]) -> None:
         for name in ("rank", "size", "num_nodes", "node_size", "node_id", "is_leader", "comm",
@@ -165,6 +176,12 @@ class Collectives:
             agreed(exc)
         raise exc
 
+    def _bad_args(self, call, args, kwargs, missing):
+        """An allreduce called with other arguments than ``call`` takes: TypeError on every rank
+        (``missing``: what it lacked, in words, or '')."""
+        self._bad_call(TypeError(f"hybridmpi: {call} got {len(args)} more argument(s), keywords "
+                                 f"{sorted(kwargs)}{missing}"))
+
     def _leader_sig(self, kind, count, dt, opc, failed, what):
         """Allreduce (max) of the node signatures over the leaders: what each node called
         (``what``: the call, as its errors name it)."""
@@ -208,7 +225,7 @@ class Collectives:
 
     def _fail(self, rc, what):
         """Raise the exception of a C core collective call that returned ``rc`` (the error map:
-        :func:`hybridmpi._errmap.collective`), breaking the comm where the map says so."""
+        :func:`hybridmpi._native.errmap.collective`), breaking the comm where the map says so."""
         st = self._st
         exc, why, notify = _errmap.collective(
             rc, st.err, what, rank=self.rank, node_ranks=self.node_ranks, timeout=self.timeout,
@@ -414,9 +431,7 @@ class Collectives:
         rank: the call is agreed invalid.
         """
         if x is _NO_ARG or args or kwargs:
-            self._bad_call(TypeError(f"hybridmpi: allreduce(x, op='sum') got {len(args)} more "
-                                     f"argument(s), keywords {sorted(kwargs)}"
-                                     + (" and no x" if x is _NO_ARG else "")))
+            self._bad_args("allreduce(x, op='sum')", args, kwargs, " and no x" if x is _NO_ARG else "")
         st = self._live
         if st is None:
             raise self._unusable()
@@ -531,9 +546,8 @@ class Collectives:
             SyncTimeout: a peer did not arrive within the timeout.
         """
         if sendbuf is _NO_ARG or recvbuf is _NO_ARG or args or kwargs:
-            self._bad_call(TypeError(f"hybridmpi: Allreduce(sendbuf, recvbuf, op='sum') got "
-                                     f"{len(args)} more argument(s), keywords {sorted(kwargs)}"
-                                     + (" and not both buffers" if recvbuf is _NO_ARG else "")))
+            self._bad_args("Allreduce(sendbuf, recvbuf, op='sum')", args, kwargs,
+                           " and not both buffers" if recvbuf is _NO_ARG else "")
         st = self._live
         if st is None:
             raise self._unusable()

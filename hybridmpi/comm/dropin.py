@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._types import mpi as _mpi
+from .._native.tables import mpi as _mpi
 from .hybridcomm import HybridComm
 
 _KEYVAL: list[int] = []

@@ -12,14 +12,15 @@ import inspect
 import itertools
 import operator
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from .. import _errmap, settings
-from .._clib import Calls, ffi, lib, operations
-from .._types import as_int
-from .._types import mpi as _mpi
+from .. import settings
+from .._native import errmap as _errmap
+from .._native.clib import Calls, ffi, lib, operations
+from .._native.tables import as_int
+from .._native.tables import mpi as _mpi
 from ..errors import PeerError, SyncTimeout, agreed
 from ._agree import agree, register, safe_repr, unregister
 from ._context import Context
@@ -182,6 +183,7 @@ class HybridComm:
     """
 
     __slots__ = ("_calls", "__dict__", "__weakref__")
+    OPERATIONS: ClassVar[tuple[str, ...]]   # set by @operations
     RECORDED_AS = "HybridComm"
 
     barrier = _by_collectives("barrier")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from .. import _errmap, settings
-from .._clib import Calls, Hot, State, ffi, lib, operations
-from .._types import DTYPES, mpi
+from .. import settings
+from .._native import errmap as _errmap
+from .._native.clib import Calls, Hot, State, ffi, lib, operations
+from .._native.tables import DTYPES, mpi
 from ..comm._agree import agree, safe_repr
 from ..comm._resource import Freed
 from ..comm.hybridcomm import TAG_SLOTS
@@ -81,6 +82,7 @@ class Halo(Freed):
     """
 
     __slots__ = ("_calls",)
+    OPERATIONS: ClassVar[tuple[str, ...]]   # set by @operations
     RECORDED_AS = "Halo"
 
     def __init__(self, pattern: GhostPattern, *, dtype: Any = np.float64, block: int = 1,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._types import as_int, mpi
+from .._native.tables import as_int, mpi
 from ..comm._agree import safe_repr
 from . import interop
 from ._lists import agree_pattern as _agree

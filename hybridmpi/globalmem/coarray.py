@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from .._clib import Calls, operations
-from .._types import mpi
+from .._native.clib import Calls, operations
+from .._native.tables import mpi
 from ..comm._agree import agree, safe_repr
 from ..comm._resource import Freed
 from ..comm.hybridcomm import HybridComm
@@ -91,6 +91,7 @@ class Coarray(Freed):
     """
 
     __slots__ = ("_calls",)
+    OPERATIONS: ClassVar[tuple[str, ...]]   # set by @operations
     RECORDED_AS = "Coarray"
 
     def __init__(self, hc: HybridComm, shape: int | tuple[int, ...], dtype: Any = np.float64) -> None:

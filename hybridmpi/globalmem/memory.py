@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from .._clib import Calls, Near, ffi, lib, operations
-from .._types import mpi
+from .._native.clib import Calls, Near, ffi, lib, operations
+from .._native.tables import mpi
 from ..comm._agree import agree, safe_repr
 from ..comm._resource import Freed
 from ..comm.arena import MAX_BYTES
@@ -75,6 +75,7 @@ class GlobalMemory(Freed):
     """
 
     __slots__ = ("_calls",)
+    OPERATIONS: ClassVar[tuple[str, ...]]   # set by @operations
     RECORDED_AS = "GlobalMemory"
 
     def __init__(self, hc: HybridComm, count: int, dtype: Any = np.float64) -> None:

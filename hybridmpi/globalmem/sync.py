@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _errmap
-from .._clib import copy_policy, ffi, lib
-from .._types import mpi
+from .._native import errmap as _errmap
+from .._native.clib import copy_policy, ffi, lib
+from .._native.tables import mpi
 from ..comm._agree import safe_repr
 from ..comm._waits import wait_requests
 from ..errors import PeerArgumentError, SyncTimeout

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 import numpy as np
 
-from .._clib import ffi, lib
-from .._marks import CLK as _CLK
-from .._marks import now as _now
-from .._types import mpi
+from .._native.clib import ffi, lib
+from .._native.marks import CLK as _CLK
+from .._native.marks import now as _now
+from .._native.tables import mpi
 from ..comm._agree import agree
 from ..comm._resource import leave_on_error
 from ..errors import FreedError

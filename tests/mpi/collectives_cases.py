@@ -263,7 +263,7 @@ def case_bad_input(comm, rng, **cfg):
 
 
 def case_c_fast_paths(comm, rng, **cfg):
-    """barrier() and allreduce(float[, op name]) on one node are C calls (hybridmpi._calls.Coll);
+    """barrier() and allreduce(float[, op name]) on one node are C calls (hybridmpi._native._calls.Coll);
     every other form (keywords, numpy floats, MPI ops, op names built at run
     time, bad ops) goes to the methods, with the same results and errors; after free(), a
     kept reference raises FreedError.  Free-running: the forms drawn at random, in the same

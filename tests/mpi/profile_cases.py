@@ -11,7 +11,7 @@ from _harness import agree, main
 
 import hybridmpi
 from hybridmpi import Coarray, FreedError, GhostPattern, GlobalMemory, Halo, HybridComm
-from hybridmpi._clib import lib
+from hybridmpi._native.clib import lib
 
 N = 300  # owned points per rank
 
@@ -39,7 +39,7 @@ def _consistent(r):
 
 def unwrapped(hc, *names):
     """No operation ``names`` of ``hc`` is recorded; what serves them is the C fast path it
-    had (hybridmpi._calls.Coll of a HybridComm on one node) or the method."""
+    had (hybridmpi._native._calls.Coll of a HybridComm on one node) or the method."""
     calls = hc.context.calls
     return not set(names) & set(calls.recorded) and all(
         type(calls.fast(n)).__name__ in ("NoneType", "Coll") for n in names)

@@ -4,7 +4,7 @@ A transport is built from the Halo's frozen :class:`~._base.Exchange` and offers
 ``begin(d, x, e)``, ``end(d, x, e, op)``, ``run(d, x, e, op)`` and ``free()``
 (:class:`~._base.Transport`), where ``d`` is FWD (owners to ghosts) or REV (ghosts
 into owners), ``x`` a cffi view of the vector and ``e`` the call's epoch (1, 2, ...
-per direction).  A failure raises :class:`~hybridmpi._errmap.Fault`, which the Halo turns into
+per direction).  A failure raises :class:`~hybridmpi._native.errmap.Fault`, which the Halo turns into
 its exception.
 """
 

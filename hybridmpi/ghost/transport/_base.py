@@ -1,5 +1,5 @@
 """Pieces shared by the transports: what a transport is given (:class:`Exchange`), how it
-fails (:class:`~hybridmpi._errmap.Fault`), channels for the C core, MPI messages, deadlines."""
+fails (:class:`~hybridmpi._native.errmap.Fault`), channels for the C core, MPI messages, deadlines."""
 
 import os
 import time
@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from ... import settings
-from ..._clib import copy_policy, ffi, lib
-from ..._errmap import Fault, broke_before
-from ..._errmap import check as check_rc
-from ..._marks import mark as prof_mark
-from ..._marks import mark_end as prof_mark_end
+from ..._native.clib import copy_policy, ffi, lib
+from ..._native.errmap import Fault, broke_before
+from ..._native.errmap import check as check_rc
+from ..._native.marks import mark as prof_mark
+from ..._native.marks import mark_end as prof_mark_end
 from ...comm._waits import NOTICE_GRACE_S, wait_requests
 
 FWD, REV = 0, 1

@@ -12,7 +12,7 @@ has committed to (:meth:`ShmTransport.commit`), so that no rank enters a blockin
 that a peer whose comm broke would never join.
 """
 
-from ..._clib import ffi, lib
+from ..._native.clib import ffi, lib
 from ...comm.arena import allocate_shared, check_room, commit, hold_ids
 from ...comm.arena import round_up as _round
 from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check, wait_until

@@ -18,9 +18,9 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..._clib import copy_policy, ffi, lib
-from ..._errmap import TAG_INVALID, ok
-from ..._types import mpi
+from ..._native.clib import copy_policy, ffi, lib
+from ..._native.errmap import TAG_INVALID, ok
+from ..._native.tables import mpi
 from ._base import FWD, REV, check, point_kernel
 from ._shm import ShmTransport
 

@@ -1,6 +1,6 @@
 """Method "flat": Isend/Irecv with every neighbor, packed by the C core (the MPI baseline)."""
 
-from ..._clib import lib
+from ..._native.clib import lib
 from ._base import FWD, REV, Messages, Transport, check
 
 

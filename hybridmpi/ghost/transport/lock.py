@@ -15,7 +15,7 @@ marks its call invalid and sets the counters as for a call that moves nothing
 
 import numpy as np
 
-from ..._clib import lib
+from ..._native.clib import lib
 from ._base import FWD, REV, Fault, Xchg, check, wait_until
 from ._shm import COUNTER, ShmTransport
 

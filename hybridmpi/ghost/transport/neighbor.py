@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from ..._clib import lib
+from ..._native.clib import lib
 from ...comm._agree import create_agreed
 from ._base import FWD, REV, Chan, Fault, Transport, Xchg, check, complete, release
 

@@ -15,7 +15,7 @@ that reads ``X`` and writes ``Y``:
 
 import numpy as np
 
-from ..._types import mpi
+from ..._native.tables import mpi
 from ...ghost.halo import Halo
 from ...ghost.pattern import GhostPattern
 from ...globalmem import Coarray, waitall

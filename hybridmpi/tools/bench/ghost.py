@@ -24,7 +24,7 @@ checked against flat-numpy's before it is timed.
 
 import numpy as np
 
-from ..._clib import ffi
+from ..._native.clib import ffi
 from ...ghost.halo import Halo
 from ...ghost.pattern import GhostPattern
 from ...ghost.transport import METHODS, PackFloor

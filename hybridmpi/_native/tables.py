@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ._clib import lib
+from .clib import lib
 
 #: numpy dtype -> C core type code
 DTYPES: dict[np.dtype[Any], int] = {

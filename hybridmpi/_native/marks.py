@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from ._clib import lib
+from .clib import lib
 
 #: the C core's profile clock: [entry ns, return ns, on]
 CLK = lib.hm_prof

@@ -1,6 +1,6 @@
 """The error map: every return code, error record and error bit of the C core, and what each
 becomes in Python (as shmem4py's ``_chkerr``).  No other module of the library but the one that
-loads the C core (``_clib.py``) names them.
+loads the C core (``clib.py``) names them.
 
 - :func:`collective`: a HybridComm collective's code and its ``hm_error`` (``hm_coll.err``);
 - :func:`sync_images`: a ``sync_images`` wait's ``hm_error``;
@@ -21,9 +21,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._clib import lib
-from ._types import DTYPE_NAMES, OP_NAMES
-from .errors import PeerArgumentError, PeerError, SyncTimeout
+from ..errors import PeerArgumentError, PeerError, SyncTimeout
+from .clib import lib
+from .tables import DTYPE_NAMES, OP_NAMES
 
 #: a word's error bits (cext/hm_core.h): its writer failed; the failure is a mismatch
 ERRBIT, MISBIT = int(lib.HM_ERRBIT), int(lib.HM_MISBIT)

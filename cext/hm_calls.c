@@ -100,10 +100,28 @@ static PyObject *ref_or_none(PyObject *o)
          "decline every later call (the method serves it)"},                                    \
         {NULL}}
 
-/* hm_prof_begin, hm_prof_end and hm_prof_abort of the C core, passed by address (they live
- * in hybridmpi._native._core). */
+/* The profile's clock: hm_prof_begin, hm_prof_end_bytes and hm_prof_abort of the C core (they
+ * live in hybridmpi._native._core), given once by set_clock when the package loads. */
 typedef __typeof__(hm_prof_begin) *begin_fn;
-typedef __typeof__(hm_prof_end) *end_fn;
+typedef __typeof__(hm_prof_end_bytes) *end_fn;
+static begin_fn prof_begin, prof_abort;
+static end_fn prof_end;
+
+/* set_clock(begin, end_bytes, abort): the profile clock's functions, by address. */
+static PyObject *set_clock(PyObject *module, PyObject *args)
+{
+    unsigned long long b, e, a;
+    if (!PyArg_ParseTuple(args, "KKK:set_clock", &b, &e, &a))
+        return NULL;
+    if (b == 0 || e == 0 || a == 0) {
+        PyErr_SetString(PyExc_ValueError, "set_clock: three function addresses");
+        return NULL;
+    }
+    prof_begin = (begin_fn)(uintptr_t)b;
+    prof_end = (end_fn)(uintptr_t)e;
+    prof_abort = (begin_fn)(uintptr_t)a;
+    Py_RETURN_NONE;
+}
 
 /* ------------------------------------------------------------------ operations */
 
@@ -129,9 +147,6 @@ typedef struct {
     PyObject *then[CALLS_MAX];   /* runs it when nothing serves it, without the object (else
                                   * the class's method runs it, with the object) */
     recording rec[CALLS_MAX];
-    begin_fn begin;              /* set by record() */
-    end_fn end;
-    begin_fn abort;
 } Calls;
 
 static PyTypeObject CallsType;
@@ -214,25 +229,23 @@ static PyObject *calls_fast(Calls *c, PyObject *name)
     return i < 0 ? NULL : ref_or_none(c->fast[i]);
 }
 
-/* record(name, begin, end, abort, log, finish, keep): time every call of the operation into
- * `log` (an hm_prof_log address, owned by `keep`); finish(out, *args, **kw) ends each record
- * (None: hm_prof_end(log)). */
+/* record(name, log, finish, keep): time every call of the operation into `log` (an
+ * hm_prof_log address, owned by `keep`); finish(out, *args, **kw) returns each call's bytes
+ * (None: the log's nbytes). */
 static PyObject *calls_record(Calls *c, PyObject *args)
 {
     PyObject *name, *finish, *keep;
-    unsigned long long b, e, a, log;
-    if (!PyArg_ParseTuple(args, "OKKKKOO:record", &name, &b, &e, &a, &log, &finish, &keep))
+    long long log;
+    if (!PyArg_ParseTuple(args, "OLOO:record", &name, &log, &finish, &keep))
         return NULL;
     Py_ssize_t i = calls_index(c, name);
     if (i < 0)
         return NULL;
-    if (b == 0 || e == 0 || a == 0 || log == 0) {
-        PyErr_SetString(PyExc_ValueError, "Calls.record: addresses");
+    if (log <= 0 || prof_begin == NULL || (finish != Py_None && !PyCallable_Check(finish))) {
+        PyErr_SetString(PyExc_ValueError, "Calls.record: a log's address, finish a callable or "
+                                          "None, and the clock set (set_clock)");
         return NULL;
     }
-    c->begin = (begin_fn)(uintptr_t)b;
-    c->end = (end_fn)(uintptr_t)e;
-    c->abort = (begin_fn)(uintptr_t)a;
     recording *r = &c->rec[i];
     calls_unrecord_one(r);
     r->finish = finish == Py_None ? NULL : ref(finish);
@@ -313,7 +326,7 @@ static PyMethodDef calls_methods[] = {
     {"delegate", (PyCFunction)calls_delegate, METH_VARARGS,
      "delegate(name, fn): fn(*args, **kw) runs it when nothing serves it (None: the method)"},
     {"record", (PyCFunction)calls_record, METH_VARARGS,
-     "record(name, begin, end, abort, log, finish, keep): time its calls into log"},
+     "record(name, log, finish, keep): time its calls into log"},
     {"unrecord", (PyCFunction)calls_unrecord, METH_NOARGS, "record no operation"},
     {"close", (PyCFunction)calls_close, METH_NOARGS, "close every call object: the methods serve all"},
     {NULL}
@@ -346,6 +359,7 @@ typedef struct {
 
 static PyTypeObject OpType;
 
+/* Run a call of op with obj's table c (held: a call may replace obj's table). */
 static PyObject *op_serve(Op *op, Calls *c, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *fast = c->fast[op->index];
@@ -384,6 +398,35 @@ static PyObject *op_finish(PyObject *finish, PyObject *out, PyObject *const *arg
     return r;
 }
 
+/* A recorded call of op: timed into the log of r (what the record needs stays alive if the
+ * profile ends inside the call). */
+static PyObject *op_recorded(Op *op, Calls *c, recording *r, PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames)
+{
+    hm_prof_log *log = r->log;
+    PyObject *finish = r->finish, *keep = r->keep;
+    Py_XINCREF(finish);
+    Py_XINCREF(keep);
+    prof_begin();
+    PyObject *out = op_serve(op, c, args, nargsf, kwnames);
+    int64_t nbytes = log->nbytes;
+    if (out != NULL && finish != NULL) {
+        PyObject *n = op_finish(finish, out, args, PyVectorcall_NARGS(nargsf), kwnames);
+        if (n != NULL && n != Py_None)
+            nbytes = PyLong_AsLongLong(n);
+        if (n == NULL || (nbytes == -1 && PyErr_Occurred()))
+            Py_CLEAR(out);
+        Py_XDECREF(n);
+    }
+    if (out == NULL)
+        prof_abort();   /* the clock's depth stays right whatever failed */
+    else
+        prof_end(log, nbytes);
+    Py_XDECREF(finish);
+    Py_XDECREF(keep);
+    return out;
+}
+
 static PyObject *op_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames)
 {
@@ -394,30 +437,14 @@ static PyObject *op_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     Calls *c = *(Calls **)((char *)args[0] + op->offset);
     if (c == NULL || !Py_IS_TYPE(c, &CallsType) || op->index >= c->n)
         return PyObject_Vectorcall(op->method, args, nargsf, kwnames);
-    recording *r = &c->rec[op->index];
-    if (r->log == NULL)
-        return op_serve(op, c, args, nargsf, kwnames);
-    /* recorded: what the record needs stays alive if the profile ends inside the call */
+    if (Py_EnterRecursiveCall(" in a hybridmpi operation"))
+        return NULL;
     Py_INCREF(c);
-    hm_prof_log *log = r->log;
-    PyObject *finish = r->finish, *keep = r->keep;
-    Py_XINCREF(finish);
-    Py_XINCREF(keep);
-    c->begin();
-    PyObject *out = op_serve(op, c, args, nargsf, kwnames);
-    if (out == NULL) {
-        c->abort();
-    } else if (finish == NULL) {
-        c->end(log);
-    } else {
-        PyObject *done = op_finish(finish, out, args, nargs, kwnames);
-        if (done == NULL)
-            Py_CLEAR(out);
-        Py_XDECREF(done);
-    }
-    Py_XDECREF(finish);
-    Py_XDECREF(keep);
+    recording *r = &c->rec[op->index];
+    PyObject *out = r->log == NULL ? op_serve(op, c, args, nargsf, kwnames)
+                                   : op_recorded(op, c, r, args, nargsf, kwnames);
     Py_DECREF(c);
+    Py_LeaveRecursiveCall();
     return out;
 }
 
@@ -436,8 +463,10 @@ static PyObject *op_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     PyObject *slot = PyObject_GetAttrString((PyObject *)owner, "_calls");
     if (slot == NULL)
         return NULL;
+    /* ... of owner or a base (a slot of another class would be read past its instances' end) */
     int ok = Py_IS_TYPE(slot, &PyMemberDescr_Type) &&
-             ((PyMemberDescrObject *)slot)->d_member->type == T_OBJECT_EX;
+             ((PyMemberDescrObject *)slot)->d_member->type == T_OBJECT_EX &&
+             PyType_IsSubtype(owner, ((PyMemberDescrObject *)slot)->d_common.d_type);
     Py_ssize_t offset = ok ? ((PyMemberDescrObject *)slot)->d_member->offset : 0;
     Py_DECREF(slot);
     if (!ok) {
@@ -1129,8 +1158,14 @@ static PyTypeObject HotType = {
     .tp_methods = hot_methods,
 };
 
+static PyMethodDef module_functions[] = {
+    {"set_clock", set_clock, METH_VARARGS, "set_clock(begin, end_bytes, abort): the profile clock"},
+    {NULL}
+};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hybridmpi._native._calls",
-                                    "The C call objects of the library's operations.", -1, NULL};
+                                    "The C call objects of the library's operations.", -1,
+                                    module_functions};
 
 PyMODINIT_FUNC PyInit__calls(void)
 {

@@ -66,3 +66,99 @@ def test_single_process_protocol():
                             lib.HM_SUM, lib.HM_BOTH) == lib.HM_EARG
     assert lib.hm_coll_init(c, 0, 1, 1, segs, cap) == lib.HM_EARG
     assert lib.hm_coll_init(c, 2, 2, 4, segs, cap) == lib.HM_EARG
+
+
+# ---------------------------------------------------------------- operations (hybridmpi._native._calls)
+
+def _thing_class():
+    """A class with one operation, ``op``, as the library's classes declare theirs."""
+    from hybridmpi._native.clib import Calls, operations
+
+    @operations("op")
+    class Thing:
+        __slots__ = ("_calls",)
+        OPERATIONS: tuple[str, ...]
+
+        def __init__(self):
+            self._calls = Calls(self.OPERATIONS)
+
+        def op(self, *args):
+            """The method."""
+            return ("method", args)
+    return Thing
+
+
+def test_operation_served_declined_delegated_and_documented():
+    import inspect
+
+    thing_class = _thing_class()
+    t = thing_class()
+    assert t.op(1) == ("method", (1,)) and thing_class.op.__doc__ == "The method."
+    assert str(inspect.signature(t.op)) == "(*args)" and "__dict__" not in dir(t)
+    t._calls.serve("op", lambda obj, x: NotImplemented if x == 1 else ("fast", obj is t, x))
+    assert t.op(1) == ("method", (1,)) and t.op(2) == ("fast", True, 2)
+    t._calls.delegate("op", lambda *a: ("delegate", a))
+    assert t.op(1) == ("delegate", (1,)) and t.op(2) == ("fast", True, 2)
+    kept = t.op
+    t._calls.serve("op", None)
+    t._calls.delegate("op", None)
+    assert kept(3) == ("method", (3,))
+    for bad in (("op", 3), ("nope", None)):
+        with pytest.raises((TypeError, KeyError)):
+            t._calls.serve(*bad)
+
+
+def test_operation_survives_its_table_dropped_inside_a_call():
+    """What serves a call may drop the object's only reference to its table (the table stays
+    alive to the call's end) or call the operation again without end (RecursionError)."""
+    t = _thing_class()()
+
+    def fast(obj, *args):
+        obj._calls = None
+        bytearray(1 << 16)   # memory the freed table would be reused for
+        return NotImplemented
+    t._calls.serve("op", fast)
+    assert t.op() == ("method", ())
+    u = _thing_class()()
+    u._calls.delegate("op", u.op)
+    with pytest.raises(RecursionError):
+        u.op()
+
+
+def test_operation_refuses_another_class_slot_and_bad_records():
+    from hybridmpi._native.clib import Op
+
+    thing_class = _thing_class()
+
+    class Other:
+        _calls = thing_class.__dict__["_calls"]
+    with pytest.raises(TypeError):
+        Op(Other, lambda self: 0, 0)
+    t = thing_class()
+    log = ffi.new("hm_prof_log *")
+    for args in (("op", -1, None, log), ("op", 0, None, log), ("op", 8, 3, log), ("nope", 8, None, log)):
+        with pytest.raises((ValueError, KeyError)):
+            t._calls.record(*args)
+    assert t._calls.recorded == ()
+
+
+def test_recorded_call_whose_finish_raises_keeps_the_clock():
+    """A recorded call whose bytes cannot be counted (its finish raises) raises that error and
+    leaves the profile clock as it was: a later call's record is not stretched back to an
+    earlier call's start."""
+    import time
+
+    t = _thing_class()()
+    log = ffi.new("hm_prof_log *")
+    log.limit = 100
+    address = int(ffi.cast("uintptr_t", log))
+    t._calls.record("op", address, lambda out, *a: 1 // 0, log)
+    for _ in range(20):
+        with pytest.raises(ZeroDivisionError):
+            t.op()
+    time.sleep(0.2)
+    t._calls.record("op", address, lambda out, *a: 24, log)
+    assert t.op(5) == ("method", (5,)) and t._calls.recorded == ("op",)
+    t._calls.unrecord()
+    assert log.n == 1 and log.rec[5] == 24 and 0 <= log.rec[3] - log.rec[0] < 0.1e9
+    lib.hm_prof_free(log)

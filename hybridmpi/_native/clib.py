@@ -4,7 +4,7 @@
 from collections.abc import Callable
 from typing import TypeVar
 
-from ._calls import Calls, Coll, Hot, Near, Op, State
+from ._calls import Calls, Coll, Hot, Near, Op, State, set_clock
 from ._core import ffi, lib
 
 if not lib.hm_lock_free():
@@ -12,6 +12,10 @@ if not lib.hm_lock_free():
         "hybridmpi: 64-bit atomics are not lock-free on this machine; they cannot "
         "synchronize processes through shared memory"
     )
+
+# the profile's clock, which a recorded operation reads (the C core's, in another shared object)
+set_clock(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+            for name in ("hm_prof_begin", "hm_prof_end_bytes", "hm_prof_abort")))
 
 T = TypeVar("T", bound=type)
 

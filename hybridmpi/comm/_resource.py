@@ -39,6 +39,10 @@ class Freed:
     def __enter__(self) -> Any:
         return self
 
+    def __copy__(self) -> Any:
+        raise TypeError(f"hybridmpi: a {type(self).__name__} cannot be copied (it owns shared "
+                        "memory and MPI objects, freed once)")
+
     def __exit__(self, *exc: Any) -> None:
         if not leave_on_error(self.hc.context, exc[1]):
             self.free()

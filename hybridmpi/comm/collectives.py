@@ -432,9 +432,6 @@ class Collectives:
         """
         if x is _NO_ARG or args or kwargs:
             self._bad_args("allreduce(x, op='sum')", args, kwargs, " and no x" if x is _NO_ARG else "")
-        st = self._live
-        if st is None:
-            raise self._unusable()
         try:
             opc = self._op(op)
             tx = type(x)
@@ -460,6 +457,10 @@ class Collectives:
                                 "float, complex, numpy scalar or numpy array")
         except Exception as exc:  # noqa: BLE001 - whatever it is, the peers must hear of it
             self._bad_call(exc)
+        # usable? (checked after the arguments: an op's __eq__ or an array's __array__ may free it)
+        st = self._live
+        if st is None:
+            raise self._unusable()
         if tx is float and not self._leader_multi:
             r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
             if r != r and st.err.code:
@@ -548,9 +549,6 @@ class Collectives:
         if sendbuf is _NO_ARG or recvbuf is _NO_ARG or args or kwargs:
             self._bad_args("Allreduce(sendbuf, recvbuf, op='sum')", args, kwargs,
                            " and not both buffers" if recvbuf is _NO_ARG else "")
-        st = self._live
-        if st is None:
-            raise self._unusable()
         try:
             opc = self._op(op)
             if type(recvbuf) is not np.ndarray:
@@ -574,6 +572,8 @@ class Collectives:
                 raise ValueError("hybridmpi: Allreduce: sendbuf must be C-contiguous")
         except Exception as exc:  # noqa: BLE001 - whatever it is, the peers must hear of it
             self._bad_call(exc)
+        if self._live is None:   # (after the arguments, as in allreduce)
+            raise self._unusable()
         self._reduce_array(sendbuf, recvbuf, dt, opc)
 
 

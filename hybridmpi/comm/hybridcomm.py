@@ -515,6 +515,10 @@ class HybridComm:
         """Give back an identifier of :meth:`_take_id` (a Halo was freed)."""
         self._tags[i >> 6] &= ~np.uint64(1 << (i & 63))
 
+    def __copy__(self) -> Any:
+        raise TypeError("hybridmpi: a HybridComm cannot be copied (it owns shared memory and "
+                        "communicators, freed once)")
+
     def __enter__(self) -> HybridComm:
         return self
 

@@ -125,7 +125,8 @@ class Coarray(Freed):
         self.local = self.mem.local.reshape(shape)
         parts = self.mem._internal
         # what the memory decides (checks, window, displacements), used through its seam
-        self._usable, self._check, self._owner = parts.usable, parts.target, parts.owner
+        self._parts = parts   # its checks (usable, target) are the memory's functions
+        self._owner = parts.owner
         self._win, self._disp, self._sync = parts.win, parts.disp, parts.sync
         self._shaped: list[Any] = [None if v is None else v.reshape(shape) for v in parts.views]
         self._images = [_Image(self, r) for r in range(hc.size)]
@@ -136,8 +137,8 @@ class Coarray(Freed):
     def __getitem__(self, rank):
         if type(rank) is int and 0 <= rank < len(self._images):
             return self._images[rank]
-        self._usable(self.mem, "[rank]")
-        rank, _ = self._check(self.mem, rank, 0, 0, "[rank]")
+        self._parts.usable(self.mem, "[rank]")
+        rank, _ = self._parts.target(self.mem, rank, 0, 0, "[rank]")
         return self._images[rank]
 
     def _section(self, key, index):
@@ -149,7 +150,7 @@ class Coarray(Freed):
     def _target(self, rank, index):
         """(view of the section on a node peer or None, index key)."""
         if self.mem.closed:
-            self._usable(self.mem, "[rank][index]")
+            self._parts.usable(self.mem, "[rank][index]")
         key = _key(index, self.mem.rank)
         view = self._targets.get((rank, key))
         if view is None and self._shaped[rank] is not None:
@@ -227,8 +228,8 @@ class Coarray(Freed):
         """
         mem = self.mem
         if mem.closed:
-            self._usable(mem, "Rget")
-        rank, _ = self._check(mem, rank, 0, 0, "Rget")
+            self._parts.usable(mem, "Rget")
+        rank, _ = self._parts.target(mem, rank, 0, 0, "Rget")
         view, key = self._target(rank, index)
         sec = self._section(key, index)
         if (type(out) is not np.ndarray or out.dtype != self.dtype or out.shape != sec.shape
@@ -246,8 +247,8 @@ class Coarray(Freed):
         """Start ``a[rank][index] = values``; returns a :class:`Request` (``values`` are copied)."""
         mem = self.mem
         if mem.closed:
-            self._usable(mem, "Rput")
-        rank, _ = self._check(mem, rank, 0, 0, "Rput")
+            self._parts.usable(mem, "Rput")
+        rank, _ = self._parts.target(mem, rank, 0, 0, "Rput")
         return self._put(rank, index, values, False)
 
     def sync_all(self) -> None:
@@ -257,7 +258,7 @@ class Coarray(Freed):
     def sync_images(self, ranks: int | Iterable[int]) -> None:
         """As :meth:`GlobalMemory.sync_images`."""
         if self.mem.closed:
-            self._usable(self.mem, "sync_images")
+            self._parts.usable(self.mem, "sync_images")
         self._sync.sync_images(ranks, "Coarray.sync_images")
 
     def free(self) -> None:

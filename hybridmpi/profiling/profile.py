@@ -48,10 +48,6 @@ KEYS = ("object", "op", "calls", "bytes", "time_s", "python_s", "wait_s", "imbal
 
 _ACTIVE: list[profile] = []   # profiles that are on (the C clock runs while there is one)
 
-_ADDRS = [int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
-          for name in ("hm_prof_begin", "hm_prof_end", "hm_prof_abort")]
-
-
 # What each kind of object records: op -> (kind, direction).  Kinds: "whole" (arrives and
 # waits), "begin" (arrives), "end" (waits), "coll" (collective over the HybridComm: every
 # rank arrives and waits), "images" (sync_images), "one" (one-sided: no peer to wait for).
@@ -67,7 +63,15 @@ _CO_OPS = {"_put": ("one", "put"), "_get": ("one", "get"), "Rput": ("one", None)
 
 def _nbytes(op, args, out, section_nbytes):
     """Bytes of the first array argument (put, get, reductions) or of what a get returned
-    (``section_nbytes(index)``: a Coarray's, for its a[r][index] = values)."""
+    (``section_nbytes(index)``: a Coarray's, for its a[r][index] = values); 0 for what has no
+    size (an argument whose ``nbytes`` raises: the call is still recorded)."""
+    try:
+        return _nbytes_of(op, args, out, section_nbytes)
+    except Exception:  # noqa: BLE001 - a user's object; the profile never fails a call
+        return 0
+
+
+def _nbytes_of(op, args, out, section_nbytes):
     if op in ("flush", "barrier", "sync_all"):
         return 0
     if op == "get":
@@ -254,7 +258,7 @@ class profile:
             # Coarray's a[r][index] put and get are its operations _put and _get
             rec = _Op(label, key if name.startswith("_") else name, kind, key, obj)
             self._ops.append(rec)
-            calls.record(name, *_ADDRS, int(ffi.cast("uintptr_t", rec.log)), _finish(rec, obj), rec.log)
+            calls.record(name, int(ffi.cast("uintptr_t", rec.log)), _finish(rec, obj), rec.log)
         self._wrapped.append(obj)
 
     def _forget(self, obj):
@@ -505,8 +509,9 @@ def _seam(obj):
 
 
 def _finish(rec, obj):
-    """How a recorded call of ``rec`` ends its record: None (the C call object ends it: the
-    bytes of a Halo's calls are fixed, set here), or ``finish(out, *args, **kw)``."""
+    """What a recorded call of ``rec`` gives its record: None (the bytes in the log: a Halo's
+    calls move a fixed number, set here), or ``finish(out, *args, **kw)``, which returns the
+    bytes (None: the log's)."""
     log = rec.log
     kind, op = rec.kind, rec.op
     if kind in ("whole", "begin", "end"):
@@ -517,17 +522,15 @@ def _finish(rec, obj):
         log.nbytes = {"whole": sent + got, "begin": sent, "end": got}[kind]
         return None
     if kind == "images":
-        named, end = rec.named, lib.hm_prof_end
+        named = rec.named
 
         def images(out, *args, **kw):
             named.append(args[0] if args else kw.get("ranks"))
-            end(log)
         return images
-    end_bytes = lib.hm_prof_end_bytes
     section_nbytes = obj._internal.section_nbytes if op == "put" else None
 
     def moved(out, *args, **kw):
-        end_bytes(log, _nbytes(op, args, out, section_nbytes))
+        return _nbytes(op, args, out, section_nbytes)
     return moved
 
 

@@ -491,11 +491,46 @@ def case_internode_timeout_names_the_call(comm, rng, **cfg):
     assert not wrong, wrong
 
 
+def case_argument_code_that_frees_the_comm(comm, rng, **cfg):
+    """An argument whose own code frees the comm while the call checks it (an op's ``__eq__``,
+    on every rank) makes the call raise FreedError, never reach freed memory; a HybridComm,
+    a Halo and global memory refuse to be copied (each owns what it frees once)."""
+    import copy
+
+    class FreesOnCompare:
+        def __init__(self, hc):
+            self.hc = hc
+
+        def __eq__(self, other):
+            self.hc.free()
+            return True
+        __hash__ = object.__hash__
+    for call in (lambda hc, op: hc.allreduce(1.0, op), lambda hc, op: hc.allreduce(np.ones(3), op),
+                 lambda hc, op: hc.allreduce(7, op),
+                 lambda hc, op: hc.Allreduce(np.ones(3), np.zeros(3), op)):
+        hc = hc_of(comm, cfg)
+        try:
+            call(hc, FreesOnCompare(hc))
+        except hybridmpi.FreedError:
+            pass
+        else:
+            raise AssertionError("a call on a comm its argument freed returned")
+    with hc_of(comm, cfg) as hc:
+        mem = hybridmpi.GlobalMemory(hc, 4)
+        for obj in (hc, mem):
+            try:
+                copy.copy(obj)
+            except TypeError as e:
+                assert "cannot be copied" in str(e), e
+            else:
+                raise AssertionError(f"{type(obj).__name__} copied")
+
+
 CASES = [case_layout, case_values_match_mpi4py, case_python_scalars, case_python_ints_exact,
          case_stress_interleaved,
          case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_waits_let_other_threads_run,
          case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank,
-         case_internode_timeout_names_the_call]
+         case_internode_timeout_names_the_call, case_argument_code_that_frees_the_comm]
 
 
 if __name__ == "__main__":

@@ -144,6 +144,8 @@ typedef struct {
     PyObject *names;             /* tuple of str, in the operations' index order */
     Py_ssize_t n;
     PyObject *fast[CALLS_MAX];   /* serves the operation (returns NotImplemented to decline) */
+    vectorcallfunc own[CALLS_MAX];  /* fast's function when it is this module's (Coll, Hot,
+                                     * Near: called directly; they decline before running Python) */
     PyObject *then[CALLS_MAX];   /* runs it when nothing serves it, without the object (else
                                   * the class's method runs it, with the object) */
     recording rec[CALLS_MAX];
@@ -195,8 +197,12 @@ static void calls_unrecord_one(recording *r)
     Py_CLEAR(r->keep);
 }
 
-/* Set table[name] from args (name, callable or None): serve and delegate. */
-static PyObject *calls_put(Calls *c, PyObject *args, PyObject **table, const char *what)
+static PyTypeObject CollType, HotType, NearType;
+
+/* Set table[name] from args (name, callable or None): serve (with own: the function of one of
+ * this module's call objects) and delegate. */
+static PyObject *calls_put(Calls *c, PyObject *args, PyObject **table, vectorcallfunc *own,
+                           const char *what)
 {
     PyObject *name, *fn;
     if (!PyArg_UnpackTuple(args, what, 2, 2, &name, &fn))
@@ -209,17 +215,24 @@ static PyObject *calls_put(Calls *c, PyObject *args, PyObject **table, const cha
         return NULL;
     }
     Py_XSETREF(table[i], fn == Py_None ? NULL : ref(fn));
+    if (own != NULL) {
+        PyTypeObject *t = Py_TYPE(fn);
+        own[i] = t == &CollType || t == &HotType || t == &NearType ? PyVectorcall_Function(fn) : NULL;
+    }
     Py_RETURN_NONE;
 }
 
 /* serve(name, fast): `fast` serves the operation from now on (None: nothing does). */
-static PyObject *calls_serve(Calls *c, PyObject *args) { return calls_put(c, args, c->fast, "serve"); }
+static PyObject *calls_serve(Calls *c, PyObject *args)
+{
+    return calls_put(c, args, c->fast, c->own, "serve");
+}
 
 /* delegate(name, fn): fn(*args, **kw) runs the operation when nothing serves it (a method of
  * an object the owner holds: the owner is not passed); None: the class's method does. */
 static PyObject *calls_delegate(Calls *c, PyObject *args)
 {
-    return calls_put(c, args, c->then, "delegate");
+    return calls_put(c, args, c->then, NULL, "delegate");
 }
 
 /* fast(name): what serves the operation, or None. */
@@ -271,6 +284,7 @@ static PyObject *calls_close(Calls *c, PyObject *unused)
         if (fast == NULL)
             continue;
         c->fast[i] = NULL;
+        c->own[i] = NULL;
         PyObject *r = PyObject_CallMethod(fast, "close", NULL);
         Py_DECREF(fast);
         if (r == NULL)
@@ -296,6 +310,7 @@ static int calls_clear(Calls *c)
 {
     for (Py_ssize_t i = 0; i < CALLS_MAX; i++) {
         Py_CLEAR(c->fast[i]);
+        c->own[i] = NULL;
         Py_CLEAR(c->then[i]);
         calls_unrecord_one(&c->rec[i]);
     }
@@ -360,12 +375,15 @@ typedef struct {
 static PyTypeObject OpType;
 
 /* Run a call of op with obj's table c (held: a call may replace obj's table). */
-static PyObject *op_serve(Op *op, Calls *c, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+static PyObject *op_serve(Op *op, Calls *c, int declined, PyObject *const *args, size_t nargsf,
+                          PyObject *kwnames)
 {
     PyObject *fast = c->fast[op->index];
-    if (fast != NULL) {
+    vectorcallfunc own = c->own[op->index];
+    if (fast != NULL && !(declined && own != NULL)) {   /* (declined: own's, just now) */
         Py_INCREF(fast);   /* served to the end even when its object closes it meanwhile */
-        PyObject *out = PyObject_Vectorcall(fast, args, nargsf, kwnames);
+        PyObject *out = own != NULL ? own(fast, args, nargsf, kwnames)
+                                    : PyObject_Vectorcall(fast, args, nargsf, kwnames);
         Py_DECREF(fast);
         if (out != Py_NotImplemented)
             return out;
@@ -408,7 +426,7 @@ static PyObject *op_recorded(Op *op, Calls *c, recording *r, PyObject *const *ar
     Py_XINCREF(finish);
     Py_XINCREF(keep);
     prof_begin();
-    PyObject *out = op_serve(op, c, args, nargsf, kwnames);
+    PyObject *out = op_serve(op, c, 0, args, nargsf, kwnames);
     int64_t nbytes = log->nbytes;
     if (out != NULL && finish != NULL) {
         PyObject *n = op_finish(finish, out, args, PyVectorcall_NARGS(nargsf), kwnames);
@@ -437,11 +455,23 @@ static PyObject *op_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     Calls *c = *(Calls **)((char *)args[0] + op->offset);
     if (c == NULL || !Py_IS_TYPE(c, &CallsType) || op->index >= c->n)
         return PyObject_Vectorcall(op->method, args, nargsf, kwnames);
+    recording *r = &c->rec[op->index];
+    vectorcallfunc own = c->own[op->index];
+    if (r->log == NULL && own != NULL) {
+        /* the hot path: this module's call object, called directly (it declines before running
+         * any Python: nothing below changed if it does) */
+        PyObject *fast = c->fast[op->index];
+        Py_INCREF(fast);   /* its object may close it while the call waits without the GIL */
+        PyObject *out = own(fast, args, nargsf, kwnames);
+        Py_DECREF(fast);
+        if (out != Py_NotImplemented)
+            return out;
+        Py_DECREF(out);
+    }
     if (Py_EnterRecursiveCall(" in a hybridmpi operation"))
         return NULL;
     Py_INCREF(c);
-    recording *r = &c->rec[op->index];
-    PyObject *out = r->log == NULL ? op_serve(op, c, args, nargsf, kwnames)
+    PyObject *out = r->log == NULL ? op_serve(op, c, own != NULL, args, nargsf, kwnames)
                                    : op_recorded(op, c, r, args, nargsf, kwnames);
     Py_DECREF(c);
     Py_LeaveRecursiveCall();
@@ -680,9 +710,9 @@ static PyTypeObject NearType = {
 /* ------------------------------------------------------------------ collectives */
 
 /* Coll(kind, st, fn, fail, ops): what serves HybridComm.barrier() (kind 0: fn =
- * hm_barrier_dissemination, no arguments) or allreduce(x[, op]) of one float (kind 1: fn =
- * hm_allreduce_rd_f64; op a name, a key of `ops`, the names' codes) on one node, as one C
- * call.  It declines any other call (keywords, another type, an unknown op: the method checks
+ * hm_barrier_dissemination; no arguments, or method="dissemination") or allreduce(x[, op]) of
+ * one float (kind 1: fn = hm_allreduce_rd_f64; op a name, a key of `ops`, the names' codes) on
+ * one node, as one C call.  It declines any other call (keywords, another type, an unknown op: the method checks
  * and raises); a call the C core failed goes to fail(code), which raises its error.  close()
  * declines every later call (the comm freed or broken). */
 typedef __typeof__(hm_barrier_dissemination) *barrier_fn;
@@ -708,6 +738,18 @@ static PyObject *coll_failed(Coll *t, int code)
     return out;  /* fail raises: NULL */
 }
 
+static PyObject *method_name, *dissemination_name;
+
+/* Whether the keywords are method="dissemination" (value: the keyword's value). */
+static int dissemination(PyObject *kwnames, PyObject *value)
+{
+    if (PyTuple_GET_SIZE(kwnames) != 1 || !PyUnicode_CheckExact(value))
+        return 0;
+    PyObject *key = PyTuple_GET_ITEM(kwnames, 0);
+    return (key == method_name || PyUnicode_Compare(key, method_name) == 0) &&
+           (value == dissemination_name || PyUnicode_Compare(value, dissemination_name) == 0);
+}
+
 static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames)
 {
@@ -717,10 +759,10 @@ static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t n
         PyErr_SetString(PyExc_RuntimeError, "hybridmpi: the HybridComm of this call is gone");
         return NULL;
     }
-    if (t->st == NULL || kwnames != NULL)
+    if (t->st == NULL)
         goto slow;
-    if (t->kind == 0) {
-        if (nargs != 1)
+    if (t->kind == 0) {   /* barrier() or barrier(method="dissemination") */
+        if (nargs != 1 || (kwnames != NULL && !dissemination(kwnames, args[1])))
             goto slow;
         int rc;
         hm_coll *st = t->st;  /* close() may clear t->st meanwhile */
@@ -731,7 +773,7 @@ static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t n
             return coll_failed(t, rc);
         Py_RETURN_NONE;
     }
-    if (nargs < 2 || nargs > 3 || !PyFloat_CheckExact(args[1]))
+    if (kwnames != NULL || nargs < 2 || nargs > 3 || !PyFloat_CheckExact(args[1]))
         goto slow;
     int op = HM_SUM;
     if (nargs == 3) {
@@ -1178,7 +1220,9 @@ PyMODINIT_FUNC PyInit__calls(void)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     dtype_name = PyUnicode_InternFromString("dtype");
-    if (!dtype_name)
+    method_name = PyUnicode_InternFromString("method");
+    dissemination_name = PyUnicode_InternFromString("dissemination");
+    if (!dtype_name || !method_name || !dissemination_name)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

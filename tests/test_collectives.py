@@ -22,4 +22,9 @@ def test_collectives(config, ranks):
         pytest.skip("cliques are an MPICH feature")
     if ranks == 1 and config != "node":
         pytest.skip("one rank has one layout")
+    if config == "node_size2" and ranks == 2 or config == "node_size3" and ranks in (2, 3) \
+            or config == "cliques2" and ranks == 2:
+        pytest.skip("the same layout as one node, or as node_size1")
+    if config in ("seq_cst", "tree_allreduce") and ranks not in (3, 8):
+        pytest.skip("the memory order and the algorithm: at an odd count and the deepest tree")
     run_mpi("collectives_cases.py", ranks, *args, env=env)

@@ -20,4 +20,8 @@ def test_halo(config, ranks):
         pytest.skip("cliques are an MPICH feature")
     if ranks == 1 and config != "node":
         pytest.skip("one rank has one layout")
+    if config == "node_size3" and ranks in (2, 3) or config == "cliques2" and ranks == 2:
+        pytest.skip("the same layout as one node, or as node_size1")
+    if config == "seq_cst" and ranks not in (3, 8):
+        pytest.skip("the memory order: at an odd count and the most peers")
     run_mpi("halo_cases.py", ranks, *args, env=env)

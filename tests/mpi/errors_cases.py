@@ -10,6 +10,7 @@ committed file at 2 ranks).
 """
 
 import argparse
+import copy
 import sys
 
 import numpy as np
@@ -133,6 +134,7 @@ CASES = [
     ("HybridComm", "hc.allreduce(np.ones(rank + 1))  # lengths differ", ValueError,
      "passed different arguments", lambda: HC.allreduce(np.ones(R + 1)), 2),
     ("HybridComm", "hc.barrier() after hc.free()", FreedError, "after free", lambda: freed_hc().barrier(), 1),
+    ("HybridComm", "copy.copy(hc)", TypeError, "cannot be copied", lambda: copy.copy(HC), 1),
     ("GhostPattern", "GhostPattern.from_global(None, owned, ghosts)", TypeError, "needs a HybridComm",
      lambda: GhostPattern.from_global(None, OWNED, GHOSTS), 1),
     ("GhostPattern", "from_global: rank 0 lists a ghost nobody owns", PatternError, "is owned by no rank",

@@ -12,7 +12,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: HYBRIDMPI_SANITIZE=1: compile and link with AddressSanitizer and UndefinedBehaviorSanitizer
-#: (setup.py adds the same to hybridmpi._timed; docs/development.md: how to run them).  Python
+#: (setup.py adds the same to hybridmpi._native._calls; docs/development.md: how to run them).  Python
 #: compiles extensions with -fwrapv, under which UBSan does not check signed overflow.
 SANITIZE = (["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-wrapv", "-O1", "-g"]
             if os.environ.get("HYBRIDMPI_SANITIZE") == "1" else [])

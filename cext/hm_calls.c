@@ -214,11 +214,14 @@ static PyObject *calls_put(Calls *c, PyObject *args, PyObject **table, vectorcal
         PyErr_Format(PyExc_TypeError, "Calls.%s: a callable or None", what);
         return NULL;
     }
-    Py_XSETREF(table[i], fn == Py_None ? NULL : ref(fn));
+    /* the table is whole before the old entry goes (its release may run Python that calls) */
+    PyObject *old = table[i];
+    table[i] = fn == Py_None ? NULL : ref(fn);
     if (own != NULL) {
         PyTypeObject *t = Py_TYPE(fn);
         own[i] = t == &CollType || t == &HotType || t == &NearType ? PyVectorcall_Function(fn) : NULL;
     }
+    Py_XDECREF(old);
     Py_RETURN_NONE;
 }
 
@@ -279,6 +282,7 @@ static PyObject *calls_unrecord(Calls *c, PyObject *unused)
  * object that served one is closed, so that a reference kept to it serves nothing either. */
 static PyObject *calls_close(Calls *c, PyObject *unused)
 {
+    PyObject *type = NULL, *value = NULL, *tb = NULL;   /* the first close() that raised */
     for (Py_ssize_t i = 0; i < c->n; i++) {
         PyObject *fast = c->fast[i];
         if (fast == NULL)
@@ -287,11 +291,15 @@ static PyObject *calls_close(Calls *c, PyObject *unused)
         c->own[i] = NULL;
         PyObject *r = PyObject_CallMethod(fast, "close", NULL);
         Py_DECREF(fast);
-        if (r == NULL)
-            return NULL;
-        Py_DECREF(r);
+        if (r == NULL && type == NULL)
+            PyErr_Fetch(&type, &value, &tb);
+        PyErr_Clear();   /* every entry is closed; the first error is raised at the end */
+        Py_XDECREF(r);
     }
-    Py_RETURN_NONE;
+    if (type == NULL)
+        Py_RETURN_NONE;
+    PyErr_Restore(type, value, tb);
+    return NULL;
 }
 
 static int calls_traverse(Calls *c, visitproc visit, void *arg)
@@ -309,8 +317,8 @@ static int calls_traverse(Calls *c, visitproc visit, void *arg)
 static int calls_clear(Calls *c)
 {
     for (Py_ssize_t i = 0; i < CALLS_MAX; i++) {
+        c->own[i] = NULL;   /* before its object goes: the table stays consistent */
         Py_CLEAR(c->fast[i]);
-        c->own[i] = NULL;
         Py_CLEAR(c->then[i]);
         calls_unrecord_one(&c->rec[i]);
     }
@@ -457,21 +465,28 @@ static PyObject *op_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         return PyObject_Vectorcall(op->method, args, nargsf, kwnames);
     recording *r = &c->rec[op->index];
     vectorcallfunc own = c->own[op->index];
-    if (r->log == NULL && own != NULL) {
-        /* the hot path: this module's call object, called directly (it declines before running
-         * any Python: nothing below changed if it does) */
-        PyObject *fast = c->fast[op->index];
+    PyObject *fast = c->fast[op->index];
+    int declined = 0;
+    if (r->log == NULL && own != NULL && fast != NULL) {
+        /* the hot path: this module's call object, called directly */
         Py_INCREF(fast);   /* its object may close it while the call waits without the GIL */
         PyObject *out = own(fast, args, nargsf, kwnames);
         Py_DECREF(fast);
         if (out != Py_NotImplemented)
             return out;
         Py_DECREF(out);
+        /* it declined: the table again (it runs no Python before it declines today, but the
+         * buffer protocol may one day), without that object if it still serves */
+        c = *(Calls **)((char *)args[0] + op->offset);
+        if (c == NULL || !Py_IS_TYPE(c, &CallsType) || op->index >= c->n)
+            return PyObject_Vectorcall(op->method, args, nargsf, kwnames);
+        r = &c->rec[op->index];
+        declined = c->fast[op->index] == fast && c->own[op->index] == own;
     }
     if (Py_EnterRecursiveCall(" in a hybridmpi operation"))
         return NULL;
     Py_INCREF(c);
-    PyObject *out = r->log == NULL ? op_serve(op, c, own != NULL, args, nargsf, kwnames)
+    PyObject *out = r->log == NULL ? op_serve(op, c, declined, args, nargsf, kwnames)
                                    : op_recorded(op, c, r, args, nargsf, kwnames);
     Py_DECREF(c);
     Py_LeaveRecursiveCall();
@@ -825,7 +840,7 @@ static PyObject *coll_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return (PyObject *)t;
 }
 
-/* fail is a method bound to the HybridComm, whose _calls table holds this object: a cycle,
+/* fail reaches the comm's Collectives, whose comm's _calls table holds this object: a cycle,
  * which the garbage collector sees through these. */
 static int coll_traverse(Coll *t, visitproc visit, void *arg)
 {

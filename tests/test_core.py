@@ -162,3 +162,27 @@ def test_recorded_call_whose_finish_raises_keeps_the_clock():
     t._calls.unrecord()
     assert log.n == 1 and log.rec[5] == 24 and 0 <= log.rec[3] - log.rec[0] < 0.1e9
     lib.hm_prof_free(log)
+
+
+def test_operation_table_whole_while_an_old_call_object_goes():
+    """Replacing what serves an operation releases the old call object after the table is
+    whole: a release that runs Python which calls the operation finds the new entry (here, a
+    Hot whose error callback's finaliser calls it)."""
+    from hybridmpi._native.clib import Hot, State
+
+    t = _thing_class()()
+    seen = []
+
+    class Finaliser:
+        def __call__(self, rc):
+            pass
+
+        def __del__(self):
+            seen.append(t.op(7))
+    x = np.zeros(4)
+    address = int(ffi.cast("uintptr_t", ffi.from_buffer(x)))
+    plan = (0, 0, 0, "add", address, (), 0)   # never called: no call matches its array
+    t._calls.serve("op", Hot(State(), x, address, Finaliser(), plan))
+    assert t.op(1) == ("method", (1,))   # declined (not its array)
+    t._calls.serve("op", None)
+    assert seen == [("method", (7,))]

@@ -40,4 +40,5 @@ def copy_policy(dst, src):
         setattr(dst, field, getattr(src, field))
 
 
-__all__ = ["Calls", "Coll", "Hot", "Near", "State", "copy_policy", "ffi", "lib", "operations"]
+__all__ = ["Calls", "Coll", "Hot", "Near", "Op", "State", "copy_policy", "ffi", "lib", "operations",
+           "set_clock"]

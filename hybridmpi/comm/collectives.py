@@ -36,10 +36,7 @@ _dtype_of = DTYPES.get
 _store = lib.hm_store
 _ACQ_REL = lib.HM_ACQ_REL
 _barrier_tree = lib.hm_barrier_tree
-_barrier_diss = lib.hm_barrier_dissemination
 _barrier_linear = lib.hm_barrier_linear
-_allreduce_f64 = lib.hm_allreduce_f64
-_allreduce_rd_f64 = lib.hm_allreduce_rd_f64
 _BARRIERS = {"dissemination": lib.HM_DISSEMINATION, "tree": lib.HM_TREE, "linear": lib.HM_LINEAR}
 #: payloads up to this many bytes go by recursive doubling (one node, allreduce="recursive_doubling")
 RD_BYTES = lib.HM_RD_BYTES
@@ -59,24 +56,35 @@ _NO_ARG: Any = object()
 
 
 class Plan(NamedTuple):
-    """How a comm's collectives run, chosen once when the comm is made (the same on every rank
-    of a node): which ``Coll`` serves its one-node calls, and which path each call takes."""
+    """How this rank's collectives run, chosen once when the comm is made: the one place that
+    decides which path a call takes (:meth:`Collectives.serve` gives the comm's ``Calls`` table
+    a ``Coll`` for each C call named here, and the methods take the same ones).  The ranks of a
+    node agree on every field but ``leader_multi`` and what follows from it."""
 
-    #: every rank is on one node: the node's part is the whole call (the dissemination barrier)
+    #: every rank is on one node: the node's part is the whole call
     one_node: bool
     #: this rank leads its node and there are several nodes: the leaders' MPI call goes between
-    #: the node's gather and release phases
+    #: the node's gather and release phases (in Python: nothing below is one C call)
     leader_multi: bool
     #: allreduces of up to RD_BYTES go by recursive doubling (one node of several ranks, and
     #: ``allreduce="recursive_doubling"``)
     recursive_doubling: bool
+    #: the C core's call that is this rank's whole part of a dissemination barrier (several
+    #: nodes: the node's tree, the leader's MPI call in between), or None
+    node_barrier: str | None
+    #: the same for an allreduce of one float
+    node_allreduce: str | None
 
     @classmethod
     def of(cls, num_nodes: int, node_size: int, is_leader: bool, allreduce: str) -> Plan:
         one_node = num_nodes == 1
+        leader_multi = is_leader and num_nodes > 1
         # recursive doubling needs the whole node in one phase: one node only
-        return cls(one_node, is_leader and num_nodes > 1,
-                   allreduce == "recursive_doubling" and one_node and node_size > 1)
+        rd = allreduce == "recursive_doubling" and one_node and node_size > 1
+        if leader_multi:
+            return cls(one_node, True, rd, None, None)
+        return cls(one_node, False, rd, "hm_barrier_dissemination" if one_node else "hm_barrier_tree",
+                   "hm_allreduce_rd_f64" if rd else "hm_allreduce_f64")
 
 
 class Collectives:
@@ -93,7 +101,8 @@ class Collectives:
 
     __slots__ = ("rank", "size", "num_nodes", "node_size", "node_id", "node_ranks", "is_leader",
                  "comm", "leader_comm", "timeout", "context", "_MPI", "_st", "_live", "_segs",
-                 "_leaders", "plan", "_one_node", "_leader_multi", "_rd", "_f64", "_scalar",
+                 "_leaders", "plan", "_leader_multi", "_rd", "_node_barrier", "_node_allreduce",
+                 "_f64", "_scalar",
                  "_sig_buf", "_bufs", "_mpi_ops", "_int_bounds", "_broken", "_break", "_peer_error")
 
     rank: int
@@ -106,6 +115,8 @@ class Collectives:
     leader_comm: Any
     timeout: float | None
     context: Any
+    _node_barrier: Any     # the plan's C calls (cffi functions), None for a leader across nodes
+    _node_allreduce: Any
 
     def __init__(self, hc: Any, st: Any, segs: Any, plan: Plan, leaders: list[tuple[int, str]], *,
                  break_comm: Callable[..., None], peer_error: Callable[..., Exception]) -> None:
@@ -118,9 +129,11 @@ class Collectives:
         self._live = st      # None once freed or broken: one check on every call
         self._segs = segs
         self._leaders = leaders
-        #: how the calls run; its fields are also kept as attributes, read on every call
+        #: how the calls run; what every call reads of it is also kept as attributes
         self.plan = plan
-        self._one_node, self._leader_multi, self._rd = plan
+        self._leader_multi, self._rd = plan.leader_multi, plan.recursive_doubling
+        self._node_barrier = getattr(lib, plan.node_barrier) if plan.node_barrier else None
+        self._node_allreduce = getattr(lib, plan.node_allreduce) if plan.node_allreduce else None
         self._f64 = ffi.new("double[1]")
         self._scalar = {lib.HM_I64: ffi.new("int64_t[1]"), lib.HM_C128: ffi.new("double[2]")}
         self._sig_buf = np.zeros(9, dtype=np.int64)
@@ -131,21 +144,22 @@ class Collectives:
         self._break = break_comm
         self._peer_error = peer_error
 
+    #: the comm's operations that this object runs
+    OPERATIONS = ("barrier", "allreduce", "Allreduce")
+
     def serve(self, calls: Any) -> None:
         """Serve the comm's operations (its ``Calls`` table): by these methods, and where the
-        plan allows by one C call (``Coll``: a one-node ``barrier()`` and ``allreduce(float)``,
+        plan names a C call, by that one call (``Coll``: ``barrier()`` and ``allreduce(float)``,
         about 0.1 us less than a Python method and a cffi call), which declines anything else."""
-        for name in ("barrier", "allreduce", "Allreduce"):
+        for name in self.OPERATIONS:
             calls.delegate(name, getattr(self, name))
         address = int(ffi.cast("uintptr_t", self._st))
-        for kind, name, on, fn, what in ((0, "barrier", self.plan.one_node, "hm_barrier_dissemination",
-                                          "barrier(dissemination)"),
-                                         (1, "allreduce", self.plan.recursive_doubling,
-                                          "hm_allreduce_rd_f64", "allreduce")):
-            if on:
+        for kind, name, fn, what in ((0, "barrier", self.plan.node_barrier, "barrier(dissemination)"),
+                                     (1, "allreduce", self.plan.node_allreduce, "allreduce")):
+            if fn is not None:
                 fn_address = int(ffi.cast("uintptr_t", ffi.addressof(lib, fn)))
-                calls.serve(name, Coll(kind, address, fn_address, functools.partial(self._failed, what),
-                                       OPS))
+                calls.serve(name, Coll(kind, address, fn_address,
+                                       functools.partial(self._fail, what=what), OPS))
 
     def stop(self, why: str | None) -> None:
         """Every later call raises: the comm broke (``why``) or was freed (None)."""
@@ -240,11 +254,6 @@ class Collectives:
             self._break(why, notify=notify)
         raise exc
 
-    def _failed(self, what, rc):
-        """Raise the error of call ``what`` that the C core failed with ``rc`` (``Coll``'s way
-        back into :meth:`_fail`)."""
-        self._fail(rc, what)
-
     def _leader_waits_on_nodes(self, call):
         """Whether this rank is not its node's leader and the leader waits on the other nodes in
         collective call ``call`` (the word it publishes before that wait)."""
@@ -303,8 +312,7 @@ class Collectives:
                                       f"got {method!r}"))
         if not self._leader_multi:
             if m == lib.HM_DISSEMINATION:
-                # one phase only: on several nodes the node's ranks all take the tree
-                rc = _barrier_diss(st) if self._one_node else _barrier_tree(st)
+                rc = self._node_barrier(st)   # the plan's (several nodes: the node's tree)
             elif m == lib.HM_TREE:
                 rc = _barrier_tree(st)
             else:
@@ -318,10 +326,11 @@ class Collectives:
         # The leaders meet in an allreduce of what their nodes called (a barrier too), so a
         # node that failed or called something else makes every node raise.
         kind = lib.HM_K_BARRIER_TREE if m == lib.HM_TREE else lib.HM_K_BARRIER_LINEAR
-        sig = self._leader_sig(kind, 0, 0, 0, _FAILED if rc else 0, f"barrier({method})")
+        what = f"barrier({method})"
+        sig = self._leader_sig(kind, 0, 0, 0, _FAILED if rc else 0, what)
         if rc:
-            self._fail(rc, f"barrier({method})")
-        self._other_node_failed(sig, f"barrier({method})")
+            self._fail(rc, what)
+        self._other_node_failed(sig, what)
         if self._sig_differs(sig):
             self._break("ValueError")
             if sig[1] == lib.HM_K_BAD:  # the largest kind: a rank of another node's call was invalid
@@ -338,7 +347,7 @@ class Collectives:
         st = self._st
         total = count if total is None else total
         if not self._leader_multi:
-            if self._rd and total * lib.hm_dtype_size(dt) <= RD_BYTES:
+            if self._rd and total * _ITEMSIZE[dt] <= RD_BYTES:
                 rc = lib.hm_allreduce_rd(st, sptr, rptr, count, dt, opc)
             else:
                 rc = lib.hm_allreduce_chunk(st, sptr, rptr, count, total, dt, opc, 3)
@@ -435,12 +444,8 @@ class Collectives:
         try:
             opc = self._op(op)
             tx = type(x)
-            if tx is float:
-                buf = self._f64
-                buf[0] = x
-                dt, convert = _F64, _first
-            elif tx is int:
-                pass  # below, after the agreement on bad arguments: _allreduce_int
+            if tx is float or tx is int:
+                pass  # below, after the agreement on bad arguments
             elif tx is complex:
                 if opc >= lib.HM_MIN:
                     raise TypeError("hybridmpi: allreduce: min and max are not defined for complex")
@@ -461,12 +466,15 @@ class Collectives:
         st = self._live
         if st is None:
             raise self._unusable()
-        if tx is float and not self._leader_multi:
-            r = _allreduce_rd_f64(st, x, opc) if self._rd else _allreduce_f64(st, x, opc)
-            if r != r and st.err.code:
-                self._fail(st.err.code, "allreduce")
-            return r
-        if tx is int:
+        if tx is float:
+            if not self._leader_multi:
+                r = self._node_allreduce(st, x, opc)   # the plan's
+                if r != r and st.err.code:
+                    self._fail(st.err.code, "allreduce")
+                return r
+            buf, dt, convert = self._f64, _F64, _first
+            buf[0] = x
+        elif tx is int:
             return self._allreduce_int(x, opc)
         if isinstance(x, (np.ndarray, np.generic)):
             self._reduce_array(None, out, dt, opc)
@@ -578,6 +586,7 @@ class Collectives:
 
 
 _NP_OF_CODE = {code: dt for dt, code in DTYPES.items()} | {_PYINT: np.dtype(np.float64)}
+_ITEMSIZE = {code: dt.itemsize for code, dt in _NP_OF_CODE.items()}
 
 
 def _first(buf):

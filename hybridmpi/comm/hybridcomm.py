@@ -145,7 +145,7 @@ def _by_collectives(name: str) -> Any:
     return method
 
 
-@operations("barrier", "allreduce", "Allreduce")
+@operations(*Collectives.OPERATIONS)
 class HybridComm:
     """A communicator split into nodes, with shared-memory collectives.
 
@@ -339,8 +339,8 @@ class HybridComm:
         self.comm.Free()
 
     def _init_state(self, MPI, st, allreduce):
-        """The state of a new comm over the C core's ``st``: its fast paths, scratch buffers,
-        children, identifiers, failure notices, Context and arena."""
+        """The state of a new comm over the C core's ``st``: children, identifiers, failure
+        notices, Context, arena, and its Collectives with their Plan."""
         self._st = st
         self.closed = False
         self.allreduce_method = allreduce
@@ -411,8 +411,7 @@ class HybridComm:
             if free is not None:
                 free()
         self.arena.free()
-        self._calls.close()
-        self._coll.stop(None)   # every later call raises FreedError
+        self._stop(None)   # every later call raises FreedError
         self._st = None
         self.closed = True
         MPI = self._MPI
@@ -540,6 +539,13 @@ class HybridComm:
         self._break(_errmap.breaks(exc), notify=False)
         return exc
 
+    def _stop(self, why):
+        """No C call object serves this comm's operations any more, and its collectives raise:
+        it broke (``why``) or was freed (None)."""
+        self._calls.close()
+        if self._coll is not None:
+            self._coll.stop(why)
+
     def _break(self, why, notify=True):
         """Make this comm unusable, and make every peer that waits on this rank raise instead of
         waiting: error bits in every word this rank writes on its node (collectives, every
@@ -548,9 +554,7 @@ class HybridComm:
         rank, which the waits on MPI requests poll."""
         first = self._broken is None
         self._broken = self._broken or why
-        self._calls.close()
-        if self._coll is not None:
-            self._coll.stop(why)
+        self._stop(why)
         if not first or self._st is None or self._MPI.Is_finalized():
             return
         bits = _errmap.poison_bits(why)

@@ -17,7 +17,7 @@ clock is shared; across nodes each node's offset is measured by ping-pong with r
 ``min(wait, max(0, latest peer arrival - own entry))``, charged to that peer.
 
 Off, the profile costs one load and one branch per C call.  On, each profiled call
-pays four clock reads and one record in Python (see ``bench profile``).
+pays four clock reads and one record, in C (the operation's ``Op``; see ``bench profile``).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class _Op:
         return np.frombuffer(ffi.buffer(self.log.rec, n * 48), dtype=np.int64).reshape(n, 6).copy()
 
     def release(self):
-        """Free the records; a wrapper kept past the profile only adds to ``over`` (no memory)."""
+        """Free the records; a call recorded after the profile ended only adds to ``over``."""
         lib.hm_prof_free(self.log)
         self.log.limit = 0
 
@@ -158,7 +158,7 @@ class profile:
             raise TypeError(f"hybridmpi: profile needs a HybridComm, got {type(hc).__name__}")
         self.hc = hc
         self._ops: list[_Op] = []
-        self._wrapped: list[Any] = []   # the objects recorded (through their Calls tables)
+        self._recorded: list[Any] = []   # the objects recorded (through their Calls tables)
         self._epochs: list[tuple[Any, list[int]]] = []    # (Halo, its epochs when recording began)
         self._counts: collections.Counter[str] = collections.Counter()   # labels given per kind of object
         self._rows: list[dict[str, Any]] = []
@@ -228,9 +228,9 @@ class profile:
             _ACTIVE.remove(self)
         if not _ACTIVE:
             _CLK[2] = 0
-        for obj in self._wrapped:
+        for obj in self._recorded:
             _seam(obj).calls.unrecord()
-        self._wrapped = []
+        self._recorded = []
         ctx = self.hc.context
         if ctx.profile is not None and ctx.profile.owner is self:
             ctx.profile = None
@@ -259,13 +259,13 @@ class profile:
             rec = _Op(label, key if name.startswith("_") else name, kind, key, obj)
             self._ops.append(rec)
             calls.record(name, int(ffi.cast("uintptr_t", rec.log)), _finish(rec, obj), rec.log)
-        self._wrapped.append(obj)
+        self._recorded.append(obj)
 
     def _forget(self, obj):
         """Stop recording ``obj`` (a Coarray's own GlobalMemory), before any call of it."""
-        if any(o is obj for o in self._wrapped):
+        if any(o is obj for o in self._recorded):
             _seam(obj).calls.unrecord()
-        self._wrapped = [o for o in self._wrapped if o is not obj]
+        self._recorded = [o for o in self._recorded if o is not obj]
         self._ops = [rec for rec in self._ops if rec.obj is not obj]
         self._counts["GlobalMemory"] -= 1
 

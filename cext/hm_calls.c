@@ -131,7 +131,7 @@ static PyObject *set_clock(PyObject *module, PyObject *args)
 /* What a profile records of one operation: its log, and how a call's record ends. */
 typedef struct {
     hm_prof_log *log;     /* NULL: not recorded */
-    PyObject *finish;     /* finish(out, *args, **kw) ends the record; NULL: end(log) */
+    PyObject *finish;     /* finish(out, *args, **kw): the call's bytes (None, or NULL: the log's) */
     PyObject *keep;       /* what owns the log's memory */
 } recording;
 

@@ -247,12 +247,16 @@ class Collectives:
             leader_note=lambda: self._leader_waits(int(st.epoch)),
             leaders_waited=lambda call: (self._other_leaders()
                                          if self._leader_waits_on_nodes(call) else None),
-            missing=lambda: [self.node_ranks[r] for r in range(self.node_size)
-                             if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED,
-                                            lib.HM_ACQ_REL) < st.epoch])
+            missing=self.not_entered)
         if why is not None:
             self._break(why, notify=notify)
         raise exc
+
+    def not_entered(self):
+        """The ranks of this node that have not entered the current collective call."""
+        epoch = self._st.epoch
+        return [self.node_ranks[r] for r in range(self.node_size)
+                if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < epoch]
 
     def _leader_waits_on_nodes(self, call):
         """Whether this rank is not its node's leader and the leader waits on the other nodes in

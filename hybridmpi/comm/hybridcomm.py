@@ -480,10 +480,9 @@ class HybridComm:
         for nr in range(self.node_size):
             base = int(ffi.cast("uintptr_t", self._segs[nr]))
             if base <= addr < base + size:
-                late = [self.node_ranks[r] for r in range(self.node_size)
-                        if lib.hm_load(self._segs[r] + lib.HM_OFF_ENTERED, lib.HM_ACQ_REL) < st.epoch]
                 where = (f"collective call {st.epoch} of {self!r}, on a word of rank "
-                         f"{self.node_ranks[nr]}; ranks that have not entered it: {late}")
+                         f"{self.node_ranks[nr]}; ranks that have not entered it: "
+                         f"{self._coll.not_entered()}")
         for describe in self._hooks("describe_word"):
             what = describe(addr)
             if what:

@@ -327,8 +327,10 @@ int hm_coll_bad(hm_coll *c)
 size_t hm_dtype_size(int dtype)
 {
     switch (dtype) {
-    case HM_F64: case HM_I64: case HM_PYINT: return 8;
-    case HM_F32: case HM_I32: return 4;
+    case HM_F64: case HM_I64: case HM_U64: case HM_PYINT: return 8;
+    case HM_F32: case HM_I32: case HM_U32: return 4;
+    case HM_I16: case HM_U16: return 2;
+    case HM_I8: case HM_U8: return 1;
     case HM_C128: return 16;
     default: return 0;
     }
@@ -337,21 +339,43 @@ size_t hm_dtype_size(int dtype)
 #define HM_MIN_(a, b) ((b) < (a) ? (b) : (a))
 #define HM_MAX_(a, b) ((b) > (a) ? (b) : (a))
 
+#define HM_LOOP(expr) for (uint64_t i = 0; i < n; i++) d[i] = (expr)
 #define HM_COMBINE_REAL(T)                                                      \
     static void combine_##T(T *restrict d, const T *restrict s, uint64_t n, int op) \
     {                                                                           \
         switch (op) {                                                           \
-        case HM_SUM: for (uint64_t i = 0; i < n; i++) d[i] = d[i] + s[i]; break;\
-        case HM_PROD: for (uint64_t i = 0; i < n; i++) d[i] = d[i] * s[i]; break;\
-        case HM_MIN: for (uint64_t i = 0; i < n; i++) d[i] = HM_MIN_(d[i], s[i]); break;\
-        case HM_MAX: for (uint64_t i = 0; i < n; i++) d[i] = HM_MAX_(d[i], s[i]); break;\
+        case HM_SUM: HM_LOOP(d[i] + s[i]); break;                               \
+        case HM_PROD: HM_LOOP(d[i] * s[i]); break;                              \
+        case HM_MIN: HM_LOOP(HM_MIN_(d[i], s[i])); break;                       \
+        case HM_MAX: HM_LOOP(HM_MAX_(d[i], s[i])); break;                       \
+        }                                                                       \
+    }
+/* The integer types also take MPI's logical and bitwise operations. */
+#define HM_COMBINE_INT(T)                                                       \
+    HM_COMBINE_REAL(T)                                                          \
+    static void combine_bits_##T(T *restrict d, const T *restrict s, uint64_t n, int op) \
+    {                                                                           \
+        switch (op) {                                                           \
+        case HM_LAND: HM_LOOP(d[i] && s[i]); break;                             \
+        case HM_LOR: HM_LOOP(d[i] || s[i]); break;                              \
+        case HM_LXOR: HM_LOOP(!d[i] != !s[i]); break;                           \
+        case HM_BAND: HM_LOOP(d[i] & s[i]); break;                              \
+        case HM_BOR: HM_LOOP(d[i] | s[i]); break;                               \
+        case HM_BXOR: HM_LOOP(d[i] ^ s[i]); break;                              \
+        default: combine_##T(d, s, n, op);                                      \
         }                                                                       \
     }
 
 HM_COMBINE_REAL(double)
 HM_COMBINE_REAL(float)
-HM_COMBINE_REAL(int64_t)
-HM_COMBINE_REAL(int32_t)
+HM_COMBINE_INT(int64_t)
+HM_COMBINE_INT(int32_t)
+HM_COMBINE_INT(uint64_t)
+HM_COMBINE_INT(uint32_t)
+HM_COMBINE_INT(int16_t)
+HM_COMBINE_INT(uint16_t)
+HM_COMBINE_INT(int8_t)
+HM_COMBINE_INT(uint8_t)
 
 /* Complex numbers as (re, im) pairs; the product is the textbook formula,
  * as MPI libraries compute it. */
@@ -369,21 +393,33 @@ static void combine_c128(double *restrict d, const double *restrict s, uint64_t 
     }
 }
 
+int hm_op_valid(int dtype, int op)
+{
+    switch (dtype) {
+    case HM_F64: case HM_PYINT: case HM_F32: return op >= 0 && op < HM_NOPS;
+    case HM_C128: return op == HM_SUM || op == HM_PROD;
+    default:
+        return hm_dtype_size(dtype) != 0 &&
+               ((op >= 0 && op < HM_NOPS) || (op >= HM_LAND && op <= HM_BXOR));
+    }
+}
+
 int hm_combine(void *dst, const void *src, uint64_t n, int dtype, int op)
 {
-    if (op < 0 || op >= HM_NOPS)
+    if (!hm_op_valid(dtype, op))
         return HM_EARG;
     switch (dtype) {
     case HM_F64: case HM_PYINT: combine_double(dst, src, n, op); return HM_OK;
     case HM_F32: combine_float(dst, src, n, op); return HM_OK;
-    case HM_I64: combine_int64_t(dst, src, n, op); return HM_OK;
-    case HM_I32: combine_int32_t(dst, src, n, op); return HM_OK;
-    case HM_C128:
-        if (op == HM_MIN || op == HM_MAX)
-            return HM_EARG;
-        combine_c128(dst, src, n, op);
-        return HM_OK;
-    default: return HM_EARG;
+    case HM_I64: combine_bits_int64_t(dst, src, n, op); return HM_OK;
+    case HM_I32: combine_bits_int32_t(dst, src, n, op); return HM_OK;
+    case HM_U64: combine_bits_uint64_t(dst, src, n, op); return HM_OK;
+    case HM_U32: combine_bits_uint32_t(dst, src, n, op); return HM_OK;
+    case HM_I16: combine_bits_int16_t(dst, src, n, op); return HM_OK;
+    case HM_U16: combine_bits_uint16_t(dst, src, n, op); return HM_OK;
+    case HM_I8: combine_bits_int8_t(dst, src, n, op); return HM_OK;
+    case HM_U8: combine_bits_uint8_t(dst, src, n, op); return HM_OK;
+    default: combine_c128(dst, src, n, op); return HM_OK;
     }
 }
 
@@ -442,7 +478,7 @@ int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count,
 {
     HM_PROFILED;
     size_t esz = hm_dtype_size(dtype);
-    if (esz == 0 || op < 0 || op >= HM_NOPS || part < HM_GATHER || part > HM_BOTH ||
+    if (!hm_op_valid(dtype, op) || part < HM_GATHER || part > HM_BOTH ||
         (c->rank != 0 && part != HM_BOTH) || count > c->capacity / esz)  /* count * esz may wrap */
         return HM_EARG;
     int rc, ord = c->policy.order;
@@ -584,7 +620,7 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
 {
     HM_PROFILED;
     size_t esz = hm_dtype_size(dtype);
-    if (esz == 0 || op < 0 || op >= HM_NOPS || count > HM_RD_BYTES / esz)  /* count * esz may wrap */
+    if (!hm_op_valid(dtype, op) || count > HM_RD_BYTES / esz)  /* count * esz may wrap */
         return HM_EARG;
     uint64_t nbytes = count * esz;
     int n = c->size, r = c->rank, ord = c->policy.order, rc;

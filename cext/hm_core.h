@@ -46,8 +46,13 @@ enum { HM_GATHER = 1, HM_RELEASE = 2, HM_BOTH = 3 };
  * (exact below 2**53), reduced as HM_F64 but a distinct type in the call signatures, so
  * that an int on one rank and a float on another is a mismatch. */
 enum { HM_F64 = 0, HM_F32 = 1, HM_I64 = 2, HM_I32 = 3, HM_C128 = 4, HM_PYINT = 5,
-       HM_NTYPES = 6 };
-enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4 };
+       HM_U64 = 6, HM_U32 = 7, HM_I16 = 8, HM_U16 = 9, HM_I8 = 10, HM_U8 = 11,
+       HM_NTYPES = 12 };
+/* HM_SUM .. HM_MAX on every type but the complex one's MIN and MAX; the logical and bitwise
+ * operations (HM_LAND .. HM_BXOR, as MPI's) on the integer types only.  Code 4 is the ghost
+ * update's HM_INSERT, never a reduction. */
+enum { HM_SUM = 0, HM_PROD = 1, HM_MIN = 2, HM_MAX = 3, HM_NOPS = 4,
+       HM_LAND = 5, HM_LOR = 6, HM_LXOR = 7, HM_BAND = 8, HM_BOR = 9, HM_BXOR = 10 };
 
 /* Return codes. */
 /* HM_EPEER: a word waited on carries a peer's error bits (docs/protocol.md):
@@ -256,6 +261,8 @@ void *hm_coll_slot(hm_coll *c, int rank);
 
 /* Element size of a dtype code, 0 if unknown. */
 size_t hm_dtype_size(int dtype);
+/* 1 if `op` reduces elements of `dtype` (what hm_combine accepts), else 0. */
+int hm_op_valid(int dtype, int op);
 
 /* Combine src into dst elementwise: dst[i] = dst[i] op src[i]. */
 int hm_combine(void *dst, const void *src, uint64_t count, int dtype, int op);

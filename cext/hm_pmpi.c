@@ -1,0 +1,583 @@
+/* hybridmpi's PMPI library: the C core's barrier and allreduce under unchanged C, C++ and
+ * Fortran programs (docs/pmpi.md).
+ *
+ * It defines MPI_Allreduce, MPI_Allreduce_c (where the MPI has large-count calls) and
+ * MPI_Barrier, and for Open MPI the Fortran mpi_allreduce_ and mpi_barrier_.  A call goes to
+ * the core when its communicator is set up and its arguments qualify; anything else goes to
+ * what comes next (dlsym(RTLD_NEXT): another PMPI tool below this one, or the MPI library).
+ * Whether a call qualifies depends only on what MPI requires to be equal on every rank (the
+ * count, the type, the operation and the communicator), so every rank chooses alike.
+ *
+ * Per communicator, a state is kept as an attribute.  After HYBRIDMPI_PMPI_AFTER calls on a
+ * communicator (5), its ranks set it up together: a node communicator, one shared segment per
+ * node (POSIX shared memory whose room is reserved before use, so that a full /dev/shm fails
+ * the set-up instead of the program), the node leaders' communicator; one allreduce over the
+ * communicator agrees on the outcome, so every rank falls back together when one could not.
+ * The attribute's delete callback frees it (MPI_Comm_free); an attribute on MPI_COMM_SELF,
+ * whose callback MPI_Finalize runs first, frees what is left.
+ *
+ * Built by `hybridmpi pmpi path` with the MPI's compiler wrapper, together with hm_coll.c and
+ * hm_wait.c, all hidden but the MPI entry points: the core inside does not clash with the one
+ * that a Python program using hybridmpi loads too. */
+#define _GNU_SOURCE
+#include <mpi.h>
+#include "hm_core.h"
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+void hm_set_progress(void (*fn)(void));   /* hm_wait.c */
+
+/* ------------------------------------------------------------------ settings and counters */
+
+static struct {
+    int after;           /* calls on a communicator before it is set up */
+    uint64_t max_bytes;  /* the largest payload the core reduces */
+    int node_size;       /* > 0: virtual nodes of this many ranks (tests) */
+    int stats;           /* print the counters at MPI_Finalize */
+    int off;             /* 1: every call goes to what comes next */
+    double timeout_s;    /* > 0: a wait that lasts this long fails */
+} cfg;
+
+enum { C_FAST_ALLREDUCE, C_FAST_BARRIER, C_NEXT_ALLREDUCE, C_NEXT_BARRIER, C_SETUP, C_FELL_BACK,
+       C_FAILED, C_NUM };
+static const char *const counter_names[C_NUM] = {
+    "allreduce fast", "barrier fast", "allreduce passed on", "barrier passed on",
+    "communicators set up", "set-ups that fell back", "calls that failed"};
+static _Atomic long counters[C_NUM];
+#define COUNT(k) atomic_fetch_add_explicit(&counters[k], 1, memory_order_relaxed)
+
+static long env_long(const char *name, long dflt)
+{
+    const char *v = getenv(name);
+    char *end;
+    if (v == NULL || *v == '\0')
+        return dflt;
+    long x = strtol(v, &end, 10);
+    if (*end != '\0' || x < 0) {
+        fprintf(stderr, "hybridmpi pmpi: %s=%s is not a count; using %ld\n", name, v, dflt);
+        return dflt;
+    }
+    return x;
+}
+
+/* ------------------------------------------------------------------ what comes next */
+
+typedef int (*allreduce_fn)(const void *, void *, int, MPI_Datatype, MPI_Op, MPI_Comm);
+typedef int (*barrier_fn)(MPI_Comm);
+static struct {
+    allreduce_fn allreduce;
+    barrier_fn barrier;
+    void *allreduce_c;       /* MPI_Allreduce_c, when the MPI has it */
+    void *f_allreduce, *f_barrier;
+    void *f_in_place;        /* Open MPI's Fortran MPI_IN_PLACE (a common block) */
+} next;
+
+static void *find_next(const char *name, const char *pname)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    return f != NULL ? f : dlsym(RTLD_DEFAULT, pname);
+}
+
+/* ------------------------------------------------------------------ named types and operations */
+
+typedef struct {
+    MPI_Datatype type;
+    int code;
+} type_entry;
+/* The named types the core reduces, with the core's code.  Types whose size is not the code's
+ * (or that the MPI does not have) are dropped at start-up. */
+static type_entry types[] = {
+    {MPI_DOUBLE, HM_F64}, {MPI_INT, HM_I32}, {MPI_FLOAT, HM_F32}, {MPI_LONG, HM_I64},
+    {MPI_LONG_LONG, HM_I64}, {MPI_INT64_T, HM_I64}, {MPI_INT32_T, HM_I32},
+    {MPI_UNSIGNED, HM_U32}, {MPI_UNSIGNED_LONG, HM_U64}, {MPI_UNSIGNED_LONG_LONG, HM_U64},
+    {MPI_UINT64_T, HM_U64}, {MPI_UINT32_T, HM_U32}, {MPI_SHORT, HM_I16},
+    {MPI_UNSIGNED_SHORT, HM_U16}, {MPI_INT16_T, HM_I16}, {MPI_UINT16_T, HM_U16},
+    {MPI_SIGNED_CHAR, HM_I8}, {MPI_UNSIGNED_CHAR, HM_U8}, {MPI_INT8_T, HM_I8},
+    {MPI_UINT8_T, HM_U8}, {MPI_C_DOUBLE_COMPLEX, HM_C128}, {MPI_CXX_DOUBLE_COMPLEX, HM_C128},
+    {MPI_DOUBLE_PRECISION, HM_F64}, {MPI_INTEGER, HM_I32}, {MPI_REAL, HM_F32},
+    {MPI_DOUBLE_COMPLEX, HM_C128}, {MPI_REAL8, HM_F64}, {MPI_INTEGER8, HM_I64},
+    {MPI_INTEGER4, HM_I32}, {MPI_REAL4, HM_F32}};
+static int ntypes;
+
+static const struct {
+    MPI_Op op;
+    int code;
+} ops[] = {{MPI_SUM, HM_SUM}, {MPI_MAX, HM_MAX}, {MPI_MIN, HM_MIN}, {MPI_PROD, HM_PROD},
+           {MPI_LAND, HM_LAND}, {MPI_LOR, HM_LOR}, {MPI_LXOR, HM_LXOR}, {MPI_BAND, HM_BAND},
+           {MPI_BOR, HM_BOR}, {MPI_BXOR, HM_BXOR}};
+
+static int type_code(MPI_Datatype t)
+{
+    for (int i = 0; i < ntypes; i++)
+        if (types[i].type == t)
+            return types[i].code;
+    return -1;
+}
+
+static int op_code(MPI_Op op, int dtype)
+{
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (ops[i].op == op)
+            return hm_op_valid(dtype, ops[i].code) ? ops[i].code : -1;
+    return -1;
+}
+
+/* ------------------------------------------------------------------ per-communicator state */
+
+enum { S_COUNTING, S_FAST, S_NEXT, S_BROKEN };
+
+typedef struct state {
+    int phase;
+    int calls;
+    MPI_Comm comm;          /* the user's communicator */
+    MPI_Comm node;          /* its ranks on this node (MPI_COMM_NULL before set-up) */
+    MPI_Comm leaders;       /* the nodes' leaders, on leaders across nodes; else MPI_COMM_NULL */
+    int multi;              /* more than one node */
+    char *base;             /* the node's shared segment */
+    size_t bytes;
+    char **seg;
+    pid_t *pids;            /* each node rank's process, in the segment */
+    char name[64];          /* the segment's name, at node rank 0 until every rank mapped it */
+    hm_coll c;
+    struct state *prev, *next;
+} state;
+
+static int keyval = MPI_KEYVAL_INVALID;
+static int self_keyval = MPI_KEYVAL_INVALID;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static state *live;                 /* every state, for MPI_Finalize */
+static _Atomic uint64_t generation; /* bumped whenever a state is freed (the caches below) */
+static int finalizing;
+
+/* The last communicator a thread called on, and its state. */
+static __thread struct {
+    MPI_Comm comm;
+    state *st;
+    uint64_t gen;
+} cache;
+/* The state a wait runs on (the progress hook). */
+static __thread state *waiting;
+static __thread int64_t idle_polls;
+
+static void release(state *s)
+{
+    if (s->base != NULL)
+        munmap(s->base, s->bytes);
+    s->base = NULL;
+    free(s->seg);
+    s->seg = NULL;
+    if (s->leaders != MPI_COMM_NULL)
+        PMPI_Comm_free(&s->leaders);
+    if (s->node != MPI_COMM_NULL)
+        PMPI_Comm_free(&s->node);
+}
+
+static int delete_state(MPI_Comm comm, int key, void *value, void *extra)
+{
+    (void)comm, (void)key, (void)extra;
+    state *s = value;
+    pthread_mutex_lock(&lock);
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        live = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    atomic_fetch_add(&generation, 1);
+    pthread_mutex_unlock(&lock);
+    release(s);
+    free(s);
+    return MPI_SUCCESS;
+}
+
+static void print_counters(void)
+{
+    int rank = 0, size = 1;
+    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    char line[512];
+    int n = snprintf(line, sizeof line, "hybridmpi pmpi: rank %d of %d:", rank, size);
+    for (int k = 0; k < C_NUM && n < (int)sizeof line; k++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s %ld %s", k ? "," : "",
+                      atomic_load(&counters[k]), counter_names[k]);
+    fprintf(stderr, "%s\n", line);
+}
+
+/* MPI_Finalize runs this first: every state still alive is freed (its attribute deleted). */
+static int at_finalize(MPI_Comm comm, int key, void *value, void *extra)
+{
+    (void)comm, (void)key, (void)value, (void)extra;
+    finalizing = 1;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        state *s = live;
+        pthread_mutex_unlock(&lock);
+        if (s == NULL)
+            break;
+        PMPI_Comm_delete_attr(s->comm, keyval);   /* runs delete_state */
+    }
+    if (cfg.stats)
+        print_counters();
+    return MPI_SUCCESS;
+}
+
+static void progress(void);
+
+static void start(void)
+{
+    cfg.after = (int)env_long("HYBRIDMPI_PMPI_AFTER", 5);
+    cfg.max_bytes = (uint64_t)env_long("HYBRIDMPI_PMPI_MAX_BYTES", 2048);
+    cfg.node_size = (int)env_long("HYBRIDMPI_PMPI_NODE_SIZE", 0);
+    cfg.stats = (int)env_long("HYBRIDMPI_PMPI_STATS", 0);
+    cfg.off = (int)env_long("HYBRIDMPI_PMPI_OFF", 0);
+    const char *t = getenv("HYBRIDMPI_PMPI_TIMEOUT");
+    cfg.timeout_s = t ? atof(t) : 0.0;
+    if (cfg.max_bytes > (1u << 20))
+        cfg.max_bytes = 1u << 20;
+    next.allreduce = (allreduce_fn)find_next("MPI_Allreduce", "PMPI_Allreduce");
+    next.barrier = (barrier_fn)find_next("MPI_Barrier", "PMPI_Barrier");
+    next.allreduce_c = find_next("MPI_Allreduce_c", "PMPI_Allreduce_c");
+    next.f_allreduce = find_next("mpi_allreduce_", "pmpi_allreduce_");
+    next.f_barrier = find_next("mpi_barrier_", "pmpi_barrier_");
+    next.f_in_place = dlsym(RTLD_DEFAULT, "mpi_fortran_in_place_");
+    /* keep the named types this MPI has at the size the core expects */
+    PMPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    ntypes = 0;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        int size = 0;
+        if (types[i].type != MPI_DATATYPE_NULL && PMPI_Type_size(types[i].type, &size) == MPI_SUCCESS &&
+            (size_t)size == hm_dtype_size(types[i].code))
+            types[ntypes++] = types[i];
+    }
+    PMPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_ARE_FATAL);
+    PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_state, &keyval, NULL);
+    PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &self_keyval, NULL);
+    PMPI_Comm_set_attr(MPI_COMM_SELF, self_keyval, NULL);
+    hm_set_progress(progress);
+}
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* ------------------------------------------------------------------ set-up */
+
+static const char *failure;   /* why this rank's last set-up failed (stats) */
+
+/* This rank's part of a set-up: the node, its segment, the core; 0 on success. */
+static int map_node(state *s, int rank)
+{
+    MPI_Comm shared;
+    if (PMPI_Comm_split_type(s->comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared))
+        return failure = "MPI_Comm_split_type failed", 1;
+    if (cfg.node_size > 0) {
+        int r;
+        PMPI_Comm_rank(shared, &r);
+        PMPI_Comm_split(shared, r / cfg.node_size, rank, &s->node);
+        PMPI_Comm_free(&shared);
+    } else {
+        s->node = shared;
+    }
+    int nr, nn;
+    PMPI_Comm_rank(s->node, &nr);
+    PMPI_Comm_size(s->node, &nn);
+    size_t per = (hm_coll_segment_bytes(cfg.max_bytes) + 4095) & ~(size_t)4095;
+    s->bytes = per * (size_t)nn + (((size_t)nn * sizeof(pid_t) + 4095) & ~(size_t)4095);
+    char *name = s->name;
+    if (nr == 0) {
+        static _Atomic unsigned serial;
+        snprintf(name, sizeof s->name, "/hybridmpi-pmpi-%d-%u-%lx", (int)getpid(),
+                 atomic_fetch_add(&serial, 1), (unsigned long)time(NULL));
+        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        /* reserve the room now: a /dev/shm that fills later cannot fault the program */
+        int err = fd < 0 ? errno : posix_fallocate(fd, 0, (off_t)s->bytes);
+        if (fd >= 0) {
+            if (err == 0)
+                s->base = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+            if (err != 0 || s->base == MAP_FAILED)
+                s->base = NULL;
+        }
+        if (s->base == NULL) {
+            if (fd >= 0)
+                shm_unlink(name);
+            failure = "no room for the node's shared segment";
+            name[0] = '\0';
+        }
+    }
+    PMPI_Bcast(name, sizeof s->name, MPI_CHAR, 0, s->node);
+    if (name[0] == '\0')
+        return failure = "no room for the node's shared segment", 1;
+    if (nr != 0) {
+        int fd = shm_open(name, O_RDWR, 0);
+        if (fd >= 0) {
+            s->base = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+        }
+        if (fd < 0 || s->base == MAP_FAILED) {
+            s->base = NULL;
+            return failure = "could not map the node's shared segment", 1;
+        }
+    }
+    s->seg = malloc((size_t)nn * sizeof(char *));
+    if (s->seg == NULL)
+        return failure = "out of memory", 1;
+    for (int r = 0; r < nn; r++)
+        s->seg[r] = s->base + per * (size_t)r;
+    s->pids = (pid_t *)(s->base + per * (size_t)nn);
+    s->pids[nr] = getpid();
+    if (hm_coll_init(&s->c, nr, nn, 4, s->seg, cfg.max_bytes) != HM_OK || !hm_lock_free())
+        return failure = "the core cannot run here", 1;
+    hm_wait_policy *p = &s->c.policy;
+    p->spin = 1000;
+    p->yield_ns = 2000000000;
+    p->sleep_ns = 50000;
+    p->timeout_ns = (int64_t)(cfg.timeout_s * 1e9);
+    p->order = HM_ACQ_REL;
+    return 0;
+}
+
+/* Set up `s`, collectively over its communicator; every rank ends in S_FAST or in S_NEXT. */
+static void set_up(state *s)
+{
+    int rank, local[2], all[2];
+    PMPI_Comm_rank(s->comm, &rank);
+    s->node = s->leaders = MPI_COMM_NULL;
+    local[1] = map_node(s, rank);
+    local[0] = s->node != MPI_COMM_NULL && s->c.rank == 0 && !local[1];
+    /* the agreement; it also orders every rank's hm_coll_init before any rank's first call */
+    PMPI_Allreduce(local, all, 2, MPI_INT, MPI_SUM, s->comm);
+    if (s->name[0] != '\0' && s->c.rank == 0 && s->node != MPI_COMM_NULL) {
+        int nr;
+        PMPI_Comm_rank(s->node, &nr);
+        if (nr == 0)
+            shm_unlink(s->name);   /* every node rank mapped the segment (or gave up) */
+    }
+    if (all[1] == 0) {
+        s->multi = all[0] > 1;
+        PMPI_Comm_split(s->comm, s->multi && s->c.rank == 0 ? 0 : MPI_UNDEFINED, rank, &s->leaders);
+        s->phase = S_FAST;
+        COUNT(C_SETUP);
+        return;
+    }
+    release(s);
+    s->phase = S_NEXT;
+    COUNT(C_FELL_BACK);
+    if (cfg.stats && local[1])
+        fprintf(stderr, "hybridmpi pmpi: rank %d: a communicator stays on MPI: %s\n", rank, failure);
+}
+
+/* The state of `comm` when its calls go to the core, else NULL (counting the call). */
+static state *fast_state(MPI_Comm comm)
+{
+    if (cache.comm == comm && cache.gen == atomic_load_explicit(&generation, memory_order_relaxed) &&
+        cache.st != NULL && cache.st->phase == S_FAST)
+        return cache.st;
+    pthread_once(&once, start);
+    if (cfg.off || finalizing || comm == MPI_COMM_NULL)
+        return NULL;
+    state *s;
+    int found = 0;
+    if (PMPI_Comm_get_attr(comm, keyval, &s, &found) != MPI_SUCCESS)
+        return NULL;
+    if (!found) {
+        int inter = 0, size = 1;
+        PMPI_Comm_test_inter(comm, &inter);
+        PMPI_Comm_size(comm, &size);
+        s = calloc(1, sizeof *s);
+        if (s == NULL)
+            return NULL;
+        s->comm = comm;
+        s->node = s->leaders = MPI_COMM_NULL;
+        s->phase = inter || size == 1 ? S_NEXT : S_COUNTING;
+        pthread_mutex_lock(&lock);
+        s->next = live;
+        if (live)
+            live->prev = s;
+        live = s;
+        pthread_mutex_unlock(&lock);
+        PMPI_Comm_set_attr(comm, keyval, s);
+    }
+    if (s->phase == S_COUNTING && ++s->calls > cfg.after)
+        set_up(s);
+    cache.comm = comm;
+    cache.st = s;
+    cache.gen = atomic_load(&generation);
+    return s->phase == S_FAST ? s : NULL;
+}
+
+/* ------------------------------------------------------------------ waits and failures */
+
+/* Called by the core between polls once a wait stopped spinning: drives MPI's progress (a peer
+ * may wait for this rank's point-to-point traffic) and, now and then, looks for node peers
+ * whose process ended: their words get the error bits, so the wait ends. */
+static void progress(void)
+{
+    state *s = waiting;
+    if (s == NULL)
+        return;
+    int flag;
+    PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->node, &flag, MPI_STATUS_IGNORE);
+    if (++idle_polls % 256)
+        return;
+    for (int r = 0; r < s->c.size; r++)
+        if (r != s->c.rank && kill(s->pids[r], 0) != 0 && errno == ESRCH) {
+            hm_coll dead = s->c;
+            dead.rank = r;
+            hm_coll_poison(&dead, HM_ERRBIT);
+        }
+}
+
+static int failed(state *s, const char *call, int rc)
+{
+    static const char *const why[] = {"", "a wait timed out (HYBRIDMPI_PMPI_TIMEOUT)",
+                                      "the ranks passed different arguments or called different collectives",
+                                      "invalid arguments", "", "a rank of the node failed or ended"};
+    int rank;
+    PMPI_Comm_rank(s->comm, &rank);
+    fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s (node rank %d, call %llu)\n", rank, call,
+            rc > 0 && rc <= HM_EPEER ? why[rc] : "MPI failed between the nodes",
+            s->c.err.peer, (unsigned long long)s->c.err.epoch);
+    s->phase = S_BROKEN;
+    COUNT(C_FAILED);
+    PMPI_Comm_call_errhandler(s->comm, MPI_ERR_OTHER);
+    return MPI_ERR_OTHER;
+}
+
+/* Between the nodes' leaders: an MPI call after the node's gather; a failure poisons the node. */
+static int between(state *s, int mpi_rc)
+{
+    if (mpi_rc == MPI_SUCCESS)
+        return HM_OK;
+    hm_coll_poison(&s->c, HM_ERRBIT);
+    return -1;
+}
+
+static int run_barrier(state *s)
+{
+    int rc;
+    waiting = s;
+    if (!s->multi)
+        rc = hm_barrier_dissemination(&s->c);
+    else if (s->leaders == MPI_COMM_NULL)
+        rc = hm_barrier(&s->c, HM_TREE, HM_BOTH);
+    else if ((rc = hm_barrier(&s->c, HM_TREE, HM_GATHER)) == HM_OK &&
+             (rc = between(s, PMPI_Barrier(s->leaders))) == HM_OK)
+        rc = hm_barrier(&s->c, HM_TREE, HM_RELEASE);
+    waiting = NULL;
+    COUNT(C_FAST_BARRIER);
+    return rc == HM_OK ? MPI_SUCCESS : failed(s, "MPI_Barrier", rc);
+}
+
+static int run_allreduce(state *s, const void *send, void *recv, uint64_t count, int dt, int op,
+                         MPI_Datatype type, MPI_Op mop)
+{
+    int rc;
+    if (send == MPI_IN_PLACE)
+        send = recv;
+    waiting = s;
+    if (!s->multi && count * hm_dtype_size(dt) <= HM_RD_BYTES)
+        rc = hm_allreduce_rd(&s->c, send, recv, count, dt, op);
+    else if (s->leaders == MPI_COMM_NULL)
+        rc = hm_allreduce(&s->c, send, recv, count, dt, op, HM_BOTH);
+    else if ((rc = hm_allreduce(&s->c, send, recv, count, dt, op, HM_GATHER)) == HM_OK &&
+             (rc = between(s, PMPI_Allreduce(MPI_IN_PLACE, hm_coll_slot(&s->c, 0), (int)count, type,
+                                             mop, s->leaders))) == HM_OK)
+        rc = hm_allreduce(&s->c, NULL, recv, count, dt, op, HM_RELEASE);
+    waiting = NULL;
+    COUNT(C_FAST_ALLREDUCE);
+    return rc == HM_OK ? MPI_SUCCESS : failed(s, "MPI_Allreduce", rc);
+}
+
+/* The state and the core's codes when this allreduce goes to the core, else NULL. */
+static state *allreduce_fast(MPI_Count count, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int *dt,
+                             int *hop)
+{
+    state *s = fast_state(comm);
+    if (s == NULL || count <= 0 || (*dt = type_code(type)) < 0 || (*hop = op_code(op, *dt)) < 0 ||
+        (uint64_t)count > cfg.max_bytes / hm_dtype_size(*dt))
+        return NULL;
+    return s;
+}
+
+/* ------------------------------------------------------------------ the entry points */
+
+EXPORT int MPI_Allreduce(const void *send, void *recv, int count, MPI_Datatype type, MPI_Op op,
+                         MPI_Comm comm)
+{
+    int dt, hop;
+    state *s = allreduce_fast(count, type, op, comm, &dt, &hop);
+    if (s != NULL)
+        return run_allreduce(s, send, recv, (uint64_t)count, dt, hop, type, op);
+    COUNT(C_NEXT_ALLREDUCE);
+    return next.allreduce(send, recv, count, type, op, comm);
+}
+
+EXPORT int MPI_Barrier(MPI_Comm comm)
+{
+    state *s = fast_state(comm);
+    if (s != NULL)
+        return run_barrier(s);
+    COUNT(C_NEXT_BARRIER);
+    return next.barrier(comm);
+}
+
+#if MPI_VERSION >= 4
+typedef int (*allreduce_c_fn)(const void *, void *, MPI_Count, MPI_Datatype, MPI_Op, MPI_Comm);
+EXPORT int MPI_Allreduce_c(const void *send, void *recv, MPI_Count count, MPI_Datatype type,
+                           MPI_Op op, MPI_Comm comm)
+{
+    int dt, hop;
+    state *s = allreduce_fast(count, type, op, comm, &dt, &hop);
+    if (s != NULL)
+        return run_allreduce(s, send, recv, (uint64_t)count, dt, hop, type, op);
+    COUNT(C_NEXT_ALLREDUCE);
+    return ((allreduce_c_fn)next.allreduce_c)(send, recv, count, type, op, comm);
+}
+#endif
+
+#ifdef OPEN_MPI
+/* Open MPI's Fortran bindings call PMPI_* directly: its mpif.h and `use mpi` programs reach
+ * the core through these.  What does not go to the core goes to the next Fortran entry with
+ * the arguments as they came (MPI_BOTTOM and the like stay Fortran's). */
+typedef void (*f_allreduce_fn)(void *, void *, MPI_Fint *, MPI_Fint *, MPI_Fint *, MPI_Fint *,
+                               MPI_Fint *);
+typedef void (*f_barrier_fn)(MPI_Fint *, MPI_Fint *);
+
+EXPORT void mpi_allreduce_(void *send, void *recv, MPI_Fint *count, MPI_Fint *type, MPI_Fint *op,
+                           MPI_Fint *comm, MPI_Fint *ierr)
+{
+    int dt, hop;
+    MPI_Datatype t = PMPI_Type_f2c(*type);
+    MPI_Op o = PMPI_Op_f2c(*op);
+    state *s = allreduce_fast(*count, t, o, PMPI_Comm_f2c(*comm), &dt, &hop);
+    if (s != NULL) {
+        *ierr = run_allreduce(s, send == next.f_in_place ? MPI_IN_PLACE : send, recv,
+                              (uint64_t)*count, dt, hop, t, o);
+        return;
+    }
+    COUNT(C_NEXT_ALLREDUCE);
+    ((f_allreduce_fn)next.f_allreduce)(send, recv, count, type, op, comm, ierr);
+}
+
+EXPORT void mpi_barrier_(MPI_Fint *comm, MPI_Fint *ierr)
+{
+    state *s = fast_state(PMPI_Comm_f2c(*comm));
+    if (s != NULL) {
+        *ierr = run_barrier(s);
+        return;
+    }
+    COUNT(C_NEXT_BARRIER);
+    ((f_barrier_fn)next.f_barrier)(comm, ierr);
+}
+#endif

@@ -48,6 +48,7 @@ static struct {
     int stats;           /* print the counters at MPI_Finalize */
     int off;             /* 1: every call goes to what comes next */
     double timeout_s;    /* > 0: a wait that lasts this long fails */
+    int fail_rank;       /* tests: this rank of each communicator fails its set-up (-1: none) */
 } cfg;
 
 enum { C_FAST_ALLREDUCE, C_FAST_BARRIER, C_NEXT_ALLREDUCE, C_NEXT_BARRIER, C_SETUP, C_FELL_BACK,
@@ -56,6 +57,7 @@ static const char *const counter_names[C_NUM] = {
     "allreduce fast", "barrier fast", "allreduce passed on", "barrier passed on",
     "communicators set up", "set-ups that fell back", "calls that failed"};
 static _Atomic long counters[C_NUM];
+static int started;   /* start() ran */
 #define COUNT(k) atomic_fetch_add_explicit(&counters[k], 1, memory_order_relaxed)
 
 static long env_long(const char *name, long dflt)
@@ -244,6 +246,8 @@ static void start(void)
     cfg.off = (int)env_long("HYBRIDMPI_PMPI_OFF", 0);
     const char *t = getenv("HYBRIDMPI_PMPI_TIMEOUT");
     cfg.timeout_s = t ? atof(t) : 0.0;
+    const char *f = getenv("HYBRIDMPI_PMPI_FAIL_RANK");
+    cfg.fail_rank = f && *f ? atoi(f) : -1;
     if (cfg.max_bytes > (1u << 20))
         cfg.max_bytes = 1u << 20;
     next.allreduce = (allreduce_fn)find_next("MPI_Allreduce", "PMPI_Allreduce");
@@ -266,9 +270,20 @@ static void start(void)
     PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &self_keyval, NULL);
     PMPI_Comm_set_attr(MPI_COMM_SELF, self_keyval, NULL);
     hm_set_progress(progress);
+    started = 1;
 }
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* A rank that never called the entry points above prints its counters (all 0) here. */
+EXPORT int MPI_Finalize(void)
+{
+    typedef int (*finalize_fn)(void);
+    const char *v = getenv("HYBRIDMPI_PMPI_STATS");
+    if (!started && v != NULL && *v != '\0' && strcmp(v, "0") != 0)
+        print_counters();
+    return ((finalize_fn)find_next("MPI_Finalize", "PMPI_Finalize"))();
+}
 
 /* ------------------------------------------------------------------ set-up */
 
@@ -294,7 +309,8 @@ static int map_node(state *s, int rank)
     size_t per = (hm_coll_segment_bytes(cfg.max_bytes) + 4095) & ~(size_t)4095;
     s->bytes = per * (size_t)nn + (((size_t)nn * sizeof(pid_t) + 4095) & ~(size_t)4095);
     char *name = s->name;
-    if (nr == 0) {
+    int inject = rank == cfg.fail_rank;   /* as if its shared memory had no room */
+    if (nr == 0 && !inject) {
         static _Atomic unsigned serial;
         snprintf(name, sizeof s->name, "/hybridmpi-pmpi-%d-%u-%lx", (int)getpid(),
                  atomic_fetch_add(&serial, 1), (unsigned long)time(NULL));
@@ -316,7 +332,7 @@ static int map_node(state *s, int rank)
         }
     }
     PMPI_Bcast(name, sizeof s->name, MPI_CHAR, 0, s->node);
-    if (name[0] == '\0')
+    if (name[0] == '\0' || inject)
         return failure = "no room for the node's shared segment", 1;
     if (nr != 0) {
         int fd = shm_open(name, O_RDWR, 0);

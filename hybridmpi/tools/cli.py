@@ -21,6 +21,7 @@ from .. import __version__, settings
 from .._extras import MissingExtra, need
 from .._jobs import abort_job, world
 from ..settings import launched
+from .pmpi import PMPIError
 
 #: seconds the ranks of an MPI job wait for each other to compare their command lines (env
 #: HYBRIDMPI_TIMEOUT when set): a rank that runs another program, or none, ends the job then
@@ -288,6 +289,13 @@ def cmd_solve(args):
     _mpi_job(args, body)
 
 
+def cmd_pmpi(args):
+    from .pmpi import library
+
+    log = (lambda line: print(line, file=sys.stderr)) if args.verbose else None
+    print(library(args.mpicc, rebuild=args.rebuild, log=log))
+
+
 def parser():
     p = _Parser(prog="hybridmpi", description="Ghost updates, barriers and reductions over "
                 "MPI-3 shared memory: tools and benchmarks.")
@@ -351,6 +359,22 @@ def parser():
     q.add_argument("results", nargs="+", help="JSON files written by bench or demo")
     q.add_argument("-o", "--output", help="folder for the figures (default: next to each file)")
     q.set_defaults(func=cmd_plot)
+
+    q = sub.add_parser("pmpi", help="the PMPI library: the core's barrier and allreduce under "
+                       "unchanged C, C++ and Fortran programs (docs/pmpi.md)")
+    acts = q.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    acts.required = True
+    k = acts.add_parser("path", help="print the library's path for mpi4py's MPI (or --mpicc's), "
+                        "building it first if needed",
+                        description="Print the path of the PMPI library for the MPI that mpi4py "
+                        "uses, or for the one whose compiler wrapper --mpicc names; builds it first "
+                        "if needed.  Use: mpiexec -n 4 -genv LD_PRELOAD $(hybridmpi pmpi path) ./app "
+                        "(MPICH, Intel MPI) or mpiexec -x LD_PRELOAD=$(hybridmpi pmpi path) ./app "
+                        "(Open MPI).")
+    k.add_argument("--mpicc", help="the MPI's C compiler wrapper (default: one of mpi4py's MPI)")
+    k.add_argument("--rebuild", action="store_true", help="build again even if a build exists")
+    k.add_argument("--verbose", action="store_true", help="print the compile line on stderr")
+    k.set_defaults(func=cmd_pmpi)
 
     q = sub.add_parser("demo", help="ghost update and collectives vs MPI on the shipped mesh "
                        "(run under mpiexec -n N)")
@@ -418,6 +442,8 @@ def main(argv=None):
         return 2
     except _BadArguments as e:
         return _quit(2, str(e), wait=_ONCE_S)
+    except PMPIError as e:  # no wrapper, or the build failed: what and why, no traceback
+        return _quit(1, f"hybridmpi pmpi: error: {e}\n")
     except MissingExtra as e:  # every rank lacks it, or this one alone: one line, no traceback
         return _quit(_MISSING_EXTRA, f"{e}\n", wait=_ONCE_S)
     except SystemExit as e:  # --help and --version (0), or a command's own exit

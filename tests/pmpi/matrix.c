@@ -103,17 +103,21 @@ static void user_sum(void *in, void *inout, int *len, MPI_Datatype *t)
 
 int main(int argc, char **argv)
 {
-    int provided, level = MPI_THREAD_FUNNELED;
-    if (argc > 1 && strcmp(argv[1], "multiple") == 0)
-        level = MPI_THREAD_MULTIPLE;
+    int provided, level = MPI_THREAD_FUNNELED, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "multiple") == 0)   /* at MPI_THREAD_MULTIPLE */
+            level = MPI_THREAD_MULTIPLE;
+        if (strcmp(argv[i], "quick") == 0)      /* fewer counts and communicators (8 ranks) */
+            quick = 1;
+    }
     MPI_Init_thread(&argc, &argv, level, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     for (int i = 0; i < 6; i++)   /* past the library's set-up (HYBRIDMPI_PMPI_AFTER) */
         MPI_Barrier(MPI_COMM_WORLD);
-    sweep(MPI_COMM_WORLD, "world", 1);
+    sweep(MPI_COMM_WORLD, "world", !quick);
     /* churn: communicators made, used and freed, interleaved with world */
-    for (int k = 0; k < 12; k++) {
+    for (int k = 0; k < (quick ? 4 : 12); k++) {
         MPI_Comm dup, half;
         MPI_Comm_dup(MPI_COMM_WORLD, &dup);
         MPI_Comm_split(MPI_COMM_WORLD, (rank + k) % 2, size - rank, &half);

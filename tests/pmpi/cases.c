@@ -1,0 +1,192 @@
+/* Programs that try to break the PMPI library (tests/test_pmpi.py), one per argument:
+ *   progress  rank 0 is in MPI_Ssend to rank 1 while rank 1 is in MPI_Allreduce on another
+ *             communicator, whose last rank joins only once that Ssend completed: the wait
+ *             must drive MPI's progress, or the three wait for each other forever;
+ *   rma       passive-target RMA (lock, put, unlock) aimed at ranks that sit in the library's
+ *             barrier and allreduce;
+ *   threads   MPI_THREAD_MULTIPLE: every thread reduces and synchronizes on its own
+ *             communicator, all at once;
+ *   kill      the last rank ends (SIGKILL) inside the run of allreduces; the others must not
+ *             hang (the launcher ends the job, or the library reports it through the
+ *             communicator's error handler);
+ *   mismatch  rank 0 calls MPI_Barrier where the others call MPI_Allreduce (an erroneous
+ *             program): the library reports it instead of hanging or returning garbage;
+ *   fallback  (with HYBRIDMPI_PMPI_FAIL_RANK) one rank's set-up fails: all ranks go on with
+ *             MPI, with correct results.
+ * Prints "<case> ok" on rank 0. */
+#include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int rank, size;
+#define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "rank %d: ", rank); \
+    fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); MPI_Abort(MPI_COMM_WORLD, 1); } } while (0)
+
+static void warm(MPI_Comm comm)
+{
+    for (int i = 0; i < 8; i++)
+        MPI_Barrier(comm);
+}
+
+static double sum_of_ranks(MPI_Comm comm)
+{
+    int r;
+    MPI_Comm_rank(comm, &r);
+    double x = r + 1, y = -1;
+    MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, comm);
+    return y;
+}
+
+static void progress(void)
+{
+    CHECK(size >= 3, "progress needs 3 ranks");
+    MPI_Comm other;   /* ranks 1 .. size-1 */
+    MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? MPI_UNDEFINED : 0, rank, &other);
+    if (other != MPI_COMM_NULL)
+        warm(other);
+    enum { N = 1 << 20 };
+    char *buf = calloc(N, 1);
+    for (int round = 0; round < 20; round++) {
+        if (rank == 0) {
+            MPI_Ssend(buf, N, MPI_CHAR, 1, round, MPI_COMM_WORLD);
+            MPI_Send(&round, 1, MPI_INT, size - 1, 100 + round, MPI_COMM_WORLD);
+        } else if (rank == 1) {
+            MPI_Request req;
+            MPI_Irecv(buf, N, MPI_CHAR, 0, round, MPI_COMM_WORLD, &req);
+            double y = sum_of_ranks(other);
+            CHECK(y == (size - 1) * size / 2.0, "sum %g", y);
+            MPI_Wait(&req, MPI_STATUS_IGNORE);
+        } else {
+            if (rank == size - 1) {
+                int got;
+                MPI_Recv(&got, 1, MPI_INT, 0, 100 + round, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            }
+            double y = sum_of_ranks(other);
+            CHECK(y == (size - 1) * size / 2.0, "sum %g", y);
+        }
+    }
+    free(buf);
+    if (other != MPI_COMM_NULL)
+        MPI_Comm_free(&other);
+}
+
+static void rma(void)
+{
+    double *base;
+    MPI_Win win;
+    MPI_Win_allocate(sizeof(double) * size, sizeof(double), MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win);
+    memset(base, 0, sizeof(double) * size);
+    warm(MPI_COMM_WORLD);
+    for (int round = 1; round <= 50; round++) {
+        int target = (rank + round) % size;
+        double v = round * 1000 + rank;
+        MPI_Win_lock(MPI_LOCK_SHARED, target, 0, win);
+        MPI_Put(&v, 1, MPI_DOUBLE, target, rank, 1, MPI_DOUBLE, win);
+        MPI_Win_unlock(target, win);
+        double y = sum_of_ranks(MPI_COMM_WORLD);
+        CHECK(y == size * (size + 1) / 2.0, "sum %g", y);
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Win_lock(MPI_LOCK_SHARED, rank, 0, win);
+        int from = ((rank - round) % size + size) % size;
+        CHECK(base[from] == round * 1000 + from, "round %d: put from %d reads %g", round, from, base[from]);
+        MPI_Win_unlock(rank, win);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    MPI_Win_free(&win);
+}
+
+enum { THREADS = 3 };
+static MPI_Comm thread_comm[THREADS];
+
+static void *thread_body(void *arg)
+{
+    MPI_Comm comm = thread_comm[(long)arg];
+    for (int i = 0; i < 3000; i++) {
+        long x = rank + 1 + i, y = 0;
+        MPI_Allreduce(&x, &y, 1, MPI_LONG, MPI_SUM, comm);
+        CHECK(y == (long)size * (size + 1) / 2 + (long)size * i, "thread %ld: %ld", (long)arg, y);
+        if (i % 7 == 0)
+            MPI_Barrier(comm);
+    }
+    return NULL;
+}
+
+static void threads(int provided)
+{
+    CHECK(provided == MPI_THREAD_MULTIPLE, "MPI_THREAD_MULTIPLE not provided");
+    pthread_t t[THREADS];
+    for (int k = 0; k < THREADS; k++)
+        MPI_Comm_dup(MPI_COMM_WORLD, &thread_comm[k]);
+    for (long k = 0; k < THREADS; k++)
+        pthread_create(&t[k], NULL, thread_body, (void *)k);
+    for (int k = 0; k < THREADS; k++)
+        pthread_join(t[k], NULL);
+    for (int k = 0; k < THREADS; k++)
+        MPI_Comm_free(&thread_comm[k]);
+}
+
+static void kill_one(void)
+{
+    warm(MPI_COMM_WORLD);
+    for (int i = 0; i < 200; i++) {
+        if (rank == size - 1 && i == 100)
+            raise(SIGKILL);
+        sum_of_ranks(MPI_COMM_WORLD);
+    }
+    CHECK(0, "the allreduces went on without the killed rank");
+}
+
+static void mismatch(void)
+{
+    warm(MPI_COMM_WORLD);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    double x = 1, y;
+    int rc = rank == 0 ? MPI_Barrier(MPI_COMM_WORLD)
+                       : MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(rc != MPI_SUCCESS, "a barrier met an allreduce and both returned MPI_SUCCESS");
+    int len;
+    char text[MPI_MAX_ERROR_STRING];
+    MPI_Error_string(rc, text, &len);
+    fprintf(stderr, "rank %d: returned %d (%s)\n", rank, rc, text);
+}
+
+static void fallback(void)
+{
+    warm(MPI_COMM_WORLD);
+    for (int i = 0; i < 100; i++) {
+        double y = sum_of_ranks(MPI_COMM_WORLD);
+        CHECK(y == size * (size + 1) / 2.0, "sum %g", y);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *which = argc > 1 ? argv[1] : "";
+    int provided;
+    MPI_Init_thread(&argc, &argv, strcmp(which, "threads") ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE,
+                    &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (!strcmp(which, "progress"))
+        progress();
+    else if (!strcmp(which, "rma"))
+        rma();
+    else if (!strcmp(which, "threads"))
+        threads(provided);
+    else if (!strcmp(which, "kill"))
+        kill_one();
+    else if (!strcmp(which, "mismatch"))
+        mismatch();
+    else if (!strcmp(which, "fallback"))
+        fallback();
+    else
+        CHECK(0, "unknown case '%s'", which);
+    if (rank == 0)
+        printf("%s ok\n", which);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,182 @@
+"""The PMPI library (docs/pmpi.md) under unchanged C programs, launched as users launch them:
+``mpiexec ... LD_PRELOAD=$(hybridmpi pmpi path) ./program``.
+
+The programs (tests/pmpi/) compare every result with PMPI_Allreduce, which the library does not
+intercept; the counters that the library prints at MPI_Finalize (HYBRIDMPI_PMPI_STATS=1) show
+that the calls did go to the core (or, where they must not, to MPI).  Skipped when no compiler
+wrapper of mpi4py's MPI is found (HYBRIDMPI_PMPI_REQUIRED=1 makes that a failure: the CI legs
+that have one)."""
+
+import os
+import re
+import shlex
+import subprocess
+
+import pytest
+from conftest import HERE, MPIEXEC, mpi_flavor
+
+from hybridmpi.tools import pmpi
+
+pytestmark = pytest.mark.mpi
+PROGRAMS = os.path.join(HERE, "pmpi")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The library for mpi4py's MPI and the test programs, compiled with its wrapper."""
+    try:
+        t = pmpi.target()
+    except pmpi.PMPIError as e:
+        if os.environ.get("HYBRIDMPI_PMPI_REQUIRED") == "1":
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+    lib = pmpi.library()   # a wrapper was found: a failed build fails
+    out = tmp_path_factory.mktemp("pmpi")
+    progs = {}
+    for name, extra in (("matrix", []), ("cases", ["-lpthread"])):
+        progs[name] = str(out / name)
+        subprocess.run([*shlex.split(t.mpicc), "-O1", os.path.join(PROGRAMS, f"{name}.c"), "-o",
+                        progs[name], *extra], check=True, capture_output=True, text=True)
+    progs["below"] = str(out / "libbelow.so")
+    subprocess.run([*shlex.split(t.mpicc), "-shared", "-fPIC", os.path.join(PROGRAMS, "below.c"), "-o",
+                    progs["below"]], check=True, capture_output=True, text=True)
+    return str(lib), progs
+
+
+def run(n, preload, argv, env=None, timeout=180):
+    """Run ``argv`` on ``n`` ranks with ``preload`` in LD_PRELOAD and the counters on; returns
+    (exit code, stdout, stderr).  A hang fails the test."""
+    full_env = dict(os.environ, HYBRIDMPI_PMPI_STATS="1", **(env or {}))
+    cmd = [MPIEXEC, "-n", str(n)]
+    if mpi_flavor() == "openmpi":
+        full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd += ["--oversubscribe", "--timeout", str(timeout), "-x", f"LD_PRELOAD={preload}"]
+        cmd += [a for k in full_env if k.startswith("HYBRIDMPI_PMPI_") for a in ("-x", k)]
+    else:
+        if mpi_flavor() == "impi":
+            full_env.setdefault("I_MPI_WAIT_MODE", "1")
+        full_env["MPIEXEC_TIMEOUT"] = str(timeout)
+        cmd += ["-genv", "LD_PRELOAD", preload]
+    try:
+        p = subprocess.run(cmd + argv, env=full_env, capture_output=True, text=True, timeout=timeout + 30)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{argv} on {n} ranks hung past {timeout + 30} s:\n{e.stdout}\n{e.stderr}")
+    return p.returncode, p.stdout, p.stderr
+
+
+def counters(stderr):
+    """Each rank's counters, from the lines the library prints at MPI_Finalize."""
+    out = {}
+    for m in re.finditer(r"hybridmpi pmpi: rank (\d+) of \d+: (.*)", stderr):
+        out[int(m.group(1))] = {k: int(v) for v, k in re.findall(r"(\d+) ([a-z -]+?)(?:,|$)", m.group(2))}
+    return out
+
+
+def passed(n, preload, argv, expect, env=None):
+    rc, out, err = run(n, preload, argv, env)
+    assert rc == 0 and expect in out, f"rc={rc}\n{out}\n{err}"
+    seen = counters(err)
+    assert sorted(seen) == list(range(n)), err
+    for c in seen.values():
+        assert c["calls that failed"] == 0, err
+    return seen
+
+
+@pytest.mark.parametrize("ranks,node_size", [(1, None), (2, None), (3, 1), (4, None), (4, 2), (5, 2),
+                                             (8, 3)])
+def test_matrix(built, ranks, node_size):
+    """Types x operations x counts x in place, dup/split/free churn, on one node and across
+    virtual ones: every result equals PMPI_Allreduce's, and the eligible calls took the core."""
+    lib, progs = built
+    env = {"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size)} if node_size else {}
+    seen = passed(ranks, lib, [progs["matrix"], *(["quick"] if ranks > 4 else [])], "matrix ok", env)
+    for c in seen.values():
+        if ranks == 1:   # a one-rank communicator is MPI's (a copy)
+            assert c["allreduce fast"] == 0 and c["communicators set up"] == 0
+        elif node_size != 1 or ranks > 1:
+            assert c["allreduce fast"] > 1000 and c["barrier fast"] > 0, c
+            assert c["allreduce passed on"] > 0, c   # sizes past the core's, user ops, ...
+
+
+def test_matrix_thread_multiple(built):
+    lib, progs = built
+    seen = passed(3, lib, [progs["matrix"], "multiple", "quick"], "matrix ok")
+    assert all(c["allreduce fast"] > 1000 for c in seen.values())
+
+
+@pytest.mark.parametrize("case,ranks", [("progress", 3), ("rma", 4), ("threads", 3)])
+def test_cases(built, case, ranks):
+    """A rank in MPI_Ssend to a rank in the library's allreduce (its wait drives MPI's
+    progress); passive-target RMA at ranks in its calls; threads on their own communicators."""
+    lib, progs = built
+    seen = passed(ranks, lib, [progs["cases"], case], f"{case} ok")
+    in_calls = range(1, ranks) if case == "progress" else range(ranks)   # progress: rank 0 sends
+    assert all(seen[r]["allreduce fast"] > 0 for r in in_calls), seen
+
+
+@pytest.mark.parametrize("fail_rank,ranks,node_size", [(0, 3, None), (2, 3, None), (3, 4, 2)])
+def test_set_up_fails_on_one_rank(built, fail_rank, ranks, node_size):
+    """One rank's set-up fails (as with no room in /dev/shm): every rank stays on MPI, results
+    right, nothing hangs."""
+    lib, progs = built
+    env = {"HYBRIDMPI_PMPI_FAIL_RANK": str(fail_rank)}
+    if node_size:
+        env["HYBRIDMPI_PMPI_NODE_SIZE"] = str(node_size)
+    seen = passed(ranks, lib, [progs["cases"], "fallback"], "fallback ok", env)
+    for c in seen.values():
+        assert c["allreduce fast"] == 0 and c["set-ups that fell back"] == 1, seen
+        assert c["allreduce passed on"] == 100, seen
+
+
+def test_rank_killed_mid_call(built):
+    """A rank ends (SIGKILL) while the others are in the library's allreduce: the job ends, no
+    rank waits forever."""
+    lib, progs = built
+    rc, out, err = run(3, lib, [progs["cases"], "kill"], timeout=60)
+    assert rc != 0 and "kill ok" not in out, f"rc={rc}\n{out}\n{err}"
+    assert "went on without" not in err
+
+
+def test_mismatched_calls_report(built):
+    """An erroneous program (a barrier where the others reduce) gets an error from the library
+    through the communicator's error handler, on every rank, instead of a hang."""
+    lib, progs = built
+    rc, out, err = run(3, lib, [progs["cases"], "mismatch"], timeout=60)
+    assert rc == 0 and "mismatch ok" in out, f"rc={rc}\n{out}\n{err}"
+    assert len(re.findall(r"rank \d: returned", err)) == 3, err
+    assert "hybridmpi pmpi: rank" in err
+
+
+def test_stacks_on_another_tool(built):
+    """With another PMPI tool below it, what the library passes on reaches that tool."""
+    lib, progs = built
+    rc, out, err = run(2, f"{lib}:{progs['below']}", [progs["cases"], "fallback"])
+    assert rc == 0 and "fallback ok" in out, err
+    below = {int(r): (int(a), int(b)) for r, a, b in
+             re.findall(r"below: rank (\d+): (\d+) allreduce, (\d+) barrier", err)}
+    for rank, c in counters(err).items():
+        assert below[rank] == (c["allreduce passed on"], c["barrier passed on"]), err
+        assert c["barrier passed on"] > 0 and c["allreduce fast"] > 0
+
+
+def test_off_switch(built):
+    """HYBRIDMPI_PMPI_OFF=1: everything goes to MPI."""
+    lib, progs = built
+    seen = passed(2, lib, [progs["cases"], "fallback"], "fallback ok", {"HYBRIDMPI_PMPI_OFF": "1"})
+    assert all(c["allreduce fast"] == 0 and c["allreduce passed on"] == 100 for c in seen.values())
+
+
+def test_command(built, tmp_path):
+    """`hybridmpi pmpi path` prints the library (the same build twice); a wrapper that does
+    not exist is one line on stderr and exit code 1."""
+    import sys
+
+    lib, _ = built
+    env = dict(os.environ)
+    p = subprocess.run([sys.executable, "-m", "hybridmpi", "pmpi", "path"], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert p.returncode == 0 and p.stdout.strip() == lib, p.stderr
+    p = subprocess.run([sys.executable, "-m", "hybridmpi", "pmpi", "path", "--mpicc",
+                        str(tmp_path / "no-such-mpicc")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and p.stderr.startswith("hybridmpi pmpi: error:"), p.stderr
+    assert "Traceback" not in p.stderr

@@ -82,14 +82,15 @@ def passed(n, preload, argv, expect, env=None):
     return seen
 
 
-@pytest.mark.parametrize("ranks,node_size", [(1, None), (2, None), (3, 1), (4, None), (4, 2), (5, 2),
-                                             (8, 3)])
+@pytest.mark.parametrize("ranks,node_size", [(1, None), (2, None), (3, 1), (4, None), (4, 2), (6, 3),
+                                             (8, None)])
 def test_matrix(built, ranks, node_size):
     """Types x operations x counts x in place, dup/split/free churn, on one node and across
     virtual ones: every result equals PMPI_Allreduce's, and the eligible calls took the core."""
     lib, progs = built
     env = {"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size)} if node_size else {}
-    seen = passed(ranks, lib, [progs["matrix"], *(["quick"] if ranks > 4 else [])], "matrix ok", env)
+    quick = ranks > 4 or node_size is not None   # MPI between leaders, oversubscribed: slow
+    seen = passed(ranks, lib, [progs["matrix"], *(["quick"] if quick else [])], "matrix ok", env)
     for c in seen.values():
         if ranks == 1:   # a one-rank communicator is MPI's (a copy)
             assert c["allreduce fast"] == 0 and c["communicators set up"] == 0

@@ -257,6 +257,8 @@ static void start(void)
     next.f_barrier = find_next("mpi_barrier_", "pmpi_barrier_");
     next.f_in_place = dlsym(RTLD_DEFAULT, "mpi_fortran_in_place_");
     /* keep the named types this MPI has at the size the core expects */
+    MPI_Errhandler was;   /* errors outside a communicator go to MPI_COMM_SELF's handler */
+    PMPI_Comm_get_errhandler(MPI_COMM_SELF, &was);
     PMPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
     ntypes = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
@@ -265,7 +267,8 @@ static void start(void)
             (size_t)size == hm_dtype_size(types[i].code))
             types[ntypes++] = types[i];
     }
-    PMPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_ARE_FATAL);
+    PMPI_Comm_set_errhandler(MPI_COMM_SELF, was);   /* the program's, as it was */
+    PMPI_Errhandler_free(&was);
     PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_state, &keyval, NULL);
     PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &self_keyval, NULL);
     PMPI_Comm_set_attr(MPI_COMM_SELF, self_keyval, NULL);

@@ -139,6 +139,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridmpi" / "meshes"
 
 
+def pmpi_cache_dir() -> Path:
+    """Where the PMPI library's builds are kept: HYBRIDMPI_PMPI_CACHE, else
+    XDG_CACHE_HOME/hybridmpi/pmpi."""
+    value = raw("HYBRIDMPI_PMPI_CACHE")
+    if value:
+        return Path(value)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridmpi" / "pmpi"
+
+
+def mpicc() -> str | None:
+    """The C compiler wrapper named by MPICC (the PMPI library's build tries it first)."""
+    return raw("MPICC") or None
+
+
 def blas_threads() -> str | None:
     """The BLAS thread count the environment asks for, if any (benchmark records)."""
     return raw("OPENBLAS_NUM_THREADS") or raw("OMP_NUM_THREADS") or None

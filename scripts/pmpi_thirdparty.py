@@ -86,11 +86,11 @@ def check_mpi4py(r: Runner, ranks, src):
         for with_lib in (False, True):
             rc, out = r.run(n, [sys.executable, str(Path(src) / "test" / "main.py"), "-q"], with_lib)
             failed = sorted(set(re.findall(r"^(?:FAIL|ERROR): (\S+ \([^)]*\))", out, re.M)))
-            ran = re.findall(r"Ran (\d+) tests", out)
+            ran = re.findall(r"Ran (\d+) tests", out) + re.findall(r"skipped=(\d+)", out)
             got[with_lib] = (rc, failed, ran, fast_calls(out))
         same = got[False][1] == got[True][1] and got[False][2] == got[True][2]
         yield {"check": f"mpi4py suite, {n} ranks", "ok": same,
-               "detail": f"ran {got[True][2][:1]}, failing without {len(got[False][1])} / with "
+               "detail": f"ran, skipped {got[False][2]} / {got[True][2]}, failing without {len(got[False][1])} / with "
                          f"{len(got[True][1])}, {got[True][3]} allreduces on the core",
                "only_without": sorted(set(got[False][1]) - set(got[True][1])),
                "only_with": sorted(set(got[True][1]) - set(got[False][1]))}

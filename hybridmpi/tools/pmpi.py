@@ -4,8 +4,8 @@
 one whose compiler wrapper ``--mpicc`` names), building it first when needed.  One build per
 MPI: the library is compiled with the MPI's own wrapper and linked against the very ``libmpi``
 that the programs load, so that its ``PMPI_*`` resolve to it whether a program links MPI or
-Python opens it later.  Builds are kept in ``$HYBRIDMPI_CACHE`` (default
-``~/.cache/hybridmpi``), named by a hash of the sources, the wrapper and the library.
+Python opens it later.  Builds are kept in ``$HYBRIDMPI_PMPI_CACHE`` (default
+``~/.cache/hybridmpi/pmpi``), named by a hash of the sources, the wrapper and the library.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .. import settings
 
 #: the C sources compiled into the library: the entry points and the C core they run on
 SOURCES = ("hm_pmpi.c", "hm_coll.c", "hm_wait.c")
@@ -95,8 +97,8 @@ def wrapper_family(mpicc: str) -> str:
 def _wrappers(libmpi: Path):
     """Compiler wrappers to try, most likely first: $MPICC, the one beside the library's
     installation, the one on PATH."""
-    if os.environ.get("MPICC"):
-        yield os.environ["MPICC"]
+    if settings.mpicc():
+        yield settings.mpicc()
     for folder in (libmpi.parent.parent / "bin", Path(sys.prefix) / "bin"):
         if (folder / "mpicc").is_file():
             yield str(folder / "mpicc")
@@ -146,11 +148,8 @@ def _wrapper_libmpi(mpicc: str) -> Path:
 
 
 def cache_dir() -> Path:
-    """Where builds are kept: $HYBRIDMPI_CACHE, else $XDG_CACHE_HOME/hybridmpi, else ~/.cache/hybridmpi."""
-    if os.environ.get("HYBRIDMPI_CACHE"):
-        return Path(os.environ["HYBRIDMPI_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hybridmpi"
+    """Where builds are kept (settings.pmpi_cache_dir)."""
+    return settings.pmpi_cache_dir()
 
 
 def _compile_line(t: Target, src: Path, out: Path) -> list[str]:
@@ -168,7 +167,7 @@ def library(mpicc: str | None = None, rebuild: bool = False, log=None) -> Path:
     for name in SOURCES + HEADERS:
         h.update((src / name).read_bytes())
     h.update(f"{t.family}\0{t.libmpi.resolve()}\0{t.mpicc}".encode())
-    folder = cache_dir() / f"pmpi-{t.family}-{h.hexdigest()[:16]}"
+    folder = cache_dir() / f"{t.family}-{h.hexdigest()[:16]}"
     out = folder / "libhybridmpi_pmpi.so"
     if out.exists() and not rebuild:
         return out

@@ -90,8 +90,9 @@ def check_mpi4py(r: Runner, ranks, src):
             got[with_lib] = (rc, failed, ran, fast_calls(out))
         same = got[False][1] == got[True][1] and got[False][2] == got[True][2]
         yield {"check": f"mpi4py suite, {n} ranks", "ok": same,
-               "detail": f"ran, skipped {got[False][2]} / {got[True][2]}, failing without {len(got[False][1])} / with "
-                         f"{len(got[True][1])}, {got[True][3]} allreduces on the core",
+               "detail": f"ran, skipped {got[False][2]} / {got[True][2]}, failing without "
+                         f"{len(got[False][1])} / with {len(got[True][1])}, {got[True][3]} allreduces on "
+                         "the core",
                "only_without": sorted(set(got[False][1]) - set(got[True][1])),
                "only_with": sorted(set(got[True][1]) - set(got[False][1]))}
 
@@ -153,9 +154,11 @@ def check_dolfinx(r: Runner, ranks):
     for n in ranks:
         res = {}
         for with_lib in (False, True):
-            rc, out = r.run(n, [sys.executable, str(ROOT / "tests" / "pmpi" / "dolfinx_poisson.py")], with_lib)
+            script = str(ROOT / "tests" / "pmpi" / "dolfinx_poisson.py")
+            rc, out = r.run(n, [sys.executable, script], with_lib)
             m = re.search(r"norm ([\d.e+-]+) iterations (\d+)", out)
-            res[with_lib] = (rc, (float(m.group(1)), int(m.group(2))) if m else None, fast_calls(out))
+            found = (float(m.group(1)), int(m.group(2))) if m else None
+            res[with_lib] = (rc, found, fast_calls(out))
         a, b = res[False][1], res[True][1]
         ok = res[False][0] == res[True][0] == 0 and a is not None and b is not None and a[1] == b[1] \
             and abs(a[0] - b[0]) <= 1e-12 * abs(a[0])
@@ -175,8 +178,10 @@ def main(argv=None) -> int:
     t = pmpi.target()
     r = Runner(t.family, str(pmpi.library()))
     ranks = [int(x) for x in a.ranks.split(",")]
-    checks = {"mpi4py": lambda: check_mpi4py(r, ranks, a.mpi4py_src), "imb": lambda: check_imb(r, ranks, a.imb),
-              "petsc": lambda: check_petsc(r, ranks), "fortran": lambda: check_fortran(r, ranks, a.mpif90),
+    checks = {"mpi4py": lambda: check_mpi4py(r, ranks, a.mpi4py_src),
+              "imb": lambda: check_imb(r, ranks, a.imb),
+              "petsc": lambda: check_petsc(r, ranks),
+              "fortran": lambda: check_fortran(r, ranks, a.mpif90),
               "dolfinx": lambda: check_dolfinx(r, ranks)}
     results = []
     for name in a.only.split(","):

@@ -33,10 +33,12 @@ def built(tmp_path_factory):
     lib = pmpi.library()   # a wrapper was found: a failed build fails
     out = tmp_path_factory.mktemp("pmpi")
     progs = {}
+    # linked against the libmpi that mpi4py loads (Intel MPI's, with an MPICH wrapper: one ABI)
+    link = [f"-L{t.libmpi.parent}", f"-Wl,-rpath,{t.libmpi.parent}", f"-l:{t.libmpi.name}"]
     for name, extra in (("matrix", []), ("cases", ["-lpthread"])):
         progs[name] = str(out / name)
         subprocess.run([*shlex.split(t.mpicc), "-O1", os.path.join(PROGRAMS, f"{name}.c"), "-o",
-                        progs[name], *extra], check=True, capture_output=True, text=True)
+                        progs[name], *extra, *link], check=True, capture_output=True, text=True)
     progs["below"] = str(out / "libbelow.so")
     subprocess.run([*shlex.split(t.mpicc), "-shared", "-fPIC", os.path.join(PROGRAMS, "below.c"), "-o",
                     progs["below"]], check=True, capture_output=True, text=True)

@@ -440,13 +440,14 @@ static state *fast_state(MPI_Comm comm)
 /* Called by the core between polls once a wait stopped spinning: drives MPI's progress (a peer
  * may wait for this rank's point-to-point traffic) and, now and then, looks for node peers
  * whose process ended: their words get the error bits, so the wait ends. */
+static void poke(state *s);
+
 static void progress(void)
 {
     state *s = waiting;
     if (s == NULL)
         return;
-    int flag;
-    PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->node, &flag, MPI_STATUS_IGNORE);
+    poke(s);
     if (++idle_polls % 256)
         return;
     for (int r = 0; r < s->c.size; r++)
@@ -482,9 +483,20 @@ static int between(state *s, int mpi_rc)
     return -1;
 }
 
+/* One turn of MPI's progress engine. */
+static void poke(state *s)
+{
+    int flag;
+    PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->node, &flag, MPI_STATUS_IGNORE);
+}
+
+/* A barrier also turns MPI's progress once on entry and once on exit, as MPI's own does:
+ * programs rely on it to complete what they started before it (an RMA epoch's Win_complete,
+ * then a Win_test after the barrier on the target; mpi4py's suite does that). */
 static int run_barrier(state *s)
 {
     int rc;
+    poke(s);
     waiting = s;
     if (!s->multi)
         rc = hm_barrier_dissemination(&s->c);
@@ -494,6 +506,7 @@ static int run_barrier(state *s)
              (rc = between(s, PMPI_Barrier(s->leaders))) == HM_OK)
         rc = hm_barrier(&s->c, HM_TREE, HM_RELEASE);
     waiting = NULL;
+    poke(s);
     COUNT(C_FAST_BARRIER);
     return rc == HM_OK ? MPI_SUCCESS : failed(s, "MPI_Barrier", rc);
 }

@@ -54,7 +54,8 @@ class Runner:
 
     def run(self, n: int, argv: list[str], with_lib: bool, env=None, cwd=None, timeout=900):
         e = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                 HYBRIDMPI_PMPI_STATS="1", **(env or {}))
+                 HYBRIDMPI_PMPI_STATS="1")
+        e.update(env or {})
         cmd = [self.mpiexec, "-n", str(n)]
         if self.family == "openmpi":
             cmd += ["--oversubscribe", "-x", "HYBRIDMPI_PMPI_STATS"]
@@ -97,14 +98,18 @@ def check_mpi4py(r: Runner, ranks, src):
                "only_with": sorted(set(got[True][1]) - set(got[False][1]))}
 
 
-def check_imb(r: Runner, ranks, imb):
+def check_imb(r: Runner, ranks, imb, libmpi):
+    # the binary (Intel MPI's) finds the libmpi under test first: Intel MPI's own, or MPICH's
+    # (one ABI)
+    env = {"LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(Path(libmpi).parent),
+                                                          os.environ.get("LD_LIBRARY_PATH")]))}
     for n in ranks:
         if n < 2:
             continue
         res = {}
         for with_lib in (False, True):
             rc, out = r.run(n, [imb, "-npmin", str(n), "-iter", "200", "-msglog", "0:12",
-                                "Allreduce", "Barrier"], with_lib)
+                                "Allreduce", "Barrier"], with_lib, env=env)
             rows = re.findall(r"^\s+(\d+)\s+\d+\s+[\d.]+\s+[\d.]+\s+([\d.]+)", out, re.M)
             res[with_lib] = (rc, len(rows), out)
         ok = res[False][0] == 0 and res[True][0] == 0 and res[False][1] == res[True][1] > 0
@@ -171,7 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="mpi4py,imb,petsc,fortran,dolfinx")
     p.add_argument("--ranks", default="1,2,3,4")
     p.add_argument("--mpi4py-src", help="an unpacked mpi4py sdist (default: fetched from PyPI)")
-    p.add_argument("--imb", default=shutil.which("IMB-MPI1") or str(Path(sys.prefix) / "bin" / "IMB-MPI1"))
+    p.add_argument("--imb", default=shutil.which("IMB-MPI1") or str(Path(sys.prefix) / "bin" / "IMB-MPI1"),
+                   help="IMB-MPI1 (default: on PATH, or beside this Python: impi-rt ships it)")
     p.add_argument("--mpif90", default=shutil.which("mpif90") or "mpif90")
     p.add_argument("--json", default="hybridmpi-results/pmpi-thirdparty.json")
     a = p.parse_args(argv)
@@ -179,7 +185,7 @@ def main(argv=None) -> int:
     r = Runner(t.family, str(pmpi.library()))
     ranks = [int(x) for x in a.ranks.split(",")]
     checks = {"mpi4py": lambda: check_mpi4py(r, ranks, a.mpi4py_src),
-              "imb": lambda: check_imb(r, ranks, a.imb),
+              "imb": lambda: check_imb(r, ranks, a.imb, t.libmpi),
               "petsc": lambda: check_petsc(r, ranks),
               "fortran": lambda: check_fortran(r, ranks, a.mpif90),
               "dolfinx": lambda: check_dolfinx(r, ranks)}

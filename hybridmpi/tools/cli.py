@@ -296,6 +296,25 @@ def cmd_pmpi(args):
     print(library(args.mpicc, rebuild=args.rebuild, log=log))
 
 
+def _pmpi_parser(sub):
+    """``hybridmpi pmpi path``."""
+    q = sub.add_parser("pmpi", help="the PMPI library: the core's barrier and allreduce under "
+                       "unchanged C, C++ and Fortran programs (docs/pmpi.md)")
+    acts = q.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    acts.required = True
+    k = acts.add_parser("path", help="print the library's path for mpi4py's MPI (or --mpicc's), "
+                        "building it first if needed",
+                        description="Print the path of the PMPI library for the MPI that mpi4py "
+                        "uses, or for the one whose compiler wrapper --mpicc names; builds it first "
+                        "if needed.  Use: mpiexec -n 4 -genv LD_PRELOAD $(hybridmpi pmpi path) ./app "
+                        "(MPICH, Intel MPI) or mpiexec -x LD_PRELOAD=$(hybridmpi pmpi path) ./app "
+                        "(Open MPI).")
+    k.add_argument("--mpicc", help="the MPI's C compiler wrapper (default: one of mpi4py's MPI)")
+    k.add_argument("--rebuild", action="store_true", help="build again even if a build exists")
+    k.add_argument("--verbose", action="store_true", help="print the compile line on stderr")
+    k.set_defaults(func=cmd_pmpi)
+
+
 def parser():
     p = _Parser(prog="hybridmpi", description="Ghost updates, barriers and reductions over "
                 "MPI-3 shared memory: tools and benchmarks.")
@@ -360,21 +379,7 @@ def parser():
     q.add_argument("-o", "--output", help="folder for the figures (default: next to each file)")
     q.set_defaults(func=cmd_plot)
 
-    q = sub.add_parser("pmpi", help="the PMPI library: the core's barrier and allreduce under "
-                       "unchanged C, C++ and Fortran programs (docs/pmpi.md)")
-    acts = q.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    acts.required = True
-    k = acts.add_parser("path", help="print the library's path for mpi4py's MPI (or --mpicc's), "
-                        "building it first if needed",
-                        description="Print the path of the PMPI library for the MPI that mpi4py "
-                        "uses, or for the one whose compiler wrapper --mpicc names; builds it first "
-                        "if needed.  Use: mpiexec -n 4 -genv LD_PRELOAD $(hybridmpi pmpi path) ./app "
-                        "(MPICH, Intel MPI) or mpiexec -x LD_PRELOAD=$(hybridmpi pmpi path) ./app "
-                        "(Open MPI).")
-    k.add_argument("--mpicc", help="the MPI's C compiler wrapper (default: one of mpi4py's MPI)")
-    k.add_argument("--rebuild", action="store_true", help="build again even if a build exists")
-    k.add_argument("--verbose", action="store_true", help="print the compile line on stderr")
-    k.set_defaults(func=cmd_pmpi)
+    _pmpi_parser(sub)
 
     q = sub.add_parser("demo", help="ghost update and collectives vs MPI on the shipped mesh "
                        "(run under mpiexec -n N)")

@@ -152,6 +152,8 @@ typedef struct state {
     char **seg;
     pid_t *pids;            /* each node rank's process, in the segment */
     char name[64];          /* the segment's name, at node rank 0 until every rank mapped it */
+    int watch;              /* 1: the node's processes are visible here (dead-peer checks) */
+    unsigned char *suspect; /* node ranks whose process was found gone once (checked again) */
     hm_coll c;
     struct state *prev, *next;
 } state;
@@ -180,6 +182,8 @@ static void release(state *s)
     s->base = NULL;
     free(s->seg);
     s->seg = NULL;
+    free(s->suspect);
+    s->suspect = NULL;
     if (s->leaders != MPI_COMM_NULL)
         PMPI_Comm_free(&s->leaders);
     if (s->node != MPI_COMM_NULL)
@@ -228,7 +232,15 @@ static int at_finalize(MPI_Comm comm, int key, void *value, void *extra)
         pthread_mutex_unlock(&lock);
         if (s == NULL)
             break;
-        PMPI_Comm_delete_attr(s->comm, keyval);   /* runs delete_state */
+        if (PMPI_Comm_delete_attr(s->comm, keyval) != MPI_SUCCESS)   /* runs delete_state */
+            delete_state(s->comm, keyval, s, NULL);
+        pthread_mutex_lock(&lock);
+        int stuck = live == s;   /* neither freed it: drop it, never loop */
+        if (stuck)
+            live = s->next;
+        pthread_mutex_unlock(&lock);
+        if (stuck)
+            break;
     }
     if (cfg.stats)
         print_counters();
@@ -285,12 +297,14 @@ EXPORT int MPI_Finalize(void)
     const char *v = getenv("HYBRIDMPI_PMPI_STATS");
     if (!started && v != NULL && *v != '\0' && strcmp(v, "0") != 0)
         print_counters();
+    if (!started)
+        finalizing = 1;   /* a first call from inside MPI_Finalize goes to MPI */
     return ((finalize_fn)find_next("MPI_Finalize", "PMPI_Finalize"))();
 }
 
 /* ------------------------------------------------------------------ set-up */
 
-static const char *failure;   /* why this rank's last set-up failed (stats) */
+static __thread const char *failure;   /* why this thread's last set-up failed (stats) */
 
 /* This rank's part of a set-up: the node, its segment, the core; 0 on success. */
 static int map_node(state *s, int rank)
@@ -306,6 +320,8 @@ static int map_node(state *s, int rank)
     } else {
         s->node = shared;
     }
+    /* the library's own communicators report to it, never to the program's handler */
+    PMPI_Comm_set_errhandler(s->node, MPI_ERRORS_RETURN);
     int nr, nn;
     PMPI_Comm_rank(s->node, &nr);
     PMPI_Comm_size(s->node, &nn);
@@ -334,20 +350,27 @@ static int map_node(state *s, int rank)
             name[0] = '\0';
         }
     }
-    PMPI_Bcast(name, sizeof s->name, MPI_CHAR, 0, s->node);
-    if (name[0] == '\0' || inject)
+    if (PMPI_Bcast(name, sizeof s->name, MPI_CHAR, 0, s->node) != MPI_SUCCESS)
+        name[0] = '\0';
+    if (name[0] == '\0')   /* every node rank sees it: none goes on to the barrier below */
         return failure = "no room for the node's shared segment", 1;
-    if (nr != 0) {
+    if (nr != 0 && !inject) {
         int fd = shm_open(name, O_RDWR, 0);
         if (fd >= 0) {
             s->base = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             close(fd);
         }
-        if (fd < 0 || s->base == MAP_FAILED) {
+        if (fd < 0 || s->base == MAP_FAILED)
             s->base = NULL;
-            return failure = "could not map the node's shared segment", 1;
-        }
     }
+    /* every node rank tried to map it: the name goes now, not after the slower agreement over
+     * the whole communicator (a job killed in between leaves nothing in /dev/shm) */
+    PMPI_Barrier(s->node);
+    if (nr == 0)
+        shm_unlink(name);
+    name[0] = '\0';
+    if (s->base == NULL)
+        return failure = "could not map the node's shared segment", 1;
     s->seg = malloc((size_t)nn * sizeof(char *));
     if (s->seg == NULL)
         return failure = "out of memory", 1;
@@ -355,6 +378,9 @@ static int map_node(state *s, int rank)
         s->seg[r] = s->base + per * (size_t)r;
     s->pids = (pid_t *)(s->base + per * (size_t)nn);
     s->pids[nr] = getpid();
+    s->suspect = calloc((size_t)nn, 1);
+    if (s->suspect == NULL)
+        return failure = "out of memory", 1;
     if (hm_coll_init(&s->c, nr, nn, 4, s->seg, cfg.max_bytes) != HM_OK || !hm_lock_free())
         return failure = "the core cannot run here", 1;
     hm_wait_policy *p = &s->c.policy;
@@ -369,22 +395,32 @@ static int map_node(state *s, int rank)
 /* Set up `s`, collectively over its communicator; every rank ends in S_FAST or in S_NEXT. */
 static void set_up(state *s)
 {
-    int rank, local[2], all[2];
+    int rank, local[2], all[2] = {0, 1};   /* all: nodes, ranks that failed */
     PMPI_Comm_rank(s->comm, &rank);
     s->node = s->leaders = MPI_COMM_NULL;
     local[1] = map_node(s, rank);
-    local[0] = s->node != MPI_COMM_NULL && s->c.rank == 0 && !local[1];
-    /* the agreement; it also orders every rank's hm_coll_init before any rank's first call */
-    PMPI_Allreduce(local, all, 2, MPI_INT, MPI_SUM, s->comm);
-    if (s->name[0] != '\0' && s->c.rank == 0 && s->node != MPI_COMM_NULL) {
-        int nr;
-        PMPI_Comm_rank(s->node, &nr);
-        if (nr == 0)
-            shm_unlink(s->name);   /* every node rank mapped the segment (or gave up) */
+    int leader = s->node != MPI_COMM_NULL && s->c.rank == 0;
+    /* the nodes' leaders, made by every rank (collective) whatever the outcome */
+    if (PMPI_Comm_split(s->comm, leader ? 0 : MPI_UNDEFINED, rank, &s->leaders) != MPI_SUCCESS) {
+        s->leaders = MPI_COMM_NULL;
+        local[1] = 1, failure = "MPI_Comm_split failed";
     }
+    if (s->leaders != MPI_COMM_NULL)
+        PMPI_Comm_set_errhandler(s->leaders, MPI_ERRORS_RETURN);
+    local[0] = leader && !local[1];
+    /* the agreement; it also orders every rank's hm_coll_init before any rank's first call */
+    if (PMPI_Allreduce(local, all, 2, MPI_INT, MPI_SUM, s->comm) != MPI_SUCCESS)
+        all[1] = 1;
     if (all[1] == 0) {
         s->multi = all[0] > 1;
-        PMPI_Comm_split(s->comm, s->multi && s->c.rank == 0 ? 0 : MPI_UNDEFINED, rank, &s->leaders);
+        if (!s->multi && s->leaders != MPI_COMM_NULL)
+            PMPI_Comm_free(&s->leaders);
+        /* dead peers are looked for only where every node peer's process is visible (not
+         * across PID namespaces that share /dev/shm) */
+        s->watch = 1;
+        for (int r = 0; r < s->c.size; r++)
+            if (kill(s->pids[r], 0) != 0 && errno == ESRCH)
+                s->watch = 0;
         s->phase = S_FAST;
         COUNT(C_SETUP);
         return;
@@ -402,8 +438,10 @@ static state *fast_state(MPI_Comm comm)
     if (cache.comm == comm && cache.gen == atomic_load_explicit(&generation, memory_order_relaxed) &&
         cache.st != NULL && cache.st->phase == S_FAST)
         return cache.st;
+    if (finalizing || comm == MPI_COMM_NULL)
+        return NULL;
     pthread_once(&once, start);
-    if (cfg.off || finalizing || comm == MPI_COMM_NULL)
+    if (cfg.off)
         return NULL;
     state *s;
     int found = 0;
@@ -419,20 +457,23 @@ static state *fast_state(MPI_Comm comm)
         s->comm = comm;
         s->node = s->leaders = MPI_COMM_NULL;
         s->phase = inter || size == 1 ? S_NEXT : S_COUNTING;
+        if (PMPI_Comm_set_attr(comm, keyval, s) != MPI_SUCCESS) {
+            free(s);
+            return NULL;
+        }
         pthread_mutex_lock(&lock);
         s->next = live;
         if (live)
             live->prev = s;
         live = s;
         pthread_mutex_unlock(&lock);
-        PMPI_Comm_set_attr(comm, keyval, s);
     }
     if (s->phase == S_COUNTING && ++s->calls > cfg.after)
         set_up(s);
     cache.comm = comm;
     cache.st = s;
     cache.gen = atomic_load(&generation);
-    return s->phase == S_FAST ? s : NULL;
+    return s->phase == S_FAST || s->phase == S_BROKEN ? s : NULL;
 }
 
 /* ------------------------------------------------------------------ waits and failures */
@@ -448,16 +489,30 @@ static void progress(void)
     if (s == NULL)
         return;
     poke(s);
-    if (++idle_polls % 256)
+    if (++idle_polls % 256 || !s->watch)
         return;
-    for (int r = 0; r < s->c.size; r++)
-        if (r != s->c.rank && kill(s->pids[r], 0) != 0 && errno == ESRCH) {
-            hm_coll dead = s->c;
-            dead.rank = r;
-            hm_coll_poison(&dead, HM_ERRBIT);
+    /* A process found gone is suspect first: its last words are final, and the polls until the
+     * next check read them (a peer that finished its part and exited is no failure).  Gone
+     * at the next check too, while this rank still waits: its words get the error bits. */
+    for (int r = 0; r < s->c.size; r++) {
+        if (r == s->c.rank || kill(s->pids[r], 0) == 0 || errno != ESRCH)
+            continue;
+        if (!s->suspect[r]) {
+            s->suspect[r] = 1;
+            continue;
         }
+        hm_coll dead = s->c;
+        dead.rank = r;
+        hm_coll_poison(&dead, HM_ERRBIT);
+    }
 }
 
+/* HM_* codes of a call that failed between the nodes (not the core's). */
+enum { E_MPI = 100, E_ELSEWHERE = 101 };
+
+/* A failed call: says why on stderr, revokes the communicator (every later call on it fails
+ * at once, without communicating: its ranks may have left this call at different points) and
+ * reports through the communicator's error handler. */
 static int failed(state *s, const char *call, int rc)
 {
     static const char *const why[] = {"", "a wait timed out (HYBRIDMPI_PMPI_TIMEOUT)",
@@ -465,22 +520,42 @@ static int failed(state *s, const char *call, int rc)
                                       "invalid arguments", "", "a rank of the node failed or ended"};
     int rank;
     PMPI_Comm_rank(s->comm, &rank);
-    fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s (node rank %d, call %llu)\n", rank, call,
-            rc > 0 && rc <= HM_EPEER ? why[rc] : "MPI failed between the nodes",
-            s->c.err.peer, (unsigned long long)s->c.err.epoch);
+    const char *text = rc > 0 && rc <= HM_EPEER ? why[rc]
+                       : rc == E_ELSEWHERE ? "the call failed on another node"
+                                           : "MPI failed between the nodes";
+    fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s (node rank %d, call %llu); the communicator is "
+            "revoked\n", rank, call, text, s->c.err.peer, (unsigned long long)s->c.err.epoch);
     s->phase = S_BROKEN;
     COUNT(C_FAILED);
     PMPI_Comm_call_errhandler(s->comm, MPI_ERR_OTHER);
     return MPI_ERR_OTHER;
 }
 
-/* Between the nodes' leaders: an MPI call after the node's gather; a failure poisons the node. */
-static int between(state *s, int mpi_rc)
+/* A call on a revoked communicator. */
+static int revoked(state *s)
 {
-    if (mpi_rc == MPI_SUCCESS)
-        return HM_OK;
+    COUNT(C_FAILED);
+    PMPI_Comm_call_errhandler(s->comm, MPI_ERR_OTHER);
+    return MPI_ERR_OTHER;
+}
+
+/* A leader's part between the nodes, after its node's gather ended with `rc`.  Every leader
+ * takes part whatever its node's outcome: first the leaders agree on a status and on what
+ * they were called for (`sig`: 0 for a barrier, the count, type and operation of an
+ * allreduce), then, only when all is well, the data step of an allreduce.  A failure or a
+ * disagreement anywhere poisons every node, so that all ranks of all nodes fail this same
+ * call. */
+static int between(state *s, int rc, long sig, void *data, int count, MPI_Datatype type, MPI_Op op)
+{
+    long mine[3] = {rc != HM_OK, sig, -sig}, all[3] = {1, 0, 0};
+    int err = PMPI_Allreduce(mine, all, 3, MPI_LONG, MPI_MAX, s->leaders) != MPI_SUCCESS;
+    if (!err && all[0] == 0 && all[1] == -all[2]) {
+        if (data == NULL || PMPI_Allreduce(MPI_IN_PLACE, data, count, type, op, s->leaders) == MPI_SUCCESS)
+            return HM_OK;
+        err = 1;
+    }
     hm_coll_poison(&s->c, HM_ERRBIT);
-    return -1;
+    return rc != HM_OK ? rc : err ? E_MPI : all[1] != -all[2] ? HM_EMISMATCH : E_ELSEWHERE;
 }
 
 /* One turn of MPI's progress engine. */
@@ -496,15 +571,16 @@ static void poke(state *s)
 static int run_barrier(state *s)
 {
     int rc;
+    if (s->phase == S_BROKEN)
+        return revoked(s);
     poke(s);
     waiting = s;
     if (!s->multi)
         rc = hm_barrier_dissemination(&s->c);
     else if (s->leaders == MPI_COMM_NULL)
         rc = hm_barrier(&s->c, HM_TREE, HM_BOTH);
-    else if ((rc = hm_barrier(&s->c, HM_TREE, HM_GATHER)) == HM_OK &&
-             (rc = between(s, PMPI_Barrier(s->leaders))) == HM_OK)
-        rc = hm_barrier(&s->c, HM_TREE, HM_RELEASE);
+    else if ((rc = between(s, hm_barrier(&s->c, HM_TREE, HM_GATHER), 0, NULL, 0, MPI_INT, MPI_MAX)) == HM_OK)
+        rc = hm_barrier(&s->c, HM_TREE, HM_RELEASE);   /* the status allreduce was the barrier */
     waiting = NULL;
     poke(s);
     COUNT(C_FAST_BARRIER);
@@ -515,6 +591,8 @@ static int run_allreduce(state *s, const void *send, void *recv, uint64_t count,
                          MPI_Datatype type, MPI_Op mop)
 {
     int rc;
+    if (s->phase == S_BROKEN)
+        return revoked(s);
     if (send == MPI_IN_PLACE)
         send = recv;
     waiting = s;
@@ -522,20 +600,23 @@ static int run_allreduce(state *s, const void *send, void *recv, uint64_t count,
         rc = hm_allreduce_rd(&s->c, send, recv, count, dt, op);
     else if (s->leaders == MPI_COMM_NULL)
         rc = hm_allreduce(&s->c, send, recv, count, dt, op, HM_BOTH);
-    else if ((rc = hm_allreduce(&s->c, send, recv, count, dt, op, HM_GATHER)) == HM_OK &&
-             (rc = between(s, PMPI_Allreduce(MPI_IN_PLACE, hm_coll_slot(&s->c, 0), (int)count, type,
-                                             mop, s->leaders))) == HM_OK)
+    else if ((rc = between(s, hm_allreduce(&s->c, send, recv, count, dt, op, HM_GATHER),
+                           (long)((count << 12) | ((uint64_t)dt << 4) | (uint64_t)op) + 1,
+                           hm_coll_slot(&s->c, 0), (int)count, type, mop)) == HM_OK)
         rc = hm_allreduce(&s->c, NULL, recv, count, dt, op, HM_RELEASE);
     waiting = NULL;
     COUNT(C_FAST_ALLREDUCE);
     return rc == HM_OK ? MPI_SUCCESS : failed(s, "MPI_Allreduce", rc);
 }
 
-/* The state and the core's codes when this allreduce goes to the core, else NULL. */
+/* The state and the core's codes when this allreduce goes to the core (or the communicator
+ * was revoked), else NULL. */
 static state *allreduce_fast(MPI_Count count, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int *dt,
                              int *hop)
 {
     state *s = fast_state(comm);
+    if (s != NULL && s->phase == S_BROKEN)
+        return s;
     if (s == NULL || count <= 0 || (*dt = type_code(type)) < 0 || (*hop = op_code(op, *dt)) < 0 ||
         (uint64_t)count > cfg.max_bytes / hm_dtype_size(*dt))
         return NULL;

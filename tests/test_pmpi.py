@@ -140,14 +140,17 @@ def test_rank_killed_mid_call(built):
     assert "went on without" not in err
 
 
-def test_mismatched_calls_report(built):
+@pytest.mark.parametrize("ranks,node_size", [(3, None), (4, 2), (3, 1)])
+def test_mismatched_calls_report(built, ranks, node_size):
     """An erroneous program (a barrier where the others reduce) gets an error from the library
-    through the communicator's error handler, on every rank, instead of a hang."""
+    through the communicator's error handler, on every rank, on one node and across nodes,
+    instead of a hang; the communicator is then revoked: later calls fail at once."""
     lib, progs = built
-    rc, out, err = run(3, lib, [progs["cases"], "mismatch"], timeout=60)
+    env = {"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size)} if node_size else {}
+    rc, out, err = run(ranks, lib, [progs["cases"], "mismatch"], env=env, timeout=60)
     assert rc == 0 and "mismatch ok" in out, f"rc={rc}\n{out}\n{err}"
-    assert len(re.findall(r"rank \d: returned", err)) == 3, err
-    assert "hybridmpi pmpi: rank" in err
+    assert len(re.findall(r"rank \d: returned", err)) == ranks, err
+    assert "the communicator is revoked" in err
 
 
 def test_stacks_on_another_tool(built):

@@ -152,6 +152,9 @@ static void mismatch(void)
     char text[MPI_MAX_ERROR_STRING];
     MPI_Error_string(rc, text, &len);
     fprintf(stderr, "rank %d: returned %d (%s)\n", rank, rc, text);
+    /* the communicator is revoked: later calls fail at once on every rank, none waits */
+    CHECK(MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS &&
+          MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS, "a call after the failure succeeded");
 }
 
 static void fallback(void)

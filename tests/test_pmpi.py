@@ -84,7 +84,7 @@ def passed(n, preload, argv, expect, env=None):
     return seen
 
 
-@pytest.mark.parametrize("ranks,node_size", [(1, None), (2, None), (3, 1), (4, None), (4, 2), (6, 3),
+@pytest.mark.parametrize("ranks,node_size", [(1, None), (2, None), (4, None), (4, 2), (6, 3),
                                              (8, None)])
 def test_matrix(built, ranks, node_size):
     """Types x operations x counts x in place, dup/split/free churn, on one node and across

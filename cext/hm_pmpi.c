@@ -573,7 +573,6 @@ static int run_barrier(state *s)
     int rc;
     if (s->phase == S_BROKEN)
         return revoked(s);
-    poke(s);
     waiting = s;
     if (!s->multi)
         rc = hm_barrier_dissemination(&s->c);

@@ -79,9 +79,31 @@ void *hm_coll_slot(hm_coll *c, int rank) { return c->seg[rank] + HM_OFF_DATA; }
 typedef struct entered {
     hm_counter call;
     _Atomic int64_t kind, count, dtype, op;
+    hm_counter done;   /* the last call this rank completed (its part returned HM_OK) */
 } entered;
 
+_Static_assert(sizeof(entered) <= HM_REGION, "ENTERED region too small");
+
 static inline entered *ent(const hm_coll *c, int rank) { return (entered *)(c->seg[rank] + HM_OFF_ENTERED); }
+
+/* The end of this rank's part of call c->epoch: rc, and when it is HM_OK, the call stored as
+ * done (before any later poisoning, which is sequentially consistent), so that a slow peer
+ * that meets this rank's error bits beside the call's value knows the call completed here. */
+static inline int finish(hm_coll *c, int rc)
+{
+    if (rc == HM_OK)
+        atomic_store_explicit(&ent(c, c->rank)->done, c->epoch, memory_order_release);
+    return rc;
+}
+
+/* Whether node rank `peer` finished call e: it completed it, or entered a later one (a
+ * rank enters call e + 1 only after its part of e returned). */
+static inline int finished(const hm_coll *c, int peer, uint64_t e)
+{
+    const entered *p = ent(c, peer);
+    return atomic_load_explicit(&p->done, memory_order_acquire) >= e ||
+           atomic_load_explicit(&p->call, memory_order_acquire) > e;
+}
 
 static inline void enter(hm_coll *c, uint64_t e, int kind, uint64_t count, int dtype, int op)
 {
@@ -188,10 +210,11 @@ static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, 
     }
 got:
     if (v & HM_FLAGS) {
-        /* A peer that already entered a later call finished this one before its comm broke
-         * (its error bits came from that later call): this call completed here too, and the
-         * next one raises.  (ENTERED's call number is never poisoned; 0 while it changes.) */
-        if (peer < 0 || atomic_load_explicit(&ent(c, peer)->call, memory_order_acquire) <= c->epoch)
+        /* A peer that finished this call (completed it, or entered a later one) before its
+         * comm broke had stored its value for it: the error bits came from later, in a
+         * collective or anywhere else (a Halo call, a with block left on an exception).  This
+         * call completed here too, and the next one raises.  (ENTERED is never poisoned.) */
+        if (peer < 0 || !finished(c, peer, c->epoch) || ((v & ~(HM_FLAGS | HM_BADBIT)) < value))
             return peer_failed(c, peer, cnt, v);
         v &= ~HM_FLAGS;
     }
@@ -289,13 +312,10 @@ int hm_barrier(hm_coll *c, int method, int part)
     c->err.code = HM_OK;
     if (c->size == 1)
         return HM_OK;
-    if (method == HM_LINEAR)
-        return barrier_linear(c, part, e);
-    if (method == HM_TREE)
-        return barrier_tree(c, part, e);
-    if (method == HM_DISSEMINATION && part == HM_BOTH)
-        return barrier_dissemination(c, e);
-    return HM_EARG;
+    int rc = method == HM_LINEAR ? barrier_linear(c, part, e)
+             : method == HM_TREE ? barrier_tree(c, part, e)
+             : part == HM_BOTH ? barrier_dissemination(c, e) : HM_EARG;
+    return (part & HM_RELEASE) ? finish(c, rc) : rc;
 }
 
 int hm_barrier_tree(hm_coll *c) { return hm_barrier(c, HM_TREE, HM_BOTH); }
@@ -308,7 +328,7 @@ int hm_barrier_dissemination(hm_coll *c)
     uint64_t e = ++c->epoch;
     enter(c, e, HM_K_BARRIER_DISS, 0, 0, 0);
     c->err.code = HM_OK;
-    return c->size == 1 ? HM_OK : barrier_dissemination(c, e);
+    return c->size == 1 ? HM_OK : finish(c, barrier_dissemination(c, e));
 }
 
 int hm_coll_bad(hm_coll *c)
@@ -518,7 +538,7 @@ int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count,
             if (hdr(c, 0)->bad_rank != -1)
                 return mismatch(c);
             memcpy(recv, hm_coll_slot(c, 0), nbytes);
-            return HM_OK;
+            return finish(c, HM_OK);
         }
     }
     if (part & HM_RELEASE) {
@@ -528,6 +548,7 @@ int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count,
             return mismatch(c);
         if (recv != slot)
             memcpy(recv, slot, nbytes);
+        return finish(c, HM_OK);
     }
     return HM_OK;
 }
@@ -681,7 +702,7 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
         return HM_EMISMATCH;
     }
     memcpy(recv, acc, nbytes);
-    return HM_OK;
+    return finish(c, HM_OK);
 }
 
 double hm_allreduce_rd_f64(hm_coll *c, double x, int op)

@@ -15,7 +15,7 @@ import numpy as np
 from _harness import agree, main
 from mpi4py import MPI
 
-from hybridmpi import GhostPattern, Halo, HybridComm, PeerError
+from hybridmpi import GhostPattern, GlobalMemory, Halo, HybridComm, PeerError
 from hybridmpi.ghost.transport import METHODS as _METHODS
 
 PROMPT_S = 2.0
@@ -432,6 +432,49 @@ def case_reverse_combines_every_sender_or_none(comm, rng, node_size):
             assert views[0][0] is not None and views[0][1] == 1.0, (method, views)
 
 
+def case_valid_collective_completed_before_a_peer_broke_elsewhere(comm, rng, node_size):
+    """Finding 15, its other half: rank 1 is stopped (SIGSTOP) while it waits in a valid
+    collective; rank 0 completes the call, then its comm breaks outside any collective (its own
+    exception leaves the ``with`` block, as a one-rank invalid Halo call does).  Resumed, rank 1
+    reads rank 0's word with the error bits beside this call's value: the call completed on
+    rank 0, so it returns here too, and rank 1's next call raises PeerError.  Before: rank 1
+    raised PeerArgumentError in the valid call (every barrier method, both allreduce paths; seen
+    in the fuzzer with a Halo call after a barrier, ``--seed 205``, 3 ranks)."""
+    sub = comm.Split(0 if comm.rank < 2 else MPI.UNDEFINED, comm.rank)
+    if sub == MPI.COMM_NULL:
+        return
+    calls = {
+        "barrier(tree)": lambda hc: hc.barrier(method="tree"),
+        "barrier(linear)": lambda hc: hc.barrier(method="linear"),
+        "barrier(dissemination)": lambda hc: hc.barrier(method="dissemination"),
+        "allreduce(float)": lambda hc: hc.allreduce(1.0),
+        "Allreduce(64 doubles)": lambda hc: hc.Allreduce(np.ones(64), np.empty(64)),
+        "sync_images": lambda hc: hc.gm.sync_images(1 - hc.rank),
+    }
+    try:
+        for name, call in calls.items():
+            got = []
+            try:
+                with HybridComm(sub, node_size=node_size) as hc:
+                    hc.gm = GlobalMemory(hc, 8)
+                    hc.barrier()
+                    if hc.rank == 1:
+                        pid = os.getpid()
+                        os.system(f"(sleep 0.1; kill -STOP {pid}; sleep 0.6; kill -CONT {pid}) &")
+                        got.append(outcome(lambda hc=hc: call(hc))[0])
+                        got.append(outcome(lambda hc=hc: hc.barrier())[0])
+                    else:
+                        time.sleep(0.3)
+                        got.append(outcome(lambda hc=hc: call(hc))[0])
+                        raise KeyError("rank 0's own error")
+            except KeyError:
+                pass
+            views = sub.allgather(got)
+            assert views[0] == [None] and views[1] == [None, "PeerError"], (name, views)
+    finally:
+        sub.Free()
+
+
 def case_valid_collective_next_to_a_one_rank_invalid_one(comm, rng, node_size):
     """A valid allreduce, then rank 0 alone calls allreduce with op 'avg' (invalid), 40 times
     with the C core's random delays on: the valid call must return on every rank.  Found
@@ -504,6 +547,7 @@ CASES = [
     case_invalid_mark_survives_the_senders_next_call,
     case_reverse_combines_every_sender_or_none,
     case_fence_and_pscw_halos_interleaved_in_different_orders,
+    case_valid_collective_completed_before_a_peer_broke_elsewhere,
     case_valid_collective_next_to_a_one_rank_invalid_one,
     case_invalid_rank_keeps_its_own_error_on_every_method,
 ]

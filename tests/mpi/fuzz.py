@@ -202,6 +202,7 @@ class Program(Judge, Steps, Misuse):
         self.prof_on = False
         self.planted = False
         self.breaks = []  # (key, time) where a rank's own exception broke the comm (misuse_with)
+        self.any_breaks = []  # (key, time) where any rank raised a breaking or misuse exception
 
     # ------------------------------------------------------------ recording
 

@@ -20,6 +20,9 @@ from fuzz_common import (
     step_text,
 )
 
+#: steps of one-sided calls, which probe for failure notices before a call to another node
+ONESIDED_CALLS = {"put", "get", "atomic", "co_put", "co_get"}
+
 
 class Judge:
     """Checks and verdicts of a Program (a mixin of fuzz.Program)."""
@@ -56,6 +59,12 @@ class Judge:
                 x = by[key].get(m["bad"])
                 if x is not None and x.cls not in (None, "nocall"):
                     self.breaks.append((key, x.t0))
+            # any rank whose comm broke (for one-sided calls: a notice before a call to
+            # another node raises PeerError, docs/guide/reliability.md)
+            t = min((x.t0 for x in by[key].values() if x.cls not in (None, "nocall")
+                     and isa(x.cls, BREAKING | {"ValueError", "TypeError"})), default=None)
+            if t is not None:
+                self.any_breaks.append((key, t))
         for n, key in enumerate(keys):
             recs = by[key]
             f = self.judge(key, recs)
@@ -100,6 +109,7 @@ class Judge:
         if m.get("reset"):  # a new HybridComm: nothing of the last one counts
             self.phase, self.broken, self.broken_why, self.broken_t = "clean", {}, {}, {}
             self.breaks = [b for b in self.breaks if b[0] > key]
+            self.any_breaks = [b for b in self.any_breaks if b[0] > key]
         if m.get("deadline"):
             return self.judge_deadline(m, part, raised, fail)
         # anything, any time
@@ -181,6 +191,17 @@ class Judge:
                 ):
                     # a call before the break in program order, still running when a faster
                     # rank's own exception broke the comm (misuse_with)
+                    self.taint(key, raised, set())
+                    return self.note(key, raised)
+                bt = min((t for k, t in self.any_breaks if k > key), default=None)
+                if (
+                    raised
+                    and bt is not None
+                    and self.steps[key[0]]["op"] in ONESIDED_CALLS
+                    and all(isa(x.cls, {"PeerError"}) and x.t1 >= bt for x in raised.values())
+                ):
+                    # a one-sided call to another node made after a faster rank broke in a
+                    # later step: the call probes for failure notices first and raises
                     self.taint(key, raised, set())
                     return self.note(key, raised)
                 if raised:

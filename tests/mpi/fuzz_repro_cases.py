@@ -461,11 +461,11 @@ def case_valid_collective_completed_before_a_peer_broke_elsewhere(comm, rng, nod
                     if hc.rank == 1:
                         pid = os.getpid()
                         os.system(f"(sleep 0.1; kill -STOP {pid}; sleep 0.6; kill -CONT {pid}) &")
-                        got.append(outcome(lambda hc=hc: call(hc))[0])
+                        got.append(outcome(lambda hc=hc, call=call: call(hc))[0])
                         got.append(outcome(lambda hc=hc: hc.barrier())[0])
                     else:
                         time.sleep(0.3)
-                        got.append(outcome(lambda hc=hc: call(hc))[0])
+                        got.append(outcome(lambda hc=hc, call=call: call(hc))[0])
                         raise KeyError("rank 0's own error")
             except KeyError:
                 pass

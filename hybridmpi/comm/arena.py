@@ -38,6 +38,10 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 SHM_DIR = settings.shm_dir()
 #: bytes per rank of a new chunk (larger blocks get a chunk of their own size)
 CHUNK_BYTES = 4 * 2**20
+#: a freed Halo's own window (fence, pscw, lock) is kept for the next Halo of its method when
+#: no node rank's segment is larger: MPICH keeps about 300 B of memory per shared window made
+#: and freed (finding 13), which reuse avoids
+KEEP_WINDOW_BYTES = 2**20
 #: the largest block a rank may ask for: its bytes, offsets and MPI displacements (MPI_Aint)
 #: stay far from 2**63 in every sum made with them
 MAX_BYTES = 2**62
@@ -233,6 +237,20 @@ class Block:
             self.chunk = None
 
 
+class KeptWindow:
+    """A shared window of :func:`allocate_shared` with every node rank's usable bytes."""
+
+    __slots__ = ("win", "bases", "pads", "sizes")
+
+    def __init__(self, win, bases, pads, sizes):
+        self.win, self.bases, self.pads, self.sizes = win, bases, pads, sizes
+
+    def free(self):
+        """``MPI_Win_free`` (collective on the node) and its context id given back."""
+        self.win.Free()
+        hold_ids(-1)
+
+
 def allocate_shared(hc, nbytes):
     """A shared window of ``nbytes`` per rank over the node of ``hc`` (collective on the node),
     each rank's segment starting on a 128-byte boundary: one region more is allocated, and
@@ -347,11 +365,37 @@ class Arena:
         # the HybridComm's own context ids are counted with its arena, given back at its free
         self._comm_ids = HYBRIDCOMM_IDS
         hold_ids(HYBRIDCOMM_IDS)
+        #: per method, the window of a freed Halo kept for the next one (:meth:`keep_window`)
+        self.kept: dict[str, KeptWindow] = {}
 
     @property
     def windows(self):
-        """MPI windows held now (shared and RMA)."""
-        return sum(1 + (c.rma is not None) for c in self.chunks)
+        """MPI windows held now (shared and RMA, kept ones too)."""
+        return sum(1 + (c.rma is not None) for c in self.chunks) + len(self.kept)
+
+    def reuse_window(self, kind, node):
+        """The kept window of method ``kind`` when each node rank's segment holds its bytes in
+        ``node`` (node rank order, as :func:`check_room` returns them), else None; a kept one
+        too small is freed.  Every rank of a node decides alike from the same sizes, and its
+        Halos are made and freed in the same order (agreed), so the windows stay collective."""
+        kept = self.kept.pop(kind, None)
+        if kept is not None and all(n <= k for n, k in zip(node, kept.sizes, strict=True)):
+            return kept
+        if kept is not None:
+            kept.free()
+        return None
+
+    def keep_window(self, kind, kept):
+        """Keep the window of a freed Halo of method ``kind`` (where every rank frees it, agreed)
+        instead of freeing it, when no node rank's segment exceeds :data:`KEEP_WINDOW_BYTES`;
+        the one kept before is freed.  Returns whether it was kept."""
+        if max(kept.sizes) > KEEP_WINDOW_BYTES or mpi().Is_finalized():
+            return False
+        old = self.kept.pop(kind, None)
+        if old is not None:
+            old.free()
+        self.kept[kind] = kept
+        return True
 
     def rma_windows(self):
         """The RMA windows of the chunks (empty on one node)."""
@@ -432,7 +476,9 @@ class Arena:
     def free(self):
         """Free every chunk (collective; at HybridComm.free)."""
         chunks, self.chunks = self.chunks, []
+        kept, self.kept = list(self.kept.values()), {}
         if self.ctx.broken() is not None and not mpi().Is_finalized():
+            _KEPT.extend(w.win for w in kept)
             # as in release: nothing collective; the comm's communicators and window and these
             # chunks are kept, so their context ids stay counted (the budget refuses a new
             # HybridComm before the MPI runs out, after many recoveries)
@@ -441,7 +487,9 @@ class Arena:
         hold_ids(-self._comm_ids)
         self._comm_ids = 0
         if mpi().Is_finalized():
-            hold_ids(-sum(1 + (c.rma is not None) for c in chunks))
+            hold_ids(-sum(1 + (c.rma is not None) for c in chunks) - len(kept))
             return
+        for w in kept:
+            w.free()
         for c in chunks:
             c.close()

@@ -13,7 +13,7 @@ that a peer whose comm broke would never join.
 """
 
 from ..._native.clib import ffi, lib
-from ...comm.arena import allocate_shared, check_room, commit, hold_ids
+from ...comm.arena import KeptWindow, allocate_shared, check_room, commit, hold_ids
 from ...comm.arena import round_up as _round
 from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check, wait_until
 
@@ -44,8 +44,9 @@ class SharedWindow:
             with MPI's RMA calls, which get a window of their own.
     """
 
-    def __init__(self, ex, lock_all):
+    def __init__(self, ex, lock_all, kind=""):
         hc = ex.ctx
+        self.arena, self.kind, self.kept = hc.arena, kind, None
         me = hc.rank
         self.me = me
         self.node_rank = hc.node_index
@@ -70,12 +71,18 @@ class SharedWindow:
                 self.base.append(self.block.addr(r, rank))
                 self.pad.append(None)
         else:
-            check_room(hc, off, "Halo", _HINT, ids=1)
-            self.win, self.base, self.pad = allocate_shared(hc, off)
+            node = check_room(hc, off, "Halo", _HINT, ids=1)
+            # a window kept from a freed Halo of this method when it is large enough (the
+            # same decision on every node rank), else a new one
+            kept = self.arena.reuse_window(kind, node)
+            if kept is None:
+                kept = KeptWindow(*allocate_shared(hc, off), node)
+                hold_ids(1)
+            self.kept = kept
+            self.win, self.base, self.pad = kept.win, kept.bases, kept.pads
             # every page committed now (MemoryError on every rank if /dev/shm cannot hold it),
             # not at the first pack into a buffer (SIGBUS)
-            commit(hc, self.base[hc.node_rank], off, "Halo", _HINT, undo=self.win.Free)
-            hold_ids(1)
+            commit(hc, self.base[hc.node_rank], off, "Halo", _HINT, undo=kept.free)
         # Zero the counters only: the buffers are written before they are read (their pages
         # are committed already: arena.commit).
         mine = self.base[hc.node_rank]
@@ -147,11 +154,12 @@ class SharedWindow:
                     self._at(self.me, key, COUNTER) + 8 if counters else None)
 
     def free(self):
+        """Give the memory back (collective where every rank frees its Halo, agreed); a window
+        of its own is kept for the next Halo of its method (:meth:`Arena.keep_window`)."""
         if self.block is not None:
             self.block.free()
-        else:
-            self.win.Free()
-            hold_ids(-1)
+        elif not self.arena.keep_window(self.kind, self.kept):
+            self.kept.free()
 
 
 class Direction:
@@ -203,7 +211,7 @@ class ShmTransport(Transport):
 
     def __init__(self, ex, *, lock_all, counters, persistent):
         self.ex = ex
-        self.shm = SharedWindow(ex, lock_all=lock_all)
+        self.shm = SharedWindow(ex, lock_all=lock_all, kind=type(self).__name__)
         self.dirs = [Direction(ex, self.shm, d, counters=counters, persistent=persistent)
                      for d in (FWD, REV)]
 

@@ -25,6 +25,13 @@ static inline _Atomic uint64_t *invalid_marks(void *counter)
     return (_Atomic uint64_t *)counter + 1;
 }
 
+/* The word after the marks: the last call naming the reader that the writer completed (every
+ * wait of it returned), stored before anything could poison the counter. */
+static inline hm_counter *completed(void *counter)
+{
+    return (hm_counter *)counter + 2;
+}
+
 static inline void mark_call(void *counter, uint64_t k, int invalid)
 {
     _Atomic uint64_t *m = invalid_marks(counter);
@@ -47,9 +54,12 @@ int hm_signal_wait(hm_pairs *p)
     for (int i = 0; i < p->n; i++) {
         uint64_t seen = 0, want = p->calls[p->peer[i]];
         int rc = wait_geq((const hm_counter *)p->wait[i], want, &p->policy, &seen);
-        /* The peer's HybridComm broke: it will not come, unless it had come (stored this
-         * call's count) before, which is all this pair's synchronization needs. */
-        if (rc == HM_OK && (seen & HM_FLAGS) && (seen & ~HM_FLAGS) < want)
+        /* The peer's HybridComm broke: it will not come, unless it had completed this call
+         * before (then it broke in something later; a peer that came but failed in this call,
+         * a timeout waiting for this rank say, has not completed it). */
+        if (rc == HM_OK && (seen & HM_FLAGS) &&
+            ((seen & ~HM_FLAGS) < want ||
+             atomic_load_explicit(completed(p->wait[i]), memory_order_acquire) < want))
             rc = HM_EPEER;
         if (rc != HM_OK)
             return wait_failed(&p->err, &p->policy, rc, i, HM_CNT_SYNC_IMAGES, want, seen);
@@ -60,6 +70,8 @@ int hm_signal_wait(hm_pairs *p)
     if (invalid >= 0)  /* every peer's call was waited for: the counts stay matched */
         return wait_failed(&p->err, &p->policy, HM_EMISMATCH, invalid, HM_CNT_SYNC_IMAGES,
                            p->calls[p->peer[invalid]], 0);
+    for (int i = 0; i < p->n; i++)
+        atomic_store_explicit(completed(p->signal[i]), p->calls[p->peer[i]], memory_order_release);
     return HM_OK;
 }
 

@@ -38,6 +38,9 @@ _ACQ_REL = lib.HM_ACQ_REL
 _barrier_tree = lib.hm_barrier_tree
 _barrier_linear = lib.hm_barrier_linear
 _BARRIERS = {"dissemination": lib.HM_DISSEMINATION, "tree": lib.HM_TREE, "linear": lib.HM_LINEAR}
+#: the kind a leader tells the other leaders for each barrier method across nodes
+_BARRIER_KINDS = {lib.HM_DISSEMINATION: lib.HM_K_BARRIER_DISS, lib.HM_TREE: lib.HM_K_BARRIER_TREE,
+                  lib.HM_LINEAR: lib.HM_K_BARRIER_LINEAR}
 #: payloads up to this many bytes go by recursive doubling (one node, allreduce="recursive_doubling")
 RD_BYTES = lib.HM_RD_BYTES
 #: bytes of each rank's reduction slot; longer arrays go in chunks
@@ -324,12 +327,12 @@ class Collectives:
             if rc:
                 self._fail(rc, f"barrier({method})")
             return
+        # The leaders meet in an allreduce of what their nodes called (a barrier too), so a
+        # node that failed or called something else (another method too) makes every node raise.
+        kind = _BARRIER_KINDS[m]
         if m == lib.HM_DISSEMINATION:
             m = lib.HM_TREE
         rc = lib.hm_barrier(st, m, lib.HM_GATHER)
-        # The leaders meet in an allreduce of what their nodes called (a barrier too), so a
-        # node that failed or called something else makes every node raise.
-        kind = lib.HM_K_BARRIER_TREE if m == lib.HM_TREE else lib.HM_K_BARRIER_LINEAR
         what = f"barrier({method})"
         sig = self._leader_sig(kind, 0, 0, 0, _FAILED if rc else 0, what)
         if rc:

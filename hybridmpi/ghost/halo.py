@@ -628,6 +628,15 @@ class Halo(Freed):
         own = getattr(getattr(t, "shm", None), "block", False) is None
         together = not mpi().Is_finalized() and (ctx.agree_free(f"Halo {self._ident}") if own
                                                  else ctx.broken() is None)
+        pending = self._state.pending
+        if own and together and pending is not None and self._state.broken is None:
+            # a begin still pending: its end first (every rank is in this free), so that no MPI
+            # epoch stays open (pscw's exposure epoch made MPI_Win_free fail) and the window
+            # can be kept for the next Halo; an error breaks the comm and the window is kept out
+            try:
+                self._finish(pending[0], pending[1], "free")
+            except Exception:  # noqa: BLE001 - the comm broke: the frees below are local
+                pass
         ctx.disown(self)
         self._cool()
         t, self._transport = self._transport, None

@@ -158,7 +158,7 @@ class Sync:
             if kind == "peer":
                 self.broken = "PeerError"
                 raise hc.context.peer_error(what, peer, more)
-            self.broken = "SyncTimeout"
+            self._timed_out()
             raise more
         if reqs:
             self._complete(reqs, far, what)
@@ -211,13 +211,19 @@ class Sync:
             raise hc.context.peer_error("sync_images", stop.notice)
         # the receives come first in reqs, one per rank of far
         late = [far[i] for i in stop.late if i < len(far)] or list(far)
-        self.broken = "SyncTimeout"
+        self._timed_out()
         who = f"rank {late[0]} on another node" if len(late) == 1 else f"ranks {late} on other nodes"
         raise SyncTimeout(
             f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: "
             f"{who} did not call sync_images naming rank {hc.rank}",
             rank=hc.rank, peer=late[0] if len(late) == 1 else None,
             counter="sync_images", epoch=None)
+
+    def _timed_out(self):
+        """A peer did not come within the timeout: the HybridComm breaks, as at any call's
+        timeout (error bits, notices), so that a peer that comes later raises too."""
+        self.broken = "SyncTimeout"
+        self.hc.context.break_comm("SyncTimeout")
 
     def describe_word(self, addr):
         """What a wait on ``addr`` waits for, if it is a sync_images counter (hang diagnosis)."""

@@ -475,6 +475,77 @@ def case_valid_collective_completed_before_a_peer_broke_elsewhere(comm, rng, nod
         sub.Free()
 
 
+def _pair(comm):
+    """A communicator of ranks 0 and 1 (COMM_NULL elsewhere)."""
+    return comm.Split(0 if comm.rank < 2 else MPI.UNDEFINED, comm.rank)
+
+
+def case_sync_images_timeout_breaks_the_comm(comm, rng, node_size):
+    """An outside review (2026-11-27): rank 0 times out in sync_images (timeout 0.5 s) because
+    rank 1 comes 0.3 s late; rank 1's call returned normally and both ranks' next barrier too
+    (the timeout broke only the memory's synchronization, and rank 0 had stored its count).  A
+    timeout breaks the HybridComm, as in any call, and a peer that came but failed in the call
+    has not completed it: rank 1 raises PeerError, then both raise in the next call.  (One
+    node: across nodes a rank that enters a call after a peer's timeout may complete it, see
+    docs/guide/reliability.md.)"""
+    sub = _pair(comm)
+    if sub == MPI.COMM_NULL:
+        return
+    try:
+        with HybridComm(sub, node_size=2, timeout=0.5) as hc:
+            gm = GlobalMemory(hc, 8)
+            hc.barrier()
+            if hc.rank == 1:
+                time.sleep(0.8)
+            got = [outcome(lambda: gm.sync_images(1 - hc.rank))[0], outcome(hc.barrier)[0]]
+            views = sub.allgather(got)
+            assert views[0][0] == "SyncTimeout" and views[1][0] == "PeerError", views
+            assert all(v[1] in ("RuntimeError", "PeerError") for v in views), views
+    finally:
+        sub.Free()
+
+
+def case_barrier_methods_differ_across_nodes(comm, rng, node_size):
+    """An outside review (2026-11-27): barrier(method="dissemination") on one node against
+    barrier(method="tree") on another returned on every rank (across nodes both run the node's
+    tree, and the leaders compared that): the leaders now compare the methods called, and
+    every rank raises ValueError, as on one node."""
+    sub = _pair(comm)
+    if sub == MPI.COMM_NULL:
+        return
+    try:
+        with HybridComm(sub, node_size=1) as hc:
+            got = outcome(lambda: hc.barrier(method="dissemination" if hc.rank == 0 else "tree"))[0]
+            views = sub.allgather(got)
+            assert views == ["ValueError", "ValueError"], views
+    finally:
+        sub.Free()
+
+
+def case_pscw_free_with_a_begin_pending(comm, rng, node_size):
+    """An outside review (2026-11-27): a pscw Halo freed with update_begin pending on every rank
+    left its exposure epoch open: MPI_Win_free raised "Wrong synchronization of RMA calls" (and
+    ids and mappings leaked), and once freed windows were kept, the next pscw Halo failed in
+    MPI_Win_post.  A Halo with a window of its own ends a pending call in its free (every rank
+    is in that free): the next Halos of each method are right, nothing leaks."""
+    from hybridmpi.comm.arena import held_ids
+    ids0 = held_ids()
+    with HybridComm(comm, node_size=node_size) as hc:
+        pat, owned, ghosts = ring(hc)
+        for method in ("pscw", "fence", "lock"):
+            for d in ("update", "reverse"):
+                h = Halo(pat, method=method)
+                x, _ = filled(pat, owned, ghosts, 1)
+                getattr(h, d + "_begin")(np.nan_to_num(x))
+                h.free()
+                h2 = Halo(pat, method=method)
+                x, want = filled(pat, owned, ghosts, 2)
+                h2.update(x)
+                assert np.array_equal(x, want), (method, d, x, want)
+                h2.free()
+    assert held_ids() == ids0, (held_ids(), ids0)
+
+
 def case_valid_collective_next_to_a_one_rank_invalid_one(comm, rng, node_size):
     """A valid allreduce, then rank 0 alone calls allreduce with op 'avg' (invalid), 40 times
     with the C core's random delays on: the valid call must return on every rank.  Found
@@ -548,6 +619,9 @@ CASES = [
     case_reverse_combines_every_sender_or_none,
     case_fence_and_pscw_halos_interleaved_in_different_orders,
     case_valid_collective_completed_before_a_peer_broke_elsewhere,
+    case_sync_images_timeout_breaks_the_comm,
+    case_barrier_methods_differ_across_nodes,
+    case_pscw_free_with_a_begin_pending,
     case_valid_collective_next_to_a_one_rank_invalid_one,
     case_invalid_rank_keeps_its_own_error_on_every_method,
 ]

@@ -61,6 +61,9 @@ int hm_signal_wait(hm_pairs *p)
             ((seen & ~HM_FLAGS) < want ||
              atomic_load_explicit(completed(p->wait[i]), memory_order_acquire) < want))
             rc = HM_EPEER;
+        if (rc == HM_ETIMEOUT)   /* the error bits now, before a late peer reads its count */
+            for (int j = 0; j < p->n; j++)
+                atomic_fetch_or_explicit((hm_counter *)p->signal[j], HM_ERRBIT, memory_order_seq_cst);
         if (rc != HM_OK)
             return wait_failed(&p->err, &p->policy, rc, i, HM_CNT_SYNC_IMAGES, want, seen);
         if (invalid < 0 && (atomic_load_explicit(invalid_marks(p->wait[i]), memory_order_acquire)

@@ -13,11 +13,13 @@ that a peer whose comm broke would never join.
 """
 
 from ..._native.clib import ffi, lib
+from ..._native.errmap import broke_before
 from ...comm.arena import KeptWindow, allocate_shared, check_room, commit, hold_ids
 from ...comm.arena import round_up as _round
 from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check, wait_until
 
 _R = lib.HM_REGION
+_ACQ_REL = lib.HM_ACQ_REL
 #: the fields of a channel's layout entry: its counter's region (DONE in the sender's segment,
 #: READY in the receiver's), then the sender's two buffers (by epoch parity)
 COUNTER, BUF0, BUF1 = 0, 1, 2
@@ -212,6 +214,7 @@ class ShmTransport(Transport):
     def __init__(self, ex, *, lock_all, counters, persistent):
         self.ex = ex
         self.shm = SharedWindow(ex, lock_all=lock_all, kind=type(self).__name__)
+        self._gates = {}   # (rank, slot): its gate word's pointer (_gate)
         self.dirs = [Direction(ex, self.shm, d, counters=counters, persistent=persistent)
                      for d in (FWD, REV)]
 
@@ -224,20 +227,31 @@ class ShmTransport(Transport):
     def missing(self, d, epoch):
         return self.shm.missing(d, epoch)
 
+    def _gate(self, p, k):
+        """Rank ``p``'s gate word ``k`` as a cffi pointer (made once)."""
+        key = (p, k)
+        w = self._gates.get(key)
+        if w is None:
+            w = self._gates[key] = ffi.cast("void *", self.shm.slot(p, k))
+        return w
+
     def commit(self, k, n):
         """Store ``n`` in this rank's gate word ``k``: it is about to make the blocking MPI
         call that ``n`` stands for (nothing between can fail)."""
-        lib.hm_store(ffi.cast("void *", self.shm.slot(self.shm.me, k)), n, lib.HM_ACQ_REL)
+        lib.hm_store(self._gate(self.shm.me, k), n, _ACQ_REL)
 
     def await_gates(self, k, n, peers, counter, d, e):
         """Wait (under the deadline; error bits raise Fault "peer") until each of ``peers`` has
         stored at least ``n`` in its gate word ``k``.  A rank whose comm broke poisons its gate
         words instead (:meth:`words`), so the blocking MPI call that follows never waits for a
-        rank that will not come."""
+        rank that will not come.  A word already there (the common case) costs one load."""
         what = "reverse" if d == REV else "update"
         for p in peers:
-            w = ffi.cast("void *", self.shm.slot(p, k))
-            wait_until(self.ex, lambda w=w: lib.hm_load(w, lib.HM_ACQ_REL), n, p, counter, what, e)
+            w = self._gate(p, k)
+            seen = lib.hm_load(w, _ACQ_REL)
+            if seen >= n and not broke_before(seen, n):
+                continue
+            wait_until(self.ex, lambda w=w: lib.hm_load(w, _ACQ_REL), n, p, counter, what, e)
 
     def gate_words(self, *slots):
         """The addresses of this rank's gate words ``slots`` (its :meth:`words`)."""

@@ -215,7 +215,7 @@ class Collectives:
         _FAILED (every node raises PeerError)."""
         if not rc:
             return 0
-        if rc == lib.HM_EMISMATCH or (rc == lib.HM_EPEER and _errmap.is_mismatch(self._st.err.seen)):
+        if _errmap.coll_mismatch(rc, self._st.err):
             return 1
         return _FAILED
 

@@ -60,11 +60,6 @@ def is_mismatch(seen: int) -> bool:
     return bool(seen & MISBIT)
 
 
-def coll_mismatch(rc: int, err: Any) -> bool:
-    """Whether a failed collective part (``rc``, its ``hm_error`` ``err``) met ranks in different
-    calls or with different arguments: a mismatch found here, or a peer's error bits that say so."""
-    return rc == _EMISMATCH or (rc == _EPEER and is_mismatch(int(err.seen)))
-
 
 def broke_before(seen: int, value: int) -> bool:
     """Whether a word that reached ``value`` carries error bits set before it did (a writer that

@@ -208,17 +208,6 @@ class Collectives:
                           (self._MPI.IN_PLACE, sig, self._MPI.MAX), what)
         return sig
 
-    def _node_status(self, rc):
-        """The "failed" entry of this node's signature for the C core's ``rc`` of its part: 0,
-        1 when its ranks were in different calls or passed different arguments (a mismatch
-        found here, or a node peer's error bits that say so: every node raises ValueError), or
-        _FAILED (every node raises PeerError)."""
-        if not rc:
-            return 0
-        if _errmap.coll_mismatch(rc, self._st.err):
-            return 1
-        return _FAILED
-
     def _other_node_failed(self, sig, what):
         """At a leader: raise PeerError (breaking the comm poisons the node) if a node's call
         failed."""
@@ -345,7 +334,7 @@ class Collectives:
             m = lib.HM_TREE
         rc = lib.hm_barrier(st, m, lib.HM_GATHER)
         what = f"barrier({method})"
-        sig = self._leader_sig(kind, 0, 0, 0, self._node_status(rc), what)
+        sig = self._leader_sig(kind, 0, 0, 0, _FAILED if rc else 0, what)
         if rc:
             self._fail(rc, what)
         self._other_node_failed(sig, what)
@@ -376,7 +365,7 @@ class Collectives:
         # The leaders first agree that every node passed the same arguments:
         # combining buffers of different sizes would be erroneous MPI, and a
         # node whose ranks disagreed or failed must not leave the others waiting.
-        bad = self._node_status(rc) if rc else int(lib.hm_allreduce_verdict(st, 0) != -1)
+        bad = _FAILED if rc else int(lib.hm_allreduce_verdict(st, 0) != -1)
         sig = self._leader_sig(lib.HM_K_ALLREDUCE_TREE, total, dt, opc, bad, "allreduce")
         if rc:
             self._fail(rc, "allreduce")

@@ -157,10 +157,14 @@ def case_halo_windows_kept_for_the_next_halo(comm, rng, **cfg):
         for method in ("fence", "pscw", "lock"):
             for _ in range(50):
                 Halo(small, method=method).free()
-            r0, n = _rss(), 800
-            for _ in range(n):
-                Halo(small, method=method).free()
-            grew = (_rss() - r0) / n
+            # two batches: a leak grows both; the heap taking one more arena (64 KiB, seen with
+            # Intel MPI) grows one
+            n, rss = 600, [_rss()]
+            for _ in range(2):
+                for _ in range(n):
+                    Halo(small, method=method).free()
+                rss.append(_rss())
+            grew = min(rss[1] - rss[0], rss[2] - rss[1]) / n
             if os.environ.get("HYBRIDMPI_SANITIZE") != "1":  # ASan's allocator moves RSS
                 assert max(comm.allgather(grew)) < 60, (method, grew)
             for pat in (large, small, large, large, small):

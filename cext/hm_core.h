@@ -445,6 +445,21 @@ int hm_wait_done(hm_pulls *p, uint64_t epoch);
  * progress while RMA windows span several nodes. */
 void hm_set_progress(void (*fn)(void));
 
+/* Interrupts.  A wait that has stopped spinning ends, as at its deadline (its
+ * caller's timeout path), once hm_interrupt(sig) was called (by the progress
+ * hook, which caught the signal's Python exception) or once a signal caught
+ * by hm_catch_signal arrived.  hm_catch_signal(sig) installs a handler for
+ * `sig` (SIGTERM) that records it while a wait of the library ticks (within
+ * the last 20 ms) and, outside one, restores the default action and raises
+ * it again, so the program dies as it would have; 1 installed, 0 not.
+ * hm_interrupted() is the signal recorded (0: none), hm_interrupt(0) clears
+ * it; hm_wait_tick() marks a wait of Python's alive and returns
+ * hm_interrupted(). */
+int hm_catch_signal(int sig);
+void hm_interrupt(int sig);
+int hm_interrupted(void);
+int hm_wait_tick(void);
+
 /* Sequentially consistent atomics on an int64 in shared memory; both return
  * the old value. */
 int64_t hm_fetch_add(void *addr, int64_t value);

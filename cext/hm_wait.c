@@ -6,13 +6,57 @@
 #define _GNU_SOURCE
 #include "hm_wait.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ------------------------------------------------------------------ hooks */
 
 void (*hm_progress_hook)(void) = NULL;
 
 void hm_set_progress(void (*fn)(void)) { hm_progress_hook = fn; }
+
+/* ------------------------------------------------------------------ interrupts */
+
+volatile sig_atomic_t hm_signal = 0;
+_Atomic int64_t hm_tick_ns = 0;
+
+/* A wait ticks at least every nap (its policy's sleep_ns, 50 us): one that ticked
+ * within this window is still waiting. */
+#define HM_TICK_WINDOW_NS 20000000LL
+
+static void on_signal(int sig)
+{
+    int64_t last = atomic_load_explicit(&hm_tick_ns, memory_order_relaxed);
+    if (last && now_ns() - last < HM_TICK_WINDOW_NS) {
+        hm_signal = sig;
+        return;
+    }
+    /* outside the library's waits: what the default action would have done */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+int hm_catch_signal(int sig)
+{
+    struct sigaction old, sa;
+    if (sigaction(sig, NULL, &old) != 0 || old.sa_handler != SIG_DFL)
+        return 0;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(sig, &sa, NULL) == 0;
+}
+
+void hm_interrupt(int sig) { hm_signal = sig; }
+
+int hm_interrupted(void) { return hm_signal; }
+
+int hm_wait_tick(void)
+{
+    atomic_store_explicit(&hm_tick_ns, now_ns(), memory_order_relaxed);
+    return hm_signal;
+}
 
 void (*hm_warn_hook)(const void *, uint64_t, uint64_t, double) = NULL;
 

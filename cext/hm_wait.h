@@ -6,6 +6,7 @@
 #include "hm_core.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -38,6 +39,11 @@ extern void (*hm_warn_hook)(const void *, uint64_t, uint64_t, double);
  * lets the caller drive MPI progress, so that RMA aimed at a waiting rank
  * completes.  NULL when nothing needs it. */
 extern void (*hm_progress_hook)(void);
+
+/* A signal that ends the waits (hm_interrupt, hm_catch_signal), and the time
+ * a wait last ticked (the handler's test of "inside a wait"). */
+extern volatile sig_atomic_t hm_signal;
+extern _Atomic int64_t hm_tick_ns;
 
 static inline void wait_idle(int64_t since_start, const hm_wait_policy *pol,
                              const struct timespec *nap)
@@ -122,7 +128,8 @@ static inline int slow_tick(hm_slow *w, const hm_wait_policy *pol, const void *w
                             uint64_t value, uint64_t seen)
 {
     int64_t t = now_ns();
-    if (w->deadline && t >= w->deadline)
+    atomic_store_explicit(&hm_tick_ns, t, memory_order_relaxed);
+    if ((w->deadline && t >= w->deadline) || hm_signal)
         return 1;
     if (w->warn_at && t >= w->warn_at) {
         w->warn_at = 0;

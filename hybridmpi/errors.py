@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
+import sys
 import traceback
-from collections.abc import Iterator
 from typing import Any
 
 from ._jobs import GUARDS, abort_job
@@ -86,8 +85,45 @@ def is_agreed(exc: BaseException | None) -> bool:
     return bool(getattr(exc, "__hybridmpi_agreed__", False))
 
 
-@contextlib.contextmanager
-def abort_on_error(code: int = 1) -> Iterator[None]:
+class _AbortOnError:
+    """What :func:`abort_on_error` returns: it guards from its creation, so that a call
+    without ``with`` guards the rest of the program instead of doing nothing."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+        GUARDS[0] += 1
+        self._previous = sys.excepthook
+        sys.excepthook = self._uncaught
+        self._open = True
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self._open:
+            self._open = False
+            GUARDS[0] -= 1
+            if sys.excepthook == self._uncaught:
+                sys.excepthook = self._previous
+        if exc is None:
+            return
+        if isinstance(exc, SystemExit):
+            if exc.code not in (None, 0):
+                abort_job(exc.code if isinstance(exc.code, int) else self.code, None,
+                          message=None if isinstance(exc.code, int) else f"{exc.code}\n")
+            return
+        abort_job(self.code, "".join(traceback.format_exception(exc)))
+
+    def _uncaught(self, kind: Any, exc: BaseException, tb: Any) -> None:
+        self._end(exc)
+        self._previous(kind, exc, tb)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        self._end(exc)
+        return False
+
+
+def abort_on_error(code: int = 1) -> _AbortOnError:
     """End the whole MPI job when the body raises on this rank, as ``python -m mpi4py`` does:
     print the rank's traceback to stderr, then ``MPI.COMM_WORLD.Abort(code)``, so that
     ``mpiexec`` returns non-zero within seconds instead of the other ranks waiting for this
@@ -108,17 +144,9 @@ def abort_on_error(code: int = 1) -> Iterator[None]:
 
     A ``with`` block of a HybridComm, Halo, GlobalMemory or Coarray that an exception leaves
     inside it is not freed (freeing is collective, and the job ends anyway).
+
+    Called without ``with`` (``hybridmpi.abort_on_error()`` as a statement), it guards the rest
+    of the program: an exception that nothing catches ends the job the same way (through
+    ``sys.excepthook``).
     """
-    GUARDS[0] += 1
-    try:
-        yield
-    except SystemExit as e:
-        if e.code not in (None, 0):
-            abort_job(e.code if isinstance(e.code, int) else code, None,
-                       message=None if isinstance(e.code, int) else f"{e.code}\n")
-        raise
-    except BaseException:
-        abort_job(code, traceback.format_exc())
-        raise
-    finally:
-        GUARDS[0] -= 1
+    return _AbortOnError(code)

@@ -62,6 +62,15 @@ def test_abort_on_error_ends_the_job():
     assert "rank 1 failed; aborting the job" in out and "injected fault on rank 1" in out, out
 
 
+def test_abort_on_error_without_with_guards_the_rest():
+    """``hybridmpi.abort_on_error()`` called as a statement (no ``with``) is not a silent no-op:
+    an uncaught exception later in the program aborts the job."""
+    t0 = time.monotonic()
+    rc, out = launch(3, [FAULT, "abort-on-error-bare"], abort=False, check=False, timeout=60)
+    assert rc != 0 and time.monotonic() - t0 < 30, out
+    assert "rank 1 failed; aborting the job" in out and "injected fault on rank 1" in out, out
+
+
 def test_sigkill_ends_the_job():
     t0 = time.monotonic()
     rc, out = launch(3, [FAULT, "kill"], env=ENV, check=False, timeout=60)

@@ -42,6 +42,36 @@ KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: "
               lib.HM_K_BAD: "a collective with invalid arguments"}
 
 
+# ------------------------------------------------------------------ interrupts
+
+#: the exception a signal raised inside a C wait's progress hook (cffi would drop it), held
+#: until the wait has ended and its caller raises it (:func:`interruption`)
+_HELD: list[BaseException] = []
+
+
+def hold(exc: BaseException) -> None:
+    """Keep ``exc`` (a signal's exception raised inside a C callback) and end the C waits: each
+    returns as at its deadline, and its caller raises :func:`interruption` instead of a
+    timeout."""
+    if not _HELD:
+        _HELD.append(exc)
+    lib.hm_interrupt(-1)
+
+
+def interruption() -> BaseException | None:
+    """The exception that ended a wait instead of its deadline (taken: the next wait runs),
+    else None: a Python exception the progress hook held (``KeyboardInterrupt`` for SIGINT),
+    or, for a signal that the C core's handler caught in a wait (SIGTERM, left at its default
+    action by the program), ``SystemExit(128 + signal)``, as the shell reports such a death."""
+    sig = lib.hm_interrupted()
+    if not sig and not _HELD:
+        return None
+    lib.hm_interrupt(0)
+    if _HELD:
+        return _HELD.pop()
+    return SystemExit(128 + sig)
+
+
 # ------------------------------------------------------------------ error bits
 
 
@@ -182,8 +212,9 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
                          int(err.seen), leader_note())
         return exc, breaks(exc), False
     if rc == _ETIMEOUT:
-        return _collective_timeout(err, what, rank, node_ranks, timeout, leaders_waited,
-                                   missing()), "SyncTimeout", True
+        return (interruption() or _collective_timeout(err, what, rank, node_ranks, timeout,
+                                                      leaders_waited, missing()),
+                "SyncTimeout", True)
     return RuntimeError(f"hybridmpi: {what}: C core returned {rc}"), None, False
 
 
@@ -228,7 +259,7 @@ def sync_images(err: Any, peers: Any, rank: int, timeout: float | None,
         return "invalid", peer, None
     if err.code == _EPEER:
         return "peer", peer, int(err.seen)
-    return "timeout", peer, SyncTimeout(
+    return "timeout", peer, interruption() or SyncTimeout(
         f"hybridmpi: rank {rank} timed out after {timeout:g} s in {what}: rank "
         f"{peer} has called sync_images naming rank {rank} {int(err.seen)} times, "
         f"this rank {int(err.epoch)}", rank=rank, peer=peer, counter="sync_images",
@@ -284,6 +315,9 @@ def check(rc: int, err: Any) -> None:
     if rc == _ECMA:
         raise Fault("cma", peer=peer, errnum=int(err.errnum))
     if rc == _ETIMEOUT:
+        exc = interruption()
+        if exc is not None:   # a signal ended the wait: the Halo breaks, and raises it
+            raise exc
         e = int(err.epoch)
         if err.counter == lib.HM_CNT_READY:
             counter, why = "READY", f"did not publish call {e} (its READY counter says {err.seen})"

@@ -49,6 +49,9 @@ class Context:
             bounded agreement that every rank frees ``what`` now (False once the comm broke,
             also by a peer's notice that ends it; RuntimeError on every rank when ranks free
             different objects).
+        agree_views: ``agree_views(what, mine)``, the same agreement carrying a value from
+            every rank (what each still views of the arena): their list, or None once the
+            comm broke.
         calls: the comm's operations (barrier, allreduce, Allreduce) as a ``Calls`` table,
             through which a profile records them.
     """
@@ -57,7 +60,7 @@ class Context:
                  "node_size", "node_id", "num_nodes", "is_leader", "node_ranks", "node_index",
                  "coll", "spin", "notices", "arena", "serial", "children", "profile",
                  "env_profile", "clock_offset", "hooks", "take_id", "release_id", "break_comm",
-                 "peer_error", "describe_word", "calls", "agree_free", "_service", "_free_comm",
+                 "peer_error", "describe_word", "calls", "agree_free", "agree_views", "_service", "_free_comm",
                  "_broken")
 
     def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, serial: int,
@@ -80,6 +83,7 @@ class Context:
         self.describe_word = hooks["describe_word"]
         self.calls = hooks["calls"]
         self.agree_free = hooks["agree_free"]
+        self.agree_views = hooks["agree_views"]
         self._service, self._free_comm = hooks["service"], hooks["free_comm"]
         self._broken = hooks["broken"]
 

@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
+from .._native import errmap as _errmap
 from .._native.clib import ffi, lib
 from .._native.marks import mark as prof_mark
 from .._native.marks import mark_end as prof_mark_end
@@ -22,7 +23,14 @@ from .._native.tables import mpi
 _PROGRESS: list[Any] = []
 
 
-@ffi.def_extern()
+def _held(_kind: Any, exc: BaseException, _tb: Any) -> None:
+    """An exception that left the progress hook (a signal's: Python runs its handler as the
+    hook starts, KeyboardInterrupt for Ctrl-C): cffi would print and drop it; it is held, the
+    C wait ends as at its deadline, and the wait's caller raises it."""
+    _errmap.hold(exc)
+
+
+@ffi.def_extern(onerror=_held)
 def hm_py_progress() -> None:
     """Drive MPI's progress from a C wait that stopped spinning: a peer may wait inside MPI for
     this rank (a nonblocking collective or message this rank started, RMA aimed at it) while
@@ -78,6 +86,21 @@ def wait_requests(ctx: Any, reqs: list[Any], timeout: float | None, *, notices: 
     if MPI.Request.Testall(reqs, statuses):
         return None
     prof_mark()
+    try:
+        stop = _wait(ctx, reqs, timeout, notices, statuses, MPI)
+    except BaseException as exc:
+        # a signal (Ctrl-C raises here, between polls; SIGTERM through the C core's handler):
+        # the comm breaks, so that the peers raise instead of waiting for this rank
+        broken = getattr(ctx, "break_comm", None)
+        if broken is not None:
+            broken(f"an interrupted wait ({type(exc).__name__})")
+        raise
+    if stop is None:
+        prof_mark_end()
+    return stop
+
+
+def _wait(ctx, reqs, timeout, notices, statuses, MPI):
     deadline = None if timeout is None else time.monotonic() + timeout
     polls, spin = 0, ctx.spin
     notice, grace = None, 0.0
@@ -96,6 +119,9 @@ def wait_requests(ctx: Any, reqs: list[Any], timeout: float | None, *, notices: 
                 return Stopped(notice, [])
             return Stopped(None, [i for i, r in enumerate(reqs) if not r.Test()])
         if polls > spin:  # as the C core's waits: spin first, then let other ranks run
+            if lib.hm_wait_tick():
+                exc = _errmap.interruption()
+                if exc is not None:
+                    raise exc
             os.sched_yield()
-    prof_mark_end()
     return None

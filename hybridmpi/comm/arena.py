@@ -11,6 +11,16 @@ Allocation is collective over the HybridComm, in the same order on every
 rank, and so is freeing: every rank then holds the same list of blocks, so
 they agree without talking when a chunk's last block goes and its windows
 are freed.  Each rank's part of a block may have its own size (0 included).
+
+Arrays over a block own their memory (:meth:`Block.array`): each holds a pin
+on its block through its ``base``.  A freed block that some rank still views
+(its own part, or a node peer's) is not given back: its bytes stay where they
+are, no longer written by the library, until every rank's views of it are
+gone, which the ranks tell each other at the next allocation.  A chunk whose
+blocks are all freed but still viewed is retired (no new block goes there)
+and freed at the first allocation after its last view went; one still viewed
+when the HybridComm is freed stays mapped until the program ends.  So a view
+kept past ``free()`` holds stale values, never another object's.
 """
 
 import ctypes
@@ -18,8 +28,10 @@ import errno
 import mmap
 import os
 
+import numpy as np
+
 from .. import settings
-from .._native.clib import lib
+from .._native.clib import ffi, lib
 from .._native.tables import as_int, mpi
 from ._agree import agree, create_agreed
 
@@ -206,15 +218,43 @@ class Block:
         nbytes: this rank's bytes.
         offsets, sizes: every rank's offset in its segment of the chunk and
             its bytes (indexed by rank of the HybridComm).
+        serial: its number among the arena's blocks, the same on every rank.
+        pins: arrays over it alive in this process (:meth:`array`).
     """
 
-    def __init__(self, arena, chunk, offsets, sizes, rank):
+    def __init__(self, arena, chunk, offsets, sizes, rank, serial):
         self.arena = arena
         self.chunk = chunk
+        self.home = chunk   # the chunk it was made in, also once freed
         self.offsets = offsets
         self.sizes = sizes
         self.nbytes = sizes[rank]
         self.rank = rank
+        self.serial = serial
+        self.pins = 0
+        #: freed where a node peer may still view it: given back only when no rank does
+        self.shared = False
+
+    def array(self, dtype, count, rank=None):
+        """A numpy array of ``count`` elements of ``dtype`` over rank ``rank``'s part (this
+        rank's by default; a rank of this node), which owns its memory: its ``base`` pins
+        this block, whose bytes are neither reused nor unmapped while the array or anything
+        made from it lives."""
+        rank = self.rank if rank is None else rank
+        node_rank = self.arena.ctx.node_index[rank]
+        nbytes = count * dtype.itemsize
+        if nbytes == 0:
+            return np.zeros(count, dtype=dtype)
+        if nbytes > self.sizes[rank]:
+            raise AssertionError(f"hybridmpi: arena: {nbytes} bytes over a part of {self.sizes[rank]}")
+        self.pins += 1
+        self.arena.viewed[self.serial] = self
+        # the destructor only counts (it may run inside any allocation): the arena sweeps
+        ptr = ffi.gc(ffi.cast("char *", self.addr(node_rank, rank)), self._unpin, size=0)
+        return np.frombuffer(ffi.buffer(ptr, nbytes), dtype=dtype)
+
+    def _unpin(self, _ptr):
+        self.pins -= 1
 
     def addr(self, node_rank, rank):
         """Address (in this process) of rank ``rank``'s part; it sits at node rank ``node_rank``."""
@@ -230,9 +270,13 @@ class Block:
         """The MPI window over the chunk (None on one node); displacements are :attr:`offsets`."""
         return self.chunk.rma
 
-    def free(self):
-        """Give the block back (collective, in the same order on every rank)."""
+    def free(self, shared=False):
+        """Give the block back (collective, in the same order on every rank).  ``shared``: node
+        peers may hold arrays over this rank's part (global memory's ``local_view``); its
+        bytes then wait for the ranks' word at the next allocation, not only for this rank's
+        own arrays."""
         if self.chunk is not None:
+            self.shared = shared
             self.arena.release(self)
             self.chunk = None
 
@@ -295,6 +339,7 @@ class _Chunk:
         self.size = nbytes
         self.free_list = [(0, nbytes)] if nbytes else []
         self.live = 0
+        self.retired = False
         win.Lock_all(MPI.MODE_NOCHECK)
         if hc.num_nodes > 1:
             mem = MPI.memory.fromaddress(self.base[hc.node_rank], nbytes)
@@ -310,6 +355,8 @@ class _Chunk:
 
     def fit(self, nbytes):
         """Offset of the first free range of ``nbytes`` (-1 if none)."""
+        if self.retired:
+            return -1
         if nbytes == 0:
             return 0
         for off, size in self.free_list:
@@ -367,11 +414,36 @@ class Arena:
         hold_ids(HYBRIDCOMM_IDS)
         #: per method, the window of a freed Halo kept for the next one (:meth:`keep_window`)
         self.kept: dict[str, KeptWindow] = {}
+        self.blocks = 0    # blocks made so far (their serials)
+        #: blocks arrays were made over, by serial (pruned at allocations: see :meth:`_sweep`)
+        self.viewed: dict[int, Block] = {}
+        #: freed blocks whose bytes are not given back yet (arrays over them may live)
+        self.limbo: list[Block] = []
+        #: chunks whose blocks are all freed, still viewed somewhere: no new block goes there
+        self.retired: list[_Chunk] = []
 
     @property
     def windows(self):
         """MPI windows held now (shared and RMA, kept ones too)."""
-        return sum(1 + (c.rma is not None) for c in self.chunks) + len(self.kept)
+        return sum(1 + (c.rma is not None) for c in self.chunks + self.retired) + len(self.kept)
+
+    def _pinned(self):
+        """(block serial, chunk serial) of every block an array of this process still views."""
+        live = [b for b in list(self.viewed.values()) if b.pins > 0]
+        self.viewed = {b.serial: b for b in live}
+        return tuple(sorted((b.serial, b.home.serial) for b in live))
+
+    def _sweep(self, seen=None):
+        """Give back the freed blocks no array views any more: those of this rank alone at
+        once; those node peers may view (``shared``) only when ``seen``, every rank's
+        :meth:`_pinned` of one agreement, does not name them."""
+        keep = []
+        for b in self.limbo:
+            if b.pins > 0 or b.shared and (seen is None or b.serial in seen):
+                keep.append(b)
+            elif not b.home.retired:
+                b.home.give(b.offsets[self.ctx.rank], b.nbytes)
+        self.limbo = keep
 
     def reuse_window(self, kind, node):
         """The kept window of method ``kind`` when each node rank's segment holds its bytes in
@@ -424,10 +496,12 @@ class Arena:
         elif not 0 <= nb <= MAX_BYTES:
             problem = ValueError, f"rank {hc.rank}: {what} asked for {nb} bytes, outside [0, {MAX_BYTES}]"
         nb = round_up(nb) if problem is None else 0
+        self._sweep()
         fits = [c.fit(nb) for c in self.chunks]
         # bounded and notice-aware, like every agreement: a rank here while a peer is in
-        # another call raises instead of waiting in a blocking allgather
-        views = agree(hc.comm, problem, what, data=(nb, fits))
+        # another call raises instead of waiting in a blocking allgather; with it, what each
+        # rank still views of freed blocks
+        views = agree(hc.comm, problem, what, data=(nb, fits, self._pinned()))
         sizes = [v[0] for v in views]
         chosen = None
         for i in range(len(self.chunks)):
@@ -443,7 +517,9 @@ class Arena:
             offsets = [v[1][chosen] for v in views]
         chunk.take(offsets[hc.rank], nb)
         chunk.live += 1
-        block = Block(self, chunk, offsets, sizes, hc.rank)
+        self._after_views(views)   # what nobody views comes back, for the next allocation
+        self.blocks += 1
+        block = Block(self, chunk, offsets, sizes, hc.rank, self.blocks)
         # its pages committed before its owner zeroes them: a full /dev/shm is a MemoryError
         commit(hc, block.local, nb, what, hint, undo=block.free)
         return block
@@ -457,26 +533,59 @@ class Arena:
             size = nb
         return _Chunk(self, size)
 
+    def _after_views(self, views):
+        """After an agreement that carried every rank's :meth:`_pinned`: give back the freed
+        blocks nobody views, and free the retired chunks nobody views (every rank holds the
+        same retired chunks and reads the same words, so they free the same ones)."""
+        seen = {s for v in views for s, _ in v[2]}
+        chunks = {c for v in views for _, c in v[2]}
+        self._sweep(seen)
+        for c in [c for c in self.retired if c.serial not in chunks]:
+            self.retired.remove(c)
+            self.limbo = [b for b in self.limbo if b.home is not c]
+            c.close()
+
     def release(self, block):
-        """Give ``block`` back (:meth:`Block.free`); a chunk whose last block goes is freed."""
+        """Give ``block`` back (:meth:`Block.free`); a chunk whose last block goes is freed,
+        or retired while an array of any rank views it."""
         chunk = block.chunk
-        chunk.give(block.offsets[self.ctx.rank], block.nbytes)
+        if block.pins > 0 or block.shared:
+            self.limbo.append(block)
+        else:
+            chunk.give(block.offsets[self.ctx.rank], block.nbytes)
         chunk.live -= 1
         if chunk.live == 0:
             self.chunks.remove(chunk)
             if mpi().Is_finalized():
                 hold_ids(-1 - (chunk.rma is not None))
-            elif not self.ctx.agree_free(f"shared memory chunk {chunk.serial}"):
+                return
+            mine = any(b.home is chunk for b in self.limbo if b.pins > 0)
+            viewed = self.ctx.agree_views(f"shared memory chunk {chunk.serial}", mine)
+            if viewed is None:
                 # MPI_Win_free is collective: the comm broke (also found by this agreement),
                 # and a peer may never come; kept (its ids stay held)
                 _KEPT.append(chunk)
+            elif any(viewed):
+                chunk.retired = True
+                self.retired.append(chunk)
             else:
+                self.limbo = [b for b in self.limbo if b.home is not chunk]
                 chunk.close()
 
     def free(self):
-        """Free every chunk (collective; at HybridComm.free)."""
-        chunks, self.chunks = self.chunks, []
+        """Free every chunk (collective; at HybridComm.free).  A chunk that an array of any
+        rank still views stays mapped (its ids held) until the program ends."""
+        chunks, self.chunks = self.chunks + self.retired, []
+        self.retired = []
         kept, self.kept = list(self.kept.values()), {}
+        if chunks and self.ctx.broken() is None and not mpi().Is_finalized():
+            mine = {c for _, c in self._pinned()}
+            viewed = self.ctx.agree_views("the shared arena", tuple(sorted(mine)))
+            if viewed is not None:
+                held = {c for v in viewed for c in v}
+                _KEPT.extend(c for c in chunks if c.serial in held)
+                chunks = [c for c in chunks if c.serial not in held]
+        self.limbo = []
         if self.ctx.broken() is not None and not mpi().Is_finalized():
             _KEPT.extend(w.win for w in kept)
             # as in release: nothing collective; the comm's communicators and window and these

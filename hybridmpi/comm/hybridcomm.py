@@ -12,6 +12,7 @@ import inspect
 import itertools
 import operator
 import os
+import signal
 from typing import Any, ClassVar
 
 import numpy as np
@@ -357,11 +358,14 @@ class HybridComm:
                                    release_id=self._release_id, break_comm=self._break,
                                    peer_error=self._peer_error, describe_word=self._where_word,
                                    calls=self._calls,
-                                   agree_free=self._agree_free))
+                                   agree_free=self._agree_free, agree_views=self._agree_views))
         self.arena = self.context.arena = Arena(self.context)  # shared memory of Halos, global memory
         register(self.comm, self.context)  # agreements over it poll its notices, keep its deadline
         if self.size > 1:
             progress_on(self.comm)   # the C core's slow waits drive MPI's progress
+            # SIGTERM left at its default: inside a wait it raises SystemExit(143), which breaks
+            # the comm (the peers raise PeerError); elsewhere it still ends the process
+            lib.hm_catch_signal(signal.SIGTERM)
         #: how barrier and allreduce run, chosen once
         self.plan = Plan.of(self.num_nodes, self.node_size, self.is_leader, allreduce)
         self._coll = Collectives(self, st, self._segs, self.plan, self._leaders,
@@ -434,20 +438,26 @@ class HybridComm:
         this comm breaks too, False; also when a peer did not come within the timeout) or that
         frees another object (RuntimeError on every rank, before anything is freed).  False at
         once when this comm broke."""
+        return self._agree_views(what, None) is not None
+
+    def _agree_views(self, what, mine):
+        """:meth:`_agree_free` that also gathers ``mine`` from every rank: their list, or None
+        where _agree_free is False."""
         if self._broken is not None or self._st is None:
-            return False
+            return None
         if self.size == 1:
-            return True
-        try:
-            views = agree(self.comm, None, "free()", data=what)   # one call name: the objects compared below
+            return [mine]
+        try:   # one call name: the objects compared below
+            views = agree(self.comm, None, "free()", data=(what, mine))
         except (PeerError, SyncTimeout):   # the comm broke (a peer's notice, or none came in
-            return False                   # time): nothing collective follows, and free goes on
-        if len(set(views)) != 1:
+            return None                    # time): nothing collective follows, and free goes on
+        names = [v[0] for v in views]
+        if len(set(names)) != 1:
             raise agreed(RuntimeError(
                 f"hybridmpi: rank {self.rank}: ranks free different objects: "
-                + ", ".join(f"rank {r} {v}" for r, v in enumerate(views) if v != what or r == self.rank)
+                + ", ".join(f"rank {r} {v}" for r, v in enumerate(names) if v != what or r == self.rank)
                 + "; free the objects of a HybridComm in the same order on every rank"))
-        return True
+        return [v[1] for v in views]
 
     def _free_comm(self, c):
         """Free an MPI communicator of this HybridComm, unless a failed call broke it: messages

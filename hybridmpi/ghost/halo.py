@@ -229,12 +229,8 @@ class Halo(Freed):
         nbytes = self.size * self.esz
         block = hc.arena.alloc(nbytes, "Halo.vector")
         shape = (self.size,) if self.block == 1 else (self.size, self.block)
-        if nbytes:
-            arr = np.frombuffer(ffi.buffer(ffi.cast("char *", block.local), nbytes),
-                                dtype=self.dtype).reshape(shape)
-            arr[...] = 0
-        else:
-            arr = np.zeros(shape, dtype=self.dtype)
+        arr = block.array(self.dtype, self.size * self.block).reshape(shape)  # owns its memory
+        arr[...] = 0
         # the method's own path for shared vectors (atomic: zero copy, from ZERO_COPY_BYTES;
         # the same choice on every rank), or None
         zc = self._transport.shared_vector(

@@ -122,7 +122,7 @@ class Coarray(Freed):
         ctx.adopt(self)
         self.hc = hc
         self.dtype = self.mem.dtype
-        self.local = self.mem.local.reshape(shape)
+        self._local = self.mem.local.reshape(shape)
         parts = self.mem._internal
         # what the memory decides (checks, window, displacements), used through its seam
         self._parts = parts   # its checks (usable, target) are the memory's functions
@@ -134,6 +134,18 @@ class Coarray(Freed):
         self._targets: dict[Any, Any] = {}    # (rank, index key) -> view of a node peer's section
         self._types: dict[Any, Any] = {}      # (shape, strides) -> committed MPI datatype
 
+    @property
+    def local(self) -> np.ndarray:
+        """This rank's array (shared memory, which it owns: kept past :meth:`free`, it keeps
+        the values it had, and no other object's).
+
+        Raises:
+            FreedError: after free().
+        """
+        if self.mem.closed:
+            self._parts.usable(self.mem, "local")
+        return self._local
+
     def __getitem__(self, rank):
         if type(rank) is int and 0 <= rank < len(self._images):
             return self._images[rank]
@@ -144,7 +156,7 @@ class Coarray(Freed):
     def _section(self, key, index):
         sec = self._sections.get(key)
         if sec is None:
-            sec = self._sections[key] = _Section(self.local, index, self.mem.rank)
+            sec = self._sections[key] = _Section(self._local, index, self.mem.rank)
         return sec
 
     def _target(self, rank, index):
@@ -182,23 +194,15 @@ class Coarray(Freed):
         view, key = self._target(rank, index)
         mem = self.mem
         if view is not None:
-            try:
-                view[...] = values
-            except ValueError:
-                raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
-                                 f"{np.shape(values)} do not fit the section of shape {view.shape}") from None
+            view[...] = values if type(values) is np.ndarray and values.dtype is self.dtype \
+                else self._conform(values, view.shape)
             return None if blocking else Request(self._owner, None, None, None, "Coarray.Rput")
         sec = self._section(key, index)
-        try:
-            if (type(values) is np.ndarray and values.dtype is self.dtype and values.shape == sec.shape
-                    and values.flags.c_contiguous):
-                src = values
-            else:
-                src = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=self.dtype),
-                                                           sec.shape))
-        except ValueError:
-            raise ValueError(f"hybridmpi: rank {mem.rank}: Coarray: values of shape "
-                             f"{np.shape(values)} do not fit the section of shape {sec.shape}") from None
+        if (type(values) is np.ndarray and values.dtype is self.dtype and values.shape == sec.shape
+                and values.flags.c_contiguous):
+            src = values
+        else:
+            src = np.ascontiguousarray(self._conform(values, sec.shape))
         if src.size == 0:
             return None if blocking else Request(self._owner, None, None, None, "Coarray.Rput")
         MPI = mpi()
@@ -208,6 +212,21 @@ class Coarray(Freed):
             return None
         self._sync.dirty[id(self._win)] = self._win
         return Request(self._owner, req, rank, src, "Coarray.Rput")
+
+    def _conform(self, values, shape):
+        """``values`` as this coarray's dtype, broadcast to a section's ``shape``; an error that
+        says which of the two failed, and why, before anything is written."""
+        rank = self.mem.rank
+        try:
+            arr = np.asarray(values, dtype=self.dtype)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise type(e)(f"hybridmpi: rank {rank}: Coarray: {safe_repr(values)} cannot be stored "
+                          f"as {self.dtype}: {e}") from None
+        try:
+            return np.broadcast_to(arr, shape)
+        except ValueError:
+            raise ValueError(f"hybridmpi: rank {rank}: Coarray: values of shape {arr.shape} do not "
+                             f"fit the section of shape {shape}") from None
 
     def _get(self, rank, index):
         view, key = self._target(rank, index)
@@ -267,9 +286,10 @@ class Coarray(Freed):
         if self.mem.closed:
             return
         self.mem.free()
-        self.local = None
+        self._local = None
         self._shaped = [None] * len(self._shaped)
         self._targets = {}
+        self._sections = {}   # views of the local part: the memory goes when the user's do
         if not mpi().Is_finalized():
             for t in self._types.values():
                 t.Free()

@@ -124,9 +124,9 @@ class GlobalMemory(Freed):
         addrs = [0] * hc.size
         for r, nr in node_rank.items():
             addrs[r] = self._block.addr(nr, r)
-            views[r] = self._array(addrs[r], self.counts[r])
-        self.local = views[hc.rank]
-        self.local[...] = 0
+            views[r] = self._block.array(dt, self.counts[r], r)   # each owns its memory
+        self._local = views[hc.rank]
+        self._local[...] = 0
         self._addrs = addrs
         # Open MPI 4's osc/rdma crashes in MPI_Compare_and_swap aimed at the calling rank over
         # its shared-memory BTL (open-mpi/ompi#7967, #11349); there the CAS on this rank's own
@@ -152,17 +152,22 @@ class GlobalMemory(Freed):
         hc.context.adopt(self)
 
     @property
+    def local(self) -> np.ndarray:
+        """This rank's part: a numpy array in shared memory, which owns it (kept past
+        :meth:`free`, it keeps the values it had, and no other object's).
+
+        Raises:
+            FreedError: after free().
+        """
+        self._usable("local")
+        return self._local
+
+    @property
     def _internal(self) -> Parts:
         """What a Coarray built on this memory uses of it (the layer's one seam: every other
         private name stays in this module)."""
         return Parts(self._win, self._disp, self._views, self._sync, GlobalMemory._usable,
                      GlobalMemory._target, self._owner, self._calls)
-
-    def _array(self, addr, count):
-        if count == 0:
-            return np.zeros(0, dtype=self.dtype)
-        return np.frombuffer(ffi.buffer(ffi.cast("char *", addr), count * self.dtype.itemsize),
-                             dtype=self.dtype)
 
     # ------------------------------------------------------------ checks
 
@@ -401,13 +406,14 @@ class GlobalMemory(Freed):
         self._views = None
         self.closed = True
         self._near = {}
-        self.local = None
+        self._local = None
         self._calls.close()  # the methods serve every call now: they raise FreedError
         if self._win is not None and not mpi().Is_finalized():
             self._win.Flush_all()  # every pending operation on the window: none stays dirty
             self._sync.dirty.pop(id(self._win), None)
         self._owner.freed = True  # its requests not yet complete raise FreedError when waited
-        self._block.free()
+        # node peers may hold views of this rank's part (local_view): its bytes wait for them
+        self._block.free(shared=self.hc.node_size > 1)
 
     def __repr__(self):
         state = "freed" if self._views is None else f"{self.counts[self.rank]} local elements"

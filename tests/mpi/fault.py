@@ -1,7 +1,7 @@
 """Fault injection, run by tests/test_faults.py (not through the case harness: ranks die here).
 
     python fault.py MODE      MODE: raise-update, raise-barrier, kill, clean, caught,
-                                    with-block, abort-on-error
+                                    with-block, abort-on-error, abort-on-error-bare
 
 raise-*: rank 1 raises between two updates (or barriers); the other ranks
 must get SyncTimeout naming rank 1, or PeerError from a rank that timed out,
@@ -12,6 +12,8 @@ with-block: no timeout; rank 1 raises in its own code inside ``with HybridComm``
 leaving the block breaks the comm, so the others raise PeerError in their next
 wait and every rank meets in the collective free.  abort-on-error: no timeout;
 rank 1 raises inside ``hybridmpi.abort_on_error()``: the job is aborted.
+abort-on-error-bare: the same with ``hybridmpi.abort_on_error()`` called as a statement, not
+in a ``with``: it guards the rest of the program, and the uncaught exception aborts the job.
 """
 
 import os
@@ -28,6 +30,14 @@ mode = sys.argv[1]
 comm = MPI.COMM_WORLD
 r, p = comm.rank, comm.size
 
+if mode == "abort-on-error-bare":
+    hybridmpi.abort_on_error()
+    hc = hybridmpi.HybridComm(comm)   # no timeout, no with: only the guard can end the job
+    for i in range(50):
+        if r == 1 and i == 10:
+            raise RuntimeError("injected fault on rank 1")
+        hc.barrier()
+    sys.exit(0)
 if mode in ("with-block", "abort-on-error"):
     with hybridmpi.HybridComm(comm) as hc:  # no timeout: nothing but the error can end a wait
         h = Halo(GhostPattern(hc, send={(r + 1) % p: [0, 1]}, recv={(r - 1) % p: [2, 3]}, size=4))

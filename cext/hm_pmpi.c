@@ -25,6 +25,9 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <link.h>
+#include <strings.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -60,18 +63,75 @@ static _Atomic long counters[C_NUM];
 static int started;   /* start() ran */
 #define COUNT(k) atomic_fetch_add_explicit(&counters[k], 1, memory_order_relaxed)
 
-static long env_long(const char *name, long dflt)
+/* Settings are parsed strictly: a value that is not what the variable takes is named on
+ * stderr, and the safe value is used (the default for a number; for HYBRIDMPI_PMPI_OFF, off:
+ * a setting that could make calls go fast never does so by mistake). */
+static void bad_setting(const char *name, const char *v, const char *what, const char *kept)
+{
+    fprintf(stderr, "hybridmpi pmpi: %s=%s is not %s; using %s\n", name, v, what, kept);
+}
+
+static long env_long(const char *name, long dflt, long lo, long hi)
 {
     const char *v = getenv(name);
     char *end;
     if (v == NULL || *v == '\0')
         return dflt;
-    long x = strtol(v, &end, 10);
-    if (*end != '\0' || x < 0) {
-        fprintf(stderr, "hybridmpi pmpi: %s=%s is not a count; using %ld\n", name, v, dflt);
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*end != '\0' || errno == ERANGE || x < lo || x > hi) {
+        char what[96], kept[32];
+        snprintf(what, sizeof what, "an integer from %ld to %ld", lo, hi);
+        snprintf(kept, sizeof kept, "%ld", dflt);
+        bad_setting(name, v, what, kept);
         return dflt;
     }
+    return (long)x;
+}
+
+/* 1/0, true/false, yes/no, on/off (any case); else `bad`. */
+static int env_bool(const char *name, int dflt, int bad)
+{
+    static const char *const yes[] = {"1", "true", "yes", "on"}, *const no[] = {"0", "false", "no", "off"};
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return dflt;
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(v, yes[i]) == 0)
+            return 1;
+        if (strcasecmp(v, no[i]) == 0)
+            return 0;
+    }
+    bad_setting(name, v, "one of 1/0, true/false, yes/no, on/off", bad ? "1" : "0");
+    return bad;
+}
+
+static double env_seconds(const char *name)
+{
+    const char *v = getenv(name);
+    char *end;
+    if (v == NULL || *v == '\0')
+        return 0.0;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (*end != '\0' || errno == ERANGE || !(x >= 0.0 && x <= 1e9)) {
+        bad_setting(name, v, "a number of seconds from 0 to 1e9", "0 (no timeout)");
+        return 0.0;
+    }
     return x;
+}
+
+/* Whether the program runs on the MPI standard ABI (libmpi_abi.so) while this library was
+ * built for its MPI's own ABI: its handles would mean nothing here. */
+static int other_abi_seen;
+static int find_abi(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size, (void)data;
+    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    const char *name = slash ? slash + 1 : info->dlpi_name;
+    if (name && strncmp(name, "libmpi_abi.so", 13) == 0)
+        other_abi_seen = 1;
+    return other_abi_seen;
 }
 
 /* ------------------------------------------------------------------ what comes next */
@@ -210,9 +270,13 @@ static int delete_state(MPI_Comm comm, int key, void *value, void *extra)
 
 static void print_counters(void)
 {
-    int rank = 0, size = 1;
-    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    int rank = -1, size = 0, world = 0;
+    if (!other_abi_seen)
+        PMPI_Initialized(&world);
+    if (world) {   /* a sessions program has no MPI_COMM_WORLD */
+        PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    }
     char line[512];
     int n = snprintf(line, sizeof line, "hybridmpi pmpi: rank %d of %d:", rank, size);
     for (int k = 0; k < C_NUM && n < (int)sizeof line; k++)
@@ -251,27 +315,34 @@ static void progress(void);
 
 static void start(void)
 {
-    cfg.after = (int)env_long("HYBRIDMPI_PMPI_AFTER", 5);
-    cfg.max_bytes = (uint64_t)env_long("HYBRIDMPI_PMPI_MAX_BYTES", 2048);
-    cfg.node_size = (int)env_long("HYBRIDMPI_PMPI_NODE_SIZE", 0);
-    cfg.stats = (int)env_long("HYBRIDMPI_PMPI_STATS", 0);
-    cfg.off = (int)env_long("HYBRIDMPI_PMPI_OFF", 0);
-    const char *t = getenv("HYBRIDMPI_PMPI_TIMEOUT");
-    cfg.timeout_s = t ? atof(t) : 0.0;
-    const char *f = getenv("HYBRIDMPI_PMPI_FAIL_RANK");
-    cfg.fail_rank = f && *f ? atoi(f) : -1;
-    if (cfg.max_bytes > (1u << 20))
-        cfg.max_bytes = 1u << 20;
+#ifndef MPI_ABI_VERSION
+    dl_iterate_phdr(find_abi, NULL);
+    if (other_abi_seen) {   /* touch nothing of MPI: every call goes to the program's MPI */
+        fprintf(stderr, "hybridmpi pmpi: this program uses the MPI standard ABI (libmpi_abi.so), "
+                "and this library was built for another ABI: it stays off\n");
+        cfg.off = 1;
+        next.allreduce = (allreduce_fn)dlsym(RTLD_NEXT, "MPI_Allreduce");
+        next.barrier = (barrier_fn)dlsym(RTLD_NEXT, "MPI_Barrier");
+        next.allreduce_c = dlsym(RTLD_NEXT, "MPI_Allreduce_c");
+        started = 1;
+        return;
+    }
+#endif
+    cfg.off = env_bool("HYBRIDMPI_PMPI_OFF", 0, 1);
+    cfg.stats = env_bool("HYBRIDMPI_PMPI_STATS", 0, 0);
+    cfg.after = (int)env_long("HYBRIDMPI_PMPI_AFTER", 5, 0, INT_MAX - 1);
+    cfg.max_bytes = (uint64_t)env_long("HYBRIDMPI_PMPI_MAX_BYTES", 2048, 0, 1 << 20);
+    cfg.node_size = (int)env_long("HYBRIDMPI_PMPI_NODE_SIZE", 0, 0, INT_MAX);
+    cfg.timeout_s = env_seconds("HYBRIDMPI_PMPI_TIMEOUT");
+    cfg.fail_rank = (int)env_long("HYBRIDMPI_PMPI_FAIL_RANK", -1, -1, INT_MAX);
     next.allreduce = (allreduce_fn)find_next("MPI_Allreduce", "PMPI_Allreduce");
     next.barrier = (barrier_fn)find_next("MPI_Barrier", "PMPI_Barrier");
     next.allreduce_c = find_next("MPI_Allreduce_c", "PMPI_Allreduce_c");
     next.f_allreduce = find_next("mpi_allreduce_", "pmpi_allreduce_");
     next.f_barrier = find_next("mpi_barrier_", "pmpi_barrier_");
     next.f_in_place = dlsym(RTLD_DEFAULT, "mpi_fortran_in_place_");
-    /* keep the named types this MPI has at the size the core expects */
-    MPI_Errhandler was;   /* errors outside a communicator go to MPI_COMM_SELF's handler */
-    PMPI_Comm_get_errhandler(MPI_COMM_SELF, &was);
-    PMPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    /* keep the named types this MPI has at the size the core expects (a type it lacks is
+     * MPI_DATATYPE_NULL: no call is made that could reach an error handler) */
     ntypes = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         int size = 0;
@@ -279,11 +350,15 @@ static void start(void)
             (size_t)size == hm_dtype_size(types[i].code))
             types[ntypes++] = types[i];
     }
-    PMPI_Comm_set_errhandler(MPI_COMM_SELF, was);   /* the program's, as it was */
-    PMPI_Errhandler_free(&was);
     PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_state, &keyval, NULL);
-    PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &self_keyval, NULL);
-    PMPI_Comm_set_attr(MPI_COMM_SELF, self_keyval, NULL);
+    /* teardown at MPI_Finalize, through MPI_COMM_SELF, which exists only once MPI_Init made
+     * it: a sessions program (MPI_Session_init alone) frees each state with its communicator */
+    int world = 0;
+    PMPI_Initialized(&world);
+    if (world) {
+        PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, at_finalize, &self_keyval, NULL);
+        PMPI_Comm_set_attr(MPI_COMM_SELF, self_keyval, NULL);
+    }
     hm_set_progress(progress);
     started = 1;
 }
@@ -295,8 +370,11 @@ EXPORT int MPI_Finalize(void)
 {
     typedef int (*finalize_fn)(void);
     const char *v = getenv("HYBRIDMPI_PMPI_STATS");
-    if (!started && v != NULL && *v != '\0' && strcmp(v, "0") != 0)
-        print_counters();
+    if (!started) {
+        dl_iterate_phdr(find_abi, NULL);
+        if (v != NULL && *v != '\0' && strcmp(v, "0") != 0)
+            print_counters();
+    }
     if (!started)
         finalizing = 1;   /* a first call from inside MPI_Finalize goes to MPI */
     return ((finalize_fn)find_next("MPI_Finalize", "PMPI_Finalize"))();
@@ -392,29 +470,49 @@ static int map_node(state *s, int rank)
     return 0;
 }
 
+static void set_up_returning(state *s, int rank, int *local, int *all);
+
 /* Set up `s`, collectively over its communicator; every rank ends in S_FAST or in S_NEXT. */
 static void set_up(state *s)
 {
     int rank, local[2], all[2] = {0, 1};   /* all: nodes, ranks that failed */
     PMPI_Comm_rank(s->comm, &rank);
+    /* what fails here (no context id left, say) falls back, and never reaches the program's
+     * error handler: the communicator's is set back as it was, whatever happens */
+    MPI_Errhandler was;
+    PMPI_Comm_get_errhandler(s->comm, &was);
+    PMPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+    set_up_returning(s, rank, local, all);
+    PMPI_Comm_set_errhandler(s->comm, was);
+    PMPI_Errhandler_free(&was);
+}
+
+static void set_up_returning(state *s, int rank, int *local, int *all)
+{
     s->node = s->leaders = MPI_COMM_NULL;
     local[1] = map_node(s, rank);
     int leader = s->node != MPI_COMM_NULL && s->c.rank == 0;
-    /* the nodes' leaders, made by every rank (collective) whatever the outcome */
-    if (PMPI_Comm_split(s->comm, leader ? 0 : MPI_UNDEFINED, rank, &s->leaders) != MPI_SUCCESS) {
-        s->leaders = MPI_COMM_NULL;
-        local[1] = 1, failure = "MPI_Comm_split failed";
-    }
-    if (s->leaders != MPI_COMM_NULL)
-        PMPI_Comm_set_errhandler(s->leaders, MPI_ERRORS_RETURN);
     local[0] = leader && !local[1];
     /* the agreement; it also orders every rank's hm_coll_init before any rank's first call */
     if (PMPI_Allreduce(local, all, 2, MPI_INT, MPI_SUM, s->comm) != MPI_SUCCESS)
         all[1] = 1;
+    if (all[1] == 0 && all[0] > 1) {
+        /* several nodes: their leaders' communicator (every rank knows it is needed), and
+         * whether every rank got its part */
+        int bad = PMPI_Comm_split(s->comm, leader ? 0 : MPI_UNDEFINED, rank, &s->leaders) != MPI_SUCCESS;
+        if (bad)
+            s->leaders = MPI_COMM_NULL, failure = "MPI_Comm_split failed";
+        if (s->leaders != MPI_COMM_NULL)
+            PMPI_Comm_set_errhandler(s->leaders, MPI_ERRORS_RETURN);
+        int any = 1;
+        if (PMPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, s->comm) != MPI_SUCCESS || any)
+            all[1] = 1, local[1] |= bad;
+    }
     if (all[1] == 0) {
         s->multi = all[0] > 1;
-        if (!s->multi && s->leaders != MPI_COMM_NULL)
-            PMPI_Comm_free(&s->leaders);
+        /* the node's communicator served the set-up only: the program keeps its context ids
+         * (one node: none is held per communicator; several: the leaders') */
+        PMPI_Comm_free(&s->node);
         /* dead peers are looked for only where every node peer's process is visible (not
          * across PID namespaces that share /dev/shm) */
         s->watch = 1;
@@ -562,7 +660,7 @@ static int between(state *s, int rc, long sig, void *data, int count, MPI_Dataty
 static void poke(state *s)
 {
     int flag;
-    PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->node, &flag, MPI_STATUS_IGNORE);
+    PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->comm, &flag, MPI_STATUS_IGNORE);
 }
 
 /* A barrier also turns MPI's progress once on entry and once on exit, as MPI's own does:
@@ -610,9 +708,12 @@ static int run_allreduce(state *s, const void *send, void *recv, uint64_t count,
 
 /* The state and the core's codes when this allreduce goes to the core (or the communicator
  * was revoked), else NULL. */
-static state *allreduce_fast(MPI_Count count, MPI_Datatype type, MPI_Op op, MPI_Comm comm, int *dt,
-                             int *hop)
+static state *allreduce_fast(const void *send, const void *recv, MPI_Count count, MPI_Datatype type,
+                             MPI_Op op, MPI_Comm comm, int *dt, int *hop)
 {
+    /* buffers the MPI refuses (none, or the same without MPI_IN_PLACE): it says so, as ever */
+    if (count > 0 && (recv == NULL || send == NULL || send == recv))
+        return NULL;
     state *s = fast_state(comm);
     if (s != NULL && s->phase == S_BROKEN)
         return s;
@@ -628,7 +729,7 @@ EXPORT int MPI_Allreduce(const void *send, void *recv, int count, MPI_Datatype t
                          MPI_Comm comm)
 {
     int dt, hop;
-    state *s = allreduce_fast(count, type, op, comm, &dt, &hop);
+    state *s = allreduce_fast(send, recv, count, type, op, comm, &dt, &hop);
     if (s != NULL)
         return run_allreduce(s, send, recv, (uint64_t)count, dt, hop, type, op);
     COUNT(C_NEXT_ALLREDUCE);
@@ -650,7 +751,7 @@ EXPORT int MPI_Allreduce_c(const void *send, void *recv, MPI_Count count, MPI_Da
                            MPI_Op op, MPI_Comm comm)
 {
     int dt, hop;
-    state *s = allreduce_fast(count, type, op, comm, &dt, &hop);
+    state *s = allreduce_fast(send, recv, count, type, op, comm, &dt, &hop);
     if (s != NULL)
         return run_allreduce(s, send, recv, (uint64_t)count, dt, hop, type, op);
     COUNT(C_NEXT_ALLREDUCE);
@@ -672,9 +773,10 @@ EXPORT void mpi_allreduce_(void *send, void *recv, MPI_Fint *count, MPI_Fint *ty
     int dt, hop;
     MPI_Datatype t = PMPI_Type_f2c(*type);
     MPI_Op o = PMPI_Op_f2c(*op);
-    state *s = allreduce_fast(*count, t, o, PMPI_Comm_f2c(*comm), &dt, &hop);
+    void *in = send == next.f_in_place ? MPI_IN_PLACE : send;
+    state *s = allreduce_fast(in, recv, *count, t, o, PMPI_Comm_f2c(*comm), &dt, &hop);
     if (s != NULL) {
-        *ierr = run_allreduce(s, send == next.f_in_place ? MPI_IN_PLACE : send, recv,
+        *ierr = run_allreduce(s, in, recv,
                               (uint64_t)*count, dt, hop, t, o);
         return;
     }

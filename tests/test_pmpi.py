@@ -186,3 +186,93 @@ def test_command(built, tmp_path):
                         str(tmp_path / "no-such-mpicc")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and p.stderr.startswith("hybridmpi pmpi: error:"), p.stderr
     assert "Traceback" not in p.stderr
+
+
+def without(n, argv, env=None, timeout=180):
+    """``run`` without the library (MPI alone), for the same program's own behaviour."""
+    return run(n, "", argv, env, timeout)
+
+
+def test_errors_with_no_communicator_return(built):
+    """A program with MPI_ERRORS_RETURN on MPI_COMM_WORLD: after the library set up, errors with
+    no communicator (MPI_DATATYPE_NULL, MPI_COMM_NULL) still return a code, and MPI_COMM_SELF's
+    handler is the one MPI gave it (start-up touches nothing the program can observe)."""
+    lib, progs = built
+    seen = passed(2, lib, [progs["cases"], "errhandlers"], "errhandlers ok")
+    assert all(c["allreduce fast"] >= 20 for c in seen.values()), seen
+
+
+def test_erroneous_buffers_as_mpi_reports_them(built):
+    """A NULL receive buffer and send == recv without MPI_IN_PLACE: the codes MPI returns."""
+    lib, progs = built
+    rc0, out0, err0 = without(2, [progs["cases"], "buffers"])
+    rc, out, err = run(2, lib, [progs["cases"], "buffers"])
+    assert rc == rc0 == 0 and "buffers ok" in out, (out, err)
+    line = [ln for ln in out.splitlines() if ln.startswith("buffers:")]
+    assert line == [ln for ln in out0.splitlines() if ln.startswith("buffers:")], (out, out0)
+
+
+def test_sessions_program(built):
+    """An MPI-4 sessions program (no MPI_Init): its communicator from a process set is reduced on
+    and synchronized through the library."""
+    lib, progs = built
+    rc, out, err = run(2, lib, [progs["cases"], "sessions"])
+    assert rc == 0 and ("sessions ok" in out or "this MPI has none" in out), (out, err)
+
+
+def test_communicator_limit_is_the_programs(built):
+    """The program gets as many communicators as without the library (each one used, so the
+    library set it up), within 2%; running out never reaches the program's error handler from
+    the library's own set-up.  MPICH's family only: Open MPI's limit (65,532) takes too long."""
+    if mpi_flavor() == "openmpi":
+        pytest.skip("Open MPI's limit is 2**16 - 4 communicators")
+    lib, progs = built
+    rc0, out0, err0 = without(2, [progs["cases"], "comms"], timeout=400)
+    rc, out, err = run(2, lib, [progs["cases"], "comms"], timeout=400)
+    assert rc == rc0 == 0, (out, err)
+    got0 = int(re.search(r"comms (\d+)", out0).group(1))
+    got = int(re.search(r"comms (\d+)", out).group(1))
+    assert got >= 0.98 * got0, (got, got0)
+    assert all(c["communicators set up"] > 0.9 * got for c in counters(err).values()), err
+
+
+@pytest.mark.parametrize("name,value,fast", [
+    ("HYBRIDMPI_PMPI_OFF", "true", False), ("HYBRIDMPI_PMPI_OFF", "yes", False),
+    ("HYBRIDMPI_PMPI_OFF", "garbage", False), ("HYBRIDMPI_PMPI_OFF", "off", True),
+    ("HYBRIDMPI_PMPI_AFTER", "4294967296", True), ("HYBRIDMPI_PMPI_AFTER", "-1", True),
+    ("HYBRIDMPI_PMPI_FAIL_RANK", "abc", True), ("HYBRIDMPI_PMPI_MAX_BYTES", "1e3", True),
+    ("HYBRIDMPI_PMPI_TIMEOUT", "nan", True)])
+def test_settings_parsed_strictly(built, name, value, fast):
+    """Booleans take 1/0, true/false, yes/no, on/off; numbers refuse overflow and garbage; a bad
+    value is named on stderr and the safe value kept (off for HYBRIDMPI_PMPI_OFF; else the
+    default: AFTER=4294967296 does not wrap to 0, FAIL_RANK=abc fails no rank)."""
+    lib, progs = built
+    rc, out, err = run(2, lib, [progs["cases"], "fallback"], {name: value})
+    assert rc == 0 and "fallback ok" in out, (out, err)
+    seen = counters(err)
+    good = value in ("true", "yes", "off")
+    assert (f"{name}={value} is not" in err) != good, err
+    for c in seen.values():
+        assert (c["allreduce fast"] > 0) == fast, seen
+        assert c["set-ups that fell back"] == 0, seen
+        if name == "HYBRIDMPI_PMPI_AFTER":   # the default, 5: the 6th call sets up
+            assert c["allreduce passed on"] + c["barrier passed on"] == 5, seen
+
+
+def test_standard_abi_program_is_refused_in_one_line(built, tmp_path):
+    """A program built for the MPI standard ABI (``mpicc_abi``, libmpi_abi.so) under a build for
+    MPICH's own ABI: one line says the library stays off, and the program runs on MPI alone."""
+    import shutil
+
+    lib, progs = built
+    t = pmpi.target()
+    abi = shutil.which("mpicc_abi", path=os.path.dirname(shlex.split(t.mpicc)[0]) or None)
+    if abi is None or mpi_flavor() == "openmpi":
+        pytest.skip("no mpicc_abi beside this MPI's wrapper")
+    prog = str(tmp_path / "cases_abi")
+    subprocess.run([abi, "-O1", os.path.join(PROGRAMS, "cases.c"), "-o", prog, "-lpthread"],
+                   check=True, capture_output=True, text=True)
+    rc, out, err = run(2, lib, [prog, "fallback"])
+    assert rc == 0 and "fallback ok" in out, (out, err)
+    lines = [ln for ln in err.splitlines() if "standard ABI" in ln]
+    assert len(lines) == 2 and "stays off" in lines[0], err

@@ -13,6 +13,16 @@
  *             program): the library reports it instead of hanging or returning garbage;
  *   fallback  (with HYBRIDMPI_PMPI_FAIL_RANK) one rank's set-up fails: all ranks go on with
  *             MPI, with correct results.
+ *   errhandlers  MPI_ERRORS_RETURN on MPI_COMM_WORLD, the library set up: errors with no
+ *             communicator (MPI_Type_size of MPI_DATATYPE_NULL, MPI_Barrier of MPI_COMM_NULL)
+ *             return a code as they do without it, and MPI_COMM_SELF's handler is unset;
+ *   comms     MPI_ERRORS_RETURN, then MPI_Comm_dup until MPI runs out, each new communicator
+ *             used (the library sets it up): prints how many the program got ("comms N");
+ *   buffers   erroneous buffers (none, or send == recv without MPI_IN_PLACE): prints the codes
+ *             (the test compares them with MPI's own);
+ *   churn     dup, 8 allreduces, free, many times: prints the time per cycle;
+ *   sessions  (MPI-4) a sessions program, no MPI_Init: a communicator from the WORLD process set,
+ *             reduced on many times.
  * Prints "<case> ok" on rank 0. */
 #include <mpi.h>
 #include <pthread.h>
@@ -166,9 +176,127 @@ static void fallback(void)
     }
 }
 
+static void errhandlers(void)
+{
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    warm(MPI_COMM_WORLD);
+    for (int i = 0; i < 20; i++)
+        CHECK(sum_of_ranks(MPI_COMM_WORLD) == size * (size + 1) / 2.0, "sum");
+    int n = 0;
+    CHECK(MPI_Type_size(MPI_DATATYPE_NULL, &n) != MPI_SUCCESS, "MPI_Type_size(MPI_DATATYPE_NULL)");
+    CHECK(MPI_Barrier(MPI_COMM_NULL) != MPI_SUCCESS, "MPI_Barrier(MPI_COMM_NULL)");
+    double x = 1, y = 0;
+    CHECK(MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_NULL) != MPI_SUCCESS,
+          "MPI_Allreduce on MPI_COMM_NULL");
+    MPI_Errhandler h;
+    MPI_Comm_get_errhandler(MPI_COMM_SELF, &h);
+    CHECK(h == MPI_ERRORS_ARE_FATAL, "MPI_COMM_SELF's handler changed");
+    MPI_Errhandler_free(&h);
+}
+
+static void comms(void)
+{
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    enum { MOST = 70000 };
+    MPI_Comm *made = malloc(MOST * sizeof *made);
+    int n = 0, ok = 1;
+    while (n < MOST && ok) {
+        int rc = MPI_Comm_dup(MPI_COMM_WORLD, &made[n]);
+        ok = rc == MPI_SUCCESS;   /* every rank fails the same dup: the context id is agreed */
+        if (!ok)
+            break;
+        for (int i = 0; i < 7; i++)
+            CHECK(sum_of_ranks(made[n]) == size * (size + 1) / 2.0, "sum on communicator %d", n);
+        n++;
+    }
+    /* what is left still works */
+    for (int i = 0; i < 20; i++)
+        CHECK(sum_of_ranks(MPI_COMM_WORLD) == size * (size + 1) / 2.0, "sum after");
+    for (int i = 0; i < n; i++)
+        MPI_Comm_free(&made[i]);
+    free(made);
+    if (rank == 0)
+        printf("comms %d\n", n);
+}
+
+static void buffers(void)
+{
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    warm(MPI_COMM_WORLD);
+    double x[4] = {1, 2, 3, 4};
+    int a = MPI_Allreduce(x, NULL, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    int b = MPI_Allreduce(x, x, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    int ca = 0, cb = 0;
+    MPI_Error_class(a, &ca);
+    MPI_Error_class(b, &cb);
+    if (rank == 0)
+        printf("buffers: NULL recv class %d, aliased class %d\n", ca, cb);
+    for (int i = 0; i < 20; i++)
+        CHECK(sum_of_ranks(MPI_COMM_WORLD) == size * (size + 1) / 2.0, "sum after");
+}
+
+static void churn(void)
+{
+    warm(MPI_COMM_WORLD);
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        for (int k = 0; k < 200; k++) {
+            MPI_Comm c;
+            MPI_Comm_dup(MPI_COMM_WORLD, &c);
+            for (int i = 0; i < 8; i++)
+                CHECK(sum_of_ranks(c) == size * (size + 1) / 2.0, "sum");
+            MPI_Comm_free(&c);
+        }
+        double t = (MPI_Wtime() - t0) / 200, worst;
+        PMPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (worst < best)
+            best = worst;
+    }
+    if (rank == 0)
+        printf("churn %.2f us per cycle\n", best * 1e6);
+}
+
+#if MPI_VERSION >= 4
+static int sessions(void)
+{
+    MPI_Session session;
+    MPI_Group group;
+    MPI_Comm comm;
+    if (MPI_Session_init(MPI_INFO_NULL, MPI_ERRORS_RETURN, &session) != MPI_SUCCESS)
+        return 1;
+    CHECK(MPI_Group_from_session_pset(session, "mpi://WORLD", &group) == MPI_SUCCESS, "pset");
+    CHECK(MPI_Comm_create_from_group(group, "hybridmpi.cases", MPI_INFO_NULL, MPI_ERRORS_RETURN,
+                                     &comm) == MPI_SUCCESS, "comm from group");
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    for (int i = 0; i < 50; i++) {
+        double y = sum_of_ranks(comm);
+        CHECK(y == size * (size + 1) / 2.0, "sum %g", y);
+        CHECK(MPI_Barrier(comm) == MPI_SUCCESS, "barrier");
+    }
+    MPI_Group_free(&group);
+    MPI_Comm_free(&comm);
+    if (rank == 0)
+        printf("sessions ok\n");
+    fflush(stdout);
+    MPI_Session_finalize(&session);
+    return 0;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "";
+    if (!strcmp(which, "sessions")) {
+#if MPI_VERSION >= 4
+        return sessions();
+#else
+        printf("sessions: this MPI has none\n");
+        return 0;
+#endif
+    }
     int provided;
     MPI_Init_thread(&argc, &argv, strcmp(which, "threads") ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE,
                     &provided);
@@ -186,6 +314,14 @@ int main(int argc, char **argv)
         mismatch();
     else if (!strcmp(which, "fallback"))
         fallback();
+    else if (!strcmp(which, "errhandlers"))
+        errhandlers();
+    else if (!strcmp(which, "comms"))
+        comms();
+    else if (!strcmp(which, "buffers"))
+        buffers();
+    else if (!strcmp(which, "churn"))
+        churn();
     else
         CHECK(0, "unknown case '%s'", which);
     if (rank == 0)

@@ -118,9 +118,8 @@ class _AbortOnError:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         self._end(exc)
-        return False
 
 
 def abort_on_error(code: int = 1) -> _AbortOnError:

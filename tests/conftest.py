@@ -19,7 +19,8 @@ MPIEXEC = os.environ.get("HYBRIDMPI_MPIEXEC") or shutil.which("mpiexec",
 #: the rest spend it in Python, numpy, gmsh and plotting, and would take the leg past CI's time
 #: (the whole suite took 38-52 minutes under ASan on the loaded 2-core VM).
 SANITIZED = ("test_core.py", "test_bounds.py", "test_collectives.py", "test_globalmem.py",
-             "test_halo.py", "test_views.py", "test_silent.py", "test_onerank.py", "test_profile.py", "test_errors.py")
+             "test_halo.py", "test_views.py", "test_silent.py", "test_onerank.py", "test_profile.py",
+             "test_errors.py")
 
 
 #: HYBRIDMPI_TEST_MAX_RANKS=K skips the runs of more than K ranks (a CI leg that repeats what

@@ -60,8 +60,8 @@ class Context:
                  "node_size", "node_id", "num_nodes", "is_leader", "node_ranks", "node_index",
                  "coll", "spin", "notices", "arena", "serial", "children", "profile",
                  "env_profile", "clock_offset", "hooks", "take_id", "release_id", "break_comm",
-                 "peer_error", "describe_word", "calls", "agree_free", "agree_views", "_service", "_free_comm",
-                 "_broken")
+                 "peer_error", "describe_word", "calls", "agree_free", "agree_views", "_service",
+                 "_free_comm", "_broken")
 
     def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, serial: int,
                  children: dict[int, Any], hooks: dict[str, Callable[..., Any]]) -> None:

@@ -17,10 +17,11 @@ on its block through its ``base``.  A freed block that some rank still views
 (its own part, or a node peer's) is not given back: its bytes stay where they
 are, no longer written by the library, until every rank's views of it are
 gone, which the ranks tell each other at the next allocation.  A chunk whose
-blocks are all freed but still viewed is retired (no new block goes there)
-and freed at the first allocation after its last view went; one still viewed
-when the HybridComm is freed stays mapped until the program ends.  So a view
-kept past ``free()`` holds stale values, never another object's.
+blocks are all freed but still viewed stays (new blocks may go to its free
+ranges) and is freed at the first allocation after its last view went; one
+still viewed when the HybridComm is freed stays mapped until the program ends.
+So a view kept past ``free()`` holds stale values, never another object's.
+One empty chunk that nobody views is kept for the next block.
 """
 
 import ctypes
@@ -48,7 +49,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 #: where MPI libraries map their shared segments on Linux
 SHM_DIR = settings.shm_dir()
-#: bytes per rank of a new chunk (larger blocks get a chunk of their own size)
+#: bytes per rank of a new chunk (larger blocks get a chunk of their own size); one chunk whose
+#: blocks are all freed is kept for the next block when no rank's is larger
 CHUNK_BYTES = 4 * 2**20
 #: a freed Halo's own window (fence, pscw, lock) is kept for the next Halo of its method when
 #: no node rank's segment is larger: MPICH keeps about 300 B of memory per shared window made
@@ -339,7 +341,7 @@ class _Chunk:
         self.size = nbytes
         self.free_list = [(0, nbytes)] if nbytes else []
         self.live = 0
-        self.retired = False
+        self.closed = False
         win.Lock_all(MPI.MODE_NOCHECK)
         if hc.num_nodes > 1:
             mem = MPI.memory.fromaddress(self.base[hc.node_rank], nbytes)
@@ -355,8 +357,6 @@ class _Chunk:
 
     def fit(self, nbytes):
         """Offset of the first free range of ``nbytes`` (-1 if none)."""
-        if self.retired:
-            return -1
         if nbytes == 0:
             return 0
         for off, size in self.free_list:
@@ -393,6 +393,7 @@ class _Chunk:
             del fl[i]
 
     def close(self):
+        self.closed = True
         hold_ids(-1 - (self.rma is not None))
         if self.rma is not None:
             self.rma.Unlock_all()
@@ -419,13 +420,11 @@ class Arena:
         self.viewed: dict[int, Block] = {}
         #: freed blocks whose bytes are not given back yet (arrays over them may live)
         self.limbo: list[Block] = []
-        #: chunks whose blocks are all freed, still viewed somewhere: no new block goes there
-        self.retired: list[_Chunk] = []
 
     @property
     def windows(self):
         """MPI windows held now (shared and RMA, kept ones too)."""
-        return sum(1 + (c.rma is not None) for c in self.chunks + self.retired) + len(self.kept)
+        return sum(1 + (c.rma is not None) for c in self.chunks) + len(self.kept)
 
     def _pinned(self):
         """(block serial, chunk serial) of every block an array of this process still views."""
@@ -441,7 +440,7 @@ class Arena:
         for b in self.limbo:
             if b.pins > 0 or b.shared and (seen is None or b.serial in seen):
                 keep.append(b)
-            elif not b.home.retired:
+            elif not b.home.closed:
                 b.home.give(b.offsets[self.ctx.rank], b.nbytes)
         self.limbo = keep
 
@@ -501,7 +500,11 @@ class Arena:
         # bounded and notice-aware, like every agreement: a rank here while a peer is in
         # another call raises instead of waiting in a blocking allgather; with it, what each
         # rank still views of freed blocks
-        views = agree(hc.comm, problem, what, data=(nb, fits, self._pinned()))
+        big = tuple(c.serial for c in self.chunks if c.live == 0 and c.size > CHUNK_BYTES)
+        views = agree(hc.comm, problem, what, data=(nb, fits, self._pinned(), big))
+        seen = {b for v in views for b, _ in v[2]}            # blocks some rank views
+        viewed = {c for v in views for _, c in v[2]}          # chunks some rank views
+        big = {c for v in views for c in v[3]}
         sizes = [v[0] for v in views]
         chosen = None
         for i in range(len(self.chunks)):
@@ -509,6 +512,9 @@ class Arena:
                 chosen = i
                 break
         if chosen is None:
+            # the empty chunks that nobody views (too small for this block) go first: every
+            # rank holds the same chunks, read the same words, and is here
+            self._close([c for c in self.chunks if c.live == 0 and c.serial not in viewed])
             chunk = self._new_chunk(nb, what, hint)
             self.chunks.append(chunk)
             offsets = [0] * len(views)
@@ -517,7 +523,12 @@ class Arena:
             offsets = [v[1][chosen] for v in views]
         chunk.take(offsets[hc.rank], nb)
         chunk.live += 1
-        self._after_views(views)   # what nobody views comes back, for the next allocation
+        # what nobody views comes back, for the next allocation; of the empty chunks, one
+        # (not larger than CHUNK_BYTES on any rank) is kept
+        self._sweep(seen)
+        empty = [c for c in self.chunks if c.live == 0 and c.serial not in viewed]
+        spare = next((c for c in empty if c.serial not in big), None)
+        self._close([c for c in empty if c is not spare])
         self.blocks += 1
         block = Block(self, chunk, offsets, sizes, hc.rank, self.blocks)
         # its pages committed before its owner zeroes them: a full /dev/shm is a MemoryError
@@ -533,21 +544,16 @@ class Arena:
             size = nb
         return _Chunk(self, size)
 
-    def _after_views(self, views):
-        """After an agreement that carried every rank's :meth:`_pinned`: give back the freed
-        blocks nobody views, and free the retired chunks nobody views (every rank holds the
-        same retired chunks and reads the same words, so they free the same ones)."""
-        seen = {s for v in views for s, _ in v[2]}
-        chunks = {c for v in views for _, c in v[2]}
-        self._sweep(seen)
-        for c in [c for c in self.retired if c.serial not in chunks]:
-            self.retired.remove(c)
+    def _close(self, chunks):
+        """Free ``chunks`` (collective: every rank frees the same ones, in one order)."""
+        for c in chunks:
+            self.chunks.remove(c)
             self.limbo = [b for b in self.limbo if b.home is not c]
             c.close()
 
     def release(self, block):
         """Give ``block`` back (:meth:`Block.free`); a chunk whose last block goes is freed,
-        or retired while an array of any rank views it."""
+        unless an array of any rank views it, or it is kept as the one empty chunk."""
         chunk = block.chunk
         if block.pins > 0 or block.shared:
             self.limbo.append(block)
@@ -555,28 +561,30 @@ class Arena:
             chunk.give(block.offsets[self.ctx.rank], block.nbytes)
         chunk.live -= 1
         if chunk.live == 0:
-            self.chunks.remove(chunk)
             if mpi().Is_finalized():
+                self.chunks.remove(chunk)
                 hold_ids(-1 - (chunk.rma is not None))
                 return
             mine = any(b.home is chunk for b in self.limbo if b.pins > 0)
-            viewed = self.ctx.agree_views(f"shared memory chunk {chunk.serial}", mine)
+            small = chunk.size <= CHUNK_BYTES
+            viewed = self.ctx.agree_views(f"shared memory chunk {chunk.serial}", (mine, small))
             if viewed is None:
                 # MPI_Win_free is collective: the comm broke (also found by this agreement),
                 # and a peer may never come; kept (its ids stay held)
+                self.chunks.remove(chunk)
                 _KEPT.append(chunk)
-            elif any(viewed):
-                chunk.retired = True
-                self.retired.append(chunk)
-            else:
-                self.limbo = [b for b in self.limbo if b.home is not chunk]
-                chunk.close()
+            elif any(v[0] for v in viewed):
+                pass   # stays: freed at the first allocation after the last view went
+            elif not (all(v[1] for v in viewed) and all(c.live for c in self.chunks if c is not chunk)):
+                self._close([chunk])
+            # else the one empty chunk, kept for the next block: MPICH keeps about 300 B of
+            # memory per shared window made and freed (finding 13), which a Halo with a vector,
+            # made and freed in a loop, paid at every turn
 
     def free(self):
         """Free every chunk (collective; at HybridComm.free).  A chunk that an array of any
         rank still views stays mapped (its ids held) until the program ends."""
-        chunks, self.chunks = self.chunks + self.retired, []
-        self.retired = []
+        chunks, self.chunks = self.chunks, []
         kept, self.kept = list(self.kept.values()), {}
         if chunks and self.ctx.broken() is None and not mpi().Is_finalized():
             mine = {c for _, c in self._pinned()}

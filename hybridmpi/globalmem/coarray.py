@@ -192,7 +192,6 @@ class Coarray(Freed):
 
     def _put(self, rank, index, values, blocking):
         view, key = self._target(rank, index)
-        mem = self.mem
         if view is not None:
             view[...] = values if type(values) is np.ndarray and values.dtype is self.dtype \
                 else self._conform(values, view.shape)
@@ -274,6 +273,13 @@ class Coarray(Freed):
         """As :meth:`GlobalMemory.sync_all`."""
         self.mem.sync_all()
 
+    def _drop_views(self):
+        """Let go of every array over the memory (at free: the memory goes when the user's do)."""
+        self._local = None
+        self._shaped = [None] * len(self._shaped)
+        self._targets = {}
+        self._sections = {}
+
     def sync_images(self, ranks: int | Iterable[int]) -> None:
         """As :meth:`GlobalMemory.sync_images`."""
         if self.mem.closed:
@@ -285,11 +291,7 @@ class Coarray(Freed):
         self.hc.context.disown(self)
         if self.mem.closed:
             return
-        self.mem.free()
-        self._local = None
-        self._shaped = [None] * len(self._shaped)
-        self._targets = {}
-        self._sections = {}   # views of the local part: the memory goes when the user's do
+        self._parts.release(self.mem, self._drop_views)
         if not mpi().Is_finalized():
             for t in self._types.values():
                 t.Free()

@@ -39,6 +39,9 @@ class Parts(NamedTuple):
     owner: Any
     #: its operations' table (``Calls``), through which a profile records them
     calls: Any
+    #: ``release(mem, drop)``: free the memory, calling ``drop()`` (the coarray lets go of its
+    #: views) once every rank frees it, before the ranks say whether arrays over it live on
+    release: Any
 
 
 @operations("Put", "Get", "Rput", "Rget", "fetch_add", "compare_swap", "flush", "sync_all",
@@ -167,7 +170,7 @@ class GlobalMemory(Freed):
         """What a Coarray built on this memory uses of it (the layer's one seam: every other
         private name stays in this module)."""
         return Parts(self._win, self._disp, self._views, self._sync, GlobalMemory._usable,
-                     GlobalMemory._target, self._owner, self._calls)
+                     GlobalMemory._target, self._owner, self._calls, GlobalMemory._release)
 
     # ------------------------------------------------------------ checks
 
@@ -395,25 +398,39 @@ class GlobalMemory(Freed):
             RuntimeError: on every rank, when ranks free different GlobalMemory objects (the
                 memory stays usable: free them in one order); nothing is freed.
         """
+        self._release(None)
+
+    def _release(self, drop):
+        """:meth:`free`; ``drop()`` (when given) lets go of a coarray's arrays over the memory
+        once every rank frees it."""
         if self._views is None:
             self.hc.context.disown(self)
             return
+        ctx = self.hc.context
         # every rank frees this memory now (RuntimeError everywhere when ranks free different
         # ones, nothing freed), or its comm broke: then nothing below waits on a peer
         if not mpi().Is_finalized():
-            self.hc.context.agree_free(f"GlobalMemory {self._serial}")
-        self.hc.context.disown(self)
-        self._views = None
+            ctx.agree_free(f"GlobalMemory {self._serial}")
+        ctx.disown(self)
+        views, self._views = self._views, None
+        views[:] = [None] * len(views)   # also the list a coarray's parts hold
         self.closed = True
         self._near = {}
         self._local = None
         self._calls.close()  # the methods serve every call now: they raise FreedError
+        if drop is not None:
+            drop()
         if self._win is not None and not mpi().Is_finalized():
             self._win.Flush_all()  # every pending operation on the window: none stays dirty
             self._sync.dirty.pop(id(self._win), None)
         self._owner.freed = True  # its requests not yet complete raise FreedError when waited
-        # node peers may hold views of this rank's part (local_view): its bytes wait for them
-        self._block.free(shared=self.hc.node_size > 1)
+        # what the user keeps: node peers may view this rank's part (local_view), so its
+        # bytes wait until no rank views it (the ranks say so here, and at each allocation)
+        shared = False
+        if self.hc.node_size > 1 and not mpi().Is_finalized():
+            viewed = ctx.agree_views(f"GlobalMemory {self._serial} views", self._block.pins > 0)
+            shared = viewed is None or any(viewed)
+        self._block.free(shared=shared)
 
     def __repr__(self):
         state = "freed" if self._views is None else f"{self.counts[self.rank]} local elements"

@@ -198,6 +198,9 @@ class Program(Judge, Steps, Misuse):
         self.raised_at = {}  # (key, rank) -> class, for the ends of one-rank bad begins
         self.graveyard = {}  # freed Halos (object and a private array) for use-after-free
         self.gm_graveyard = {}  # freed GlobalMemory objects
+        #: arrays over shared memory kept past their object's free (or the comm's): written
+        #: through after every step; the live objects' checks find any that aliases them
+        self.stale = []
         self.stray = []  # objects that invalid constructor calls made anyway
         self.prof_on = False
         self.planted = False
@@ -299,11 +302,23 @@ class Program(Judge, Steps, Misuse):
             if not self.ready(st):
                 continue
             getattr(self, "do_" + st["op"])(st)
+            self.scribble(i)
             self.stats["steps"] += 1
             if (i + 1) % ce == 0:
                 if self.check():
                     return False
         return not self.check(final=True)
+
+    def keep_stale(self, arrays):
+        """Keep ``arrays`` (over shared memory, their object about to be freed) past the free;
+        the oldest go, so that their memory comes back while the program runs."""
+        self.stale += [a for a in arrays if isinstance(a, np.ndarray) and a.size]
+        del self.stale[:-12]
+
+    def scribble(self, i):
+        """Write through every stale array (this rank's own values): nothing live may change."""
+        for j, a in enumerate(self.stale):
+            a[...] = np.asarray((R + 1) * 1000 + (i * 7 + j) % 97).astype(a.dtype)
 
     def ready(self, st):
         """Whether a step's objects exist (in the model); when a step was left out (--keep),

@@ -66,6 +66,9 @@ class Steps:
         key = (st["i"], 0)
         if self.hc is None:
             return self.nocall(key, {"sync": True})
+        # what lives at the comm's free: its arrays stay (written through, as every stale one)
+        self.keep_stale([a for o in self.ohalo.values() for n, a in o["arrays"].items() if n.startswith("v")]
+                        + [m.local for m in self.omem.values() if m is not None and not m.closed])
         self.call(key, self.hc.free, meta={"sync": False, "free": True})
 
     def do_after_free(self, st):
@@ -340,8 +343,10 @@ class Steps:
         o = self.ohalo.pop(hid, None)
         if o is None:
             return self.call(key, self.skip, meta={"sync": False, "free": True})
-        # keep a private array and the object for use-after-free probes; shared vectors go
+        # keep a private array and the object for use-after-free probes; shared vectors stay
+        # as stale arrays (written through after every step)
         self.graveyard[hid] = {"h": o["h"], "x": o["arrays"]["k0"]}
+        self.keep_stale([a for n, a in o["arrays"].items() if n.startswith("v")])
         self.call(key, o["h"].free, meta={"sync": False, "free": True})
 
     # ------------------------------------------------------------ global memory
@@ -688,6 +693,8 @@ class Steps:
         self.smem.pop(mid, None)
         mem = self.omem.pop(mid, None)
         self.gm_graveyard[mid] = mem
+        if mem is not None and not mem.closed:   # its part and a node peer's, kept past free
+            self.keep_stale([mem.local] + [mem.local_view(r) for r in range(P) if r != R][:1])
         self.call(key, mem.free if mem is not None else self.skip, meta={"sync": False, "free": True})
 
     # ------------------------------------------------------------ coarrays
@@ -848,6 +855,8 @@ class Steps:
         key = (st["i"], 0)
         self.sco.pop(cid, None)
         co = self.oco.pop(cid, None)
+        if co is not None and not co.closed:
+            self.keep_stale([co.local, co.local[..., ::2]])
         self.call(key, co.free if co is not None else self.skip, meta={"sync": False, "free": True})
 
     # ------------------------------------------------------------ collectives

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import settings
 from .._native.tables import mpi
-from ..errors import SyncTimeout, agreed
+from ..errors import PeerError, SyncTimeout, agreed
 from ._waits import wait_requests
 
 #: what a rank found wrong: None, a message (ValueError), or (exception class, message)
@@ -128,6 +128,57 @@ def exchange(comm: Any, blob: bytes, where: str, ctx: Any = None,
     return [out[d:d + n].tobytes() for d, n in zip(displs.tolist(), sizes.tolist())]
 
 
+def context_of(comm: Any) -> Any:
+    """The Context of the HybridComm whose communicator is ``comm``, else None."""
+    hit = _CONTEXTS.get(id(comm))
+    return hit[1] if hit is not None and hit[0] is comm else None
+
+
+def _usable(ctx: Any, where: str) -> None:
+    if ctx is not None and ctx.broken() is not None:
+        # this rank already told every peer (its notice): none waits for it here
+        raise unusable(ctx.rank, f"{where}: its HybridComm is unusable after an earlier error "
+                                 f"({ctx.broken()}); free it", ctx.broken())
+
+
+def unusable(rank: int, message: str, why: str) -> RuntimeError:
+    """The error of a call on an object (or HybridComm) that broke earlier for ``why``:
+    PeerError when a peer's failure broke it (as the call that found it raised), else
+    RuntimeError; ``message`` says what."""
+    cls = PeerError if why == "PeerError" else RuntimeError
+    return cls(f"hybridmpi: rank {rank}: {message}")
+
+
+# Collectives of constructors: each waits as every other wait (spin then yield, under the
+# deadline, ended by a peer's failure notice or a signal, which breaks the comm), never in a
+# blocking MPI call that a failed or interrupted peer would leave waiting forever.  ``ctx``:
+# the HybridComm's Context (its deadline, notices and failure handling); ``comm``: its
+# communicator or node communicator.
+
+def complete(ctx: Any, comm: Any, req: Any, where: str) -> None:
+    """Complete the non-blocking collective ``req`` on ``comm``."""
+    _wait(comm, req, where, ctx)
+
+
+def barrier(ctx: Any, comm: Any, where: str) -> None:
+    """A barrier over ``comm``."""
+    _usable(ctx, where)
+    _wait(comm, comm.Ibarrier(), where, ctx)
+
+
+def allgather(ctx: Any, comm: Any, obj: Any, where: str) -> list[Any]:
+    """Every rank's ``obj`` (pickled), in rank order."""
+    _usable(ctx, where)
+    return [pickle.loads(b) for b in exchange(comm, pickle.dumps(obj), where, ctx)]
+
+
+def alltoall(ctx: Any, comm: Any, objs: list[Any], where: str) -> list[Any]:
+    """``objs[r]`` to rank ``r``; what every rank sent to this one, in rank order (small objects:
+    every rank's list travels to every rank)."""
+    me = comm.Get_rank()
+    return [theirs[me] for theirs in allgather(ctx, comm, objs, where)]
+
+
 def agree(comm: Any, problem: Problem, where: str, *, data: Any = None,
           more: bool = False, deadline: float | None = None) -> list[Any]:
     """Allgather every rank's ``problem`` and ``data``; raise the first problem on every rank.
@@ -153,12 +204,8 @@ def agree(comm: Any, problem: Problem, where: str, *, data: Any = None,
         SyncTimeout: not every rank joined within the deadline.
         PeerError: a peer's HybridComm broke (its failure notice came).
     """
-    hit = _CONTEXTS.get(id(comm))
-    ctx = hit[1] if hit is not None and hit[0] is comm else None
-    if ctx is not None and ctx.broken() is not None:
-        # this rank already told every peer (its notice): none waits for it here
-        raise RuntimeError(f"hybridmpi: rank {ctx.rank}: {where}: its HybridComm is unusable "
-                           f"after an earlier error ({ctx.broken()}); free it")
+    ctx = context_of(comm)
+    _usable(ctx, where)
     views = [pickle.loads(b) for b in exchange(comm, _pickled((where, problem), data, comm.Get_rank()),
                                                 where, ctx, deadline)]
     calls = [w for (w, _), _ in views]

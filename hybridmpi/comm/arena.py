@@ -34,7 +34,7 @@ import numpy as np
 from .. import settings
 from .._native.clib import ffi, lib
 from .._native.tables import as_int, mpi
-from ._agree import agree, create_agreed
+from ._agree import agree, allgather, context_of, create_agreed
 
 _R = lib.HM_REGION
 PAGE = mmap.PAGESIZE
@@ -164,7 +164,7 @@ def check_room(hc, nbytes, what, hint="", *, window=True, ids=0):
             its budget of context ids (:func:`id_budget`).
         MemoryError: on every rank, naming ``what``; ``hint`` is appended.
     """
-    node = hc.node_comm.allgather(nbytes)
+    node = allgather(context_of(hc.comm), hc.node_comm, nbytes, what)
     need = window_bytes(node) if window else sum(page_up(n) + PAGE for n in node)
     room, where = shm_room()
     problem = ids_problem(hc, ids, what) if ids else None

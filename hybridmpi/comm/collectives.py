@@ -21,7 +21,7 @@ from .._native import errmap as _errmap
 from .._native.clib import Coll, ffi, lib
 from .._native.tables import DTYPES, OPS, op_code
 from ..errors import FreedError, PeerArgumentError, SyncTimeout, agreed
-from ._agree import exchange
+from ._agree import exchange, unusable
 from ._waits import wait_requests
 
 _F64, _C128 = lib.HM_F64, lib.HM_C128
@@ -282,8 +282,8 @@ class Collectives:
 
     def _unusable(self):
         if self._broken is not None and self._st is not None:  # broken, not yet freed
-            return RuntimeError(f"hybridmpi: rank {self.rank}: this HybridComm is unusable after "
-                                f"an earlier error ({self._broken}); free it")
+            return unusable(self.rank, "this HybridComm is unusable after an earlier error "
+                            f"({self._broken}); free it", self._broken)
         return FreedError(f"hybridmpi: rank {self.rank}: HybridComm used after free()")
 
     # ------------------------------------------------------------ the calls

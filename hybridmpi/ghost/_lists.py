@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..comm._agree import agree
+from ..comm._agree import agree, complete, context_of
 from ..comm.hybridcomm import HybridComm
 from ..errors import FreedError, PatternError
 
@@ -23,12 +23,14 @@ def alltoallv(comm: Any, MPI: Any, data: np.ndarray, dest: np.ndarray, nranks: i
     order = np.argsort(dest, kind="stable")
     counts = np.bincount(dest, minlength=nranks).astype(np.int64)
     rcounts = np.empty(nranks, dtype=np.int64)
-    comm.Alltoall(counts, rcounts)
+    ctx = context_of(comm)   # waited as every wait: a failed or interrupted peer ends it
+    complete(ctx, comm, comm.Ialltoall(counts, rcounts), "GhostPattern")
     out = np.empty(int(rcounts.sum()), dtype=np.int64)
     sdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
     rdispl = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
-    comm.Alltoallv([np.ascontiguousarray(data[order]), (counts, sdispl), MPI.INT64_T],
-                   [out, (rcounts, rdispl), MPI.INT64_T])
+    send = np.ascontiguousarray(data[order])
+    complete(ctx, comm, comm.Ialltoallv([send, (counts, sdispl), MPI.INT64_T],
+                                        [out, (rcounts, rdispl), MPI.INT64_T]), "GhostPattern")
     return out, counts, rcounts, order
 
 

@@ -12,7 +12,7 @@ from .. import settings
 from .._native import errmap as _errmap
 from .._native.clib import Calls, Hot, State, ffi, lib, operations
 from .._native.tables import DTYPES, mpi
-from ..comm._agree import agree, safe_repr
+from ..comm._agree import agree, barrier, safe_repr, unusable
 from ..comm._resource import Freed
 from ..comm.hybridcomm import TAG_SLOTS
 from ..errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
@@ -236,7 +236,7 @@ class Halo(Freed):
         zc = self._transport.shared_vector(
             len(self._vectors), [block.addr(nr, r) for nr, r in enumerate(hc.node_ranks)])
         self.zero_copy = self.zero_copy or zc is not None
-        hc.node_comm.Barrier()  # every vector zeroed before a peer reads it
+        barrier(hc.context, hc.node_comm, "Halo.vector")  # every vector zeroed before a peer reads it
         self._vectors.append((arr, block, zc))
         return arr
 
@@ -397,8 +397,8 @@ class Halo(Freed):
         if self._transport is None:
             raise FreedError(f"hybridmpi: rank {self.hc.rank}: Halo used after free()")
         if self._state.broken:
-            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: this Halo is unusable after an "
-                               f"earlier {self._state.broken}; free it")
+            raise unusable(self.hc.rank, "this Halo is unusable after an earlier "
+                           f"{self._state.broken}; free it", self._state.broken)
 
     def _arg(self, x, what, d=None, op=_NO_OP):
         """A cffi view of ``x`` after checking it (nothing is touched on failure), and the code

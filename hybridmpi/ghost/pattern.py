@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._native.tables import as_int, mpi
-from ..comm._agree import safe_repr
+from ..comm._agree import complete, context_of, safe_repr
 from . import interop
 from ._lists import agree_pattern as _agree
 from ._lists import alltoallv as _alltoallv
@@ -203,7 +203,7 @@ class GhostPattern:
         for p, ids in self.send.items():
             sends[p] = len(ids)
         incoming = np.empty(n, dtype=np.int64)
-        comm.Alltoall(sends, incoming)
+        complete(context_of(comm), comm, comm.Ialltoall(sends, incoming), "GhostPattern")
         problem = None
         for p in range(n):
             expect = len(self.recv.get(p, ()))
@@ -300,8 +300,9 @@ class GhostPattern:
         back = np.empty(gh.size, dtype=np.int64)
         sdispl = np.concatenate(([0], np.cumsum(qcounts)[:-1]))
         rdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        comm.Alltoallv([answer, (qcounts, sdispl), MPI.INT64_T],
-                       [back, (counts, rdispl), MPI.INT64_T])
+        complete(context_of(comm), comm, comm.Ialltoallv([answer, (qcounts, sdispl), MPI.INT64_T],
+                                                         [back, (counts, rdispl), MPI.INT64_T]),
+                 "GhostPattern.from_global")
         owner = np.empty(gh.size, dtype=np.int64)
         owner[qorder] = back
         problem = None

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._native.clib import Calls, Near, ffi, lib, operations
 from .._native.tables import mpi
-from ..comm._agree import agree, safe_repr
+from ..comm._agree import agree, allgather, barrier, safe_repr
 from ..comm._resource import Freed
 from ..comm.arena import MAX_BYTES
 from ..comm.hybridcomm import HybridComm
@@ -117,7 +117,7 @@ class GlobalMemory(Freed):
         self.closed = True
         self._near = {}
         self._sync = sync_state(hc)
-        self.counts = tuple(hc.comm.allgather(count))
+        self.counts = tuple(allgather(hc.context, hc.comm, count, "GlobalMemory()"))
         self._block = hc.arena.alloc(count * dt.itemsize, "GlobalMemory")
         self._win = self._block.rma
         self._BYTE = mpi().BYTE
@@ -148,7 +148,7 @@ class GlobalMemory(Freed):
             bases = [a if v is not None else 0 for a, v in zip(addrs, views)]
             for name, get in (("Put", False), ("Get", True)):
                 self._calls.serve(name, Near(np.ndarray, dt, bases, list(self.counts), dt.itemsize, get))
-        hc.comm.Barrier()  # every part zeroed before anyone reaches it
+        barrier(hc.context, hc.comm, "GlobalMemory()")  # every part zeroed before anyone reaches it
         # its number among the HybridComm's global memory, the same on every rank (made
         # collectively, in one order): free() checks that every rank frees the same one
         self._serial = next(hc.context.service("globalmem_serials", lambda _ctx: itertools.count()))

@@ -9,7 +9,7 @@ import numpy as np
 from .._native import errmap as _errmap
 from .._native.clib import copy_policy, ffi, lib
 from .._native.tables import mpi
-from ..comm._agree import safe_repr
+from ..comm._agree import barrier, safe_repr, unusable
 from ..comm._waits import wait_requests
 from ..errors import PeerArgumentError, SyncTimeout
 
@@ -55,7 +55,7 @@ class Sync:
         self.got = bytearray(1)
         #: receives this rank owes each far peer since its own invalid calls: (request, buffer)
         self.owed: dict[int, list[Any]] = {}
-        hc.node_comm.Barrier()
+        barrier(hc.context, hc.node_comm, "sync_images")
 
     def _ranks(self, ranks, what):
         """The checked, sorted ranks of a sync_images call, this rank left out."""
@@ -113,8 +113,8 @@ class Sync:
 
     def check(self):
         if self.broken:
-            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: global memory synchronization is "
-                               f"unusable after an earlier {self.broken}")
+            raise unusable(self.hc.rank, "global memory synchronization is unusable after an "
+                           f"earlier {self.broken}", self.broken)
 
     def flush_dirty(self):
         for win in self.dirty.values():

@@ -157,8 +157,62 @@ def case_sigterm_halo_update(comm, rng, **cfg):
     interrupted(comm, cfg, lambda hc, s: s[0].update(s[1]), sig=signal.SIGTERM, prepare=prepare)
 
 
+def looping(comm, cfg, body):
+    """Every rank runs ``body(hc)`` in a loop inside ``with hc``; rank 0 is signalled at 0.3 s,
+    wherever it is (its own work, a constructor's collective, a free): it raises
+    KeyboardInterrupt, leaving the block breaks the comm, and every peer raises PeerError within
+    2 s instead of waiting in a constructor's collective (finding: blocking MPI collectives in
+    GhostPattern.from_global and Halo() left the peer waiting forever)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sent, got, when = [0.0], None, 0.0
+
+    def fire():
+        sent[0] = time.time()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    comm.Barrier()
+    timer = threading.Timer(0.3, fire) if comm.rank == 0 else None
+    if timer:
+        timer.start()
+    try:
+        with HybridComm(comm, node_size=cfg["node_size"], timeout=30) as hc:
+            for _ in range(100000):
+                body(hc)
+        got = "returned"
+    except (PeerError, KeyboardInterrupt) as e:
+        got, when = e, time.time()
+    if timer:
+        timer.join()
+    sent = comm.bcast(sent[0])
+    comm.Barrier()
+    expect = KeyboardInterrupt if comm.rank == 0 else PeerError
+    assert isinstance(got, expect), f"rank {comm.rank} got {got!r}"
+    assert when - sent < (SIGNALLED_S if comm.rank == 0 else PEERS_S), when - sent
+
+
+def case_sigint_pattern_loop(comm, rng, **cfg):
+    def body(hc):
+        n = 2000000 if hc.rank == 0 else 1000   # rank 0 busy in its own numpy work too
+        owned = np.arange(hc.rank * 10**7, hc.rank * 10**7 + n)
+        right = (hc.rank + 1) % hc.size
+        GhostPattern.from_global(hc, owned, np.array([right * 10**7]) if hc.size > 1 else owned[:0])
+    looping(comm, cfg, body)
+
+
+def case_sigint_halo_constructor_loop(comm, rng, **cfg):
+    pat = {}
+
+    def body(hc):
+        if id(hc) not in pat:
+            pat[id(hc)] = ring(hc)
+        with Halo(pat[id(hc)], method="atomic"):
+            pass
+    looping(comm, cfg, body)
+
+
 if __name__ == "__main__":
     main([case_sigint_barrier_dissemination, case_sigint_barrier_tree, case_sigint_barrier_linear,
           case_sigint_allreduce_float, case_sigint_allreduce_array, case_sigint_halo_update,
           case_sigint_halo_vector_update, case_sigint_sync_all, case_sigint_sync_images,
-          case_sigint_constructor, case_sigterm_barrier, case_sigterm_halo_update])
+          case_sigint_constructor, case_sigterm_barrier, case_sigterm_halo_update,
+          case_sigint_pattern_loop, case_sigint_halo_constructor_loop])

@@ -14,6 +14,7 @@ that a peer whose comm broke would never join.
 
 from ..._native.clib import ffi, lib
 from ..._native.errmap import broke_before
+from ...comm._agree import allgather, barrier
 from ...comm.arena import KeptWindow, allocate_shared, check_room, commit, hold_ids
 from ...comm.arena import round_up as _round
 from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check, wait_until
@@ -64,7 +65,7 @@ class SharedWindow:
                 if p in self.node_rank:
                     layout[(d, p, me)] = (off,)
                     off += _R
-        self.layouts = hc.node_comm.allgather(layout)
+        self.layouts = allgather(hc, hc.node_comm, layout, "Halo")
         self.block = self.win = None
         self.base, self.pad = [], []
         if lock_all:
@@ -90,7 +91,7 @@ class SharedWindow:
         mine = self.base[hc.node_rank]
         for start in [0] + [v[0] for v in layout.values()]:
             ffi.memmove(ffi.cast("char *", mine + start), bytes(_R), _R)
-        hc.node_comm.Barrier()
+        barrier(hc, hc.node_comm, "Halo")
 
     def entered(self, d):
         """Address of this rank's "entered" word of direction ``d``."""

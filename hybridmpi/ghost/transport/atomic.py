@@ -21,6 +21,7 @@ import numpy as np
 from ..._native.clib import copy_policy, ffi, lib
 from ..._native.errmap import TAG_INVALID, ok
 from ..._native.tables import mpi
+from ...comm._agree import allgather, alltoall
 from ._base import FWD, REV, check, point_kernel
 from ._shm import ShmTransport
 
@@ -63,7 +64,7 @@ class Atomic(ShmTransport):
             self._theirs = []
             for d in (FWD, REV):
                 sends = dict(self.ex.plans[d][0])
-                got = ctx.node_comm.alltoall([sends.get(r) for r in ctx.node_ranks])
+                got = alltoall(ctx, ctx.node_comm, [sends.get(r) for r in ctx.node_ranks], "Halo")
                 self._theirs.append({ctx.node_ranks[i]: ids for i, ids in enumerate(got)
                                      if ids is not None})
         return self._theirs
@@ -143,7 +144,7 @@ def _probe_cma(ctx):
     Collective over the whole communicator."""
     hc = ctx
     word = np.array([os.getpid(), hc.rank], dtype=np.int64)
-    peers = hc.node_comm.allgather((os.getpid(), word.ctypes.data, hc.rank))
+    peers = allgather(hc, hc.node_comm, (os.getpid(), word.ctypes.data, hc.rank), "Halo")
     ok = hc.node_size > 1
     got = np.zeros(2, dtype=np.int64)
     for pid, addr, rank in peers:

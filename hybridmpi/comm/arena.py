@@ -16,12 +16,13 @@ Arrays over a block own their memory (:meth:`Block.array`): each holds a pin
 on its block through its ``base``.  A freed block that some rank still views
 (its own part, or a node peer's) is not given back: its bytes stay where they
 are, no longer written by the library, until every rank's views of it are
-gone, which the ranks tell each other at the next allocation.  A chunk whose
-blocks are all freed but still viewed stays (new blocks may go to its free
-ranges) and is freed at the first allocation after its last view went; one
-still viewed when the HybridComm is freed stays mapped until the program ends.
-So a view kept past ``free()`` holds stale values, never another object's.
-One empty chunk that nobody views is kept for the next block.
+gone, which the ranks tell each other at the next allocation.  When a chunk
+is freed (its blocks all freed, or the HybridComm freed), the pages that
+arrays of this process still view are detached first: their bytes move to
+private memory mapped at the same addresses (``mremap``), which goes when the
+last of those arrays does.  So a view kept past ``free()`` holds stale
+values, never another object's, and costs nothing once it is gone.  One
+empty chunk is kept for the next block.
 """
 
 import ctypes
@@ -47,6 +48,17 @@ MPI_WINDOW_BYTES = 4 * PAGE
 _POPULATE_WRITE = 23
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                         ctypes.c_void_p]
+_libc.mremap.restype = ctypes.c_void_p
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+#: detached pages (private memory under arrays that outlived their chunk): address -> blocks
+_DETACHED: dict[int, int] = {}
 #: where MPI libraries map their shared segments on Linux
 SHM_DIR = settings.shm_dir()
 #: bytes per rank of a new chunk (larger blocks get a chunk of their own size); one chunk whose
@@ -236,6 +248,8 @@ class Block:
         self.pins = 0
         #: freed where a node peer may still view it: given back only when no rank does
         self.shared = False
+        #: the detached pages under its arrays, once its chunk was freed (see the module)
+        self.detached: list[int] = []
 
     def array(self, dtype, count, rank=None):
         """A numpy array of ``count`` elements of ``dtype`` over rank ``rank``'s part (this
@@ -257,6 +271,9 @@ class Block:
 
     def _unpin(self, _ptr):
         self.pins -= 1
+        if self.pins == 0 and self.detached:
+            pages, self.detached = self.detached, []
+            _undetach(pages)
 
     def addr(self, node_rank, rank):
         """Address (in this process) of rank ``rank``'s part; it sits at node rank ``node_rank``."""
@@ -325,6 +342,92 @@ def allocate_shared(hc, nbytes):
 
 #: chunks of broken HybridComms, never freed (their MPI_Win_free could wait on a failed peer)
 _KEPT: list = []
+
+
+def _views_of(blocks):
+    """(first page, bytes) of every run of pages that the parts of ``blocks`` cover in this
+    process (each part on this node), merged."""
+    pages = set()
+    for b in blocks:
+        ctx = b.arena.ctx
+        for r, nr in ctx.node_index.items():
+            if b.sizes[r] > 0:
+                lo = b.home.base[nr] + b.offsets[r]
+                pages.update(range(lo // PAGE * PAGE, page_up(lo + b.sizes[r]), PAGE))
+    runs = []
+    for p in sorted(pages):
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1][1] += PAGE
+        else:
+            runs.append([p, PAGE])
+    return [(lo, n) for lo, n in runs]
+
+
+def _shared_mapped(runs):
+    """Whether each run lies in a shared file mapping (``/proc/self/maps``): memory that
+    MPI_Win_free unmaps, so that the addresses are free for the detached copy.  An MPI that
+    gives a window heap or private memory (MPICH does for one rank) keeps its addresses busy:
+    such a chunk is not detached."""
+    maps = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            maps.append((lo, hi, perms[3] == "s"))
+    return all(any(lo <= a and a + n <= hi and shared for lo, hi, shared in maps) for a, n in runs)
+
+
+def _mapped(lo, n):
+    """Whether any page of [lo, lo + n) is mapped in this process (mincore fails with ENOMEM on
+    a range with unmapped pages: each page is asked alone)."""
+    vec = ctypes.create_string_buffer(1)
+    return any(_libc.mincore(ctypes.c_void_p(p), PAGE, vec) == 0 for p in range(lo, lo + n, PAGE))
+
+
+def _close_detaching(chunk, blocks):
+    """Free ``chunk`` (collective); the pages under arrays over ``blocks`` (those this process
+    still views) keep their bytes at their addresses, in private memory: copied aside first
+    (so that no allocation can fail once the chunk is gone), moved back over the addresses
+    that MPI_Win_free unmapped."""
+    runs = _views_of(blocks)
+    if runs and not _shared_mapped(runs):
+        return False
+    aside = []
+    for lo, n in runs:
+        copy = _libc.mmap(None, n, 3, 0x22, -1, 0)   # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+        if copy in (None, _MAP_FAILED):
+            for c, m in aside:
+                _libc.munmap(c, m)
+            raise MemoryError(f"hybridmpi: arena: no memory to keep {n} bytes under arrays that "
+                              "outlive their shared memory")
+        ctypes.memmove(copy, lo, n)
+        aside.append((copy, n))
+    chunk.close()
+    for (lo, n), (copy, _) in zip(runs, aside, strict=True):
+        if _mapped(lo, n):   # the MPI kept the mapping (a cache): its pages are not ours to take
+            _libc.munmap(copy, n)
+            raise RuntimeError(f"hybridmpi: arena: the MPI kept {n} bytes at {lo:#x} mapped after "
+                               "MPI_Win_free; arrays over them may now see another window")
+        # MREMAP_MAYMOVE | MREMAP_FIXED: the copy moves to the views' addresses
+        if _libc.mremap(copy, n, n, 3, lo) != lo:
+            raise RuntimeError(f"hybridmpi: arena: mremap to {lo:#x} failed: "
+                               f"{os.strerror(ctypes.get_errno())}")
+    for b in blocks:
+        b.detached = [p for lo, n in _views_of([b]) for p in range(lo, lo + n, PAGE)]
+        for p in b.detached:
+            _DETACHED[p] = _DETACHED.get(p, 0) + 1
+    return True
+
+
+def _undetach(pages):
+    """The last array over a detached block went: unmap the pages no other block needs."""
+    for p in pages:
+        left = _DETACHED.get(p, 0) - 1
+        if left > 0:
+            _DETACHED[p] = left
+        else:
+            _DETACHED.pop(p, None)
+            _libc.munmap(p, PAGE)
 
 
 class _Chunk:
@@ -503,7 +606,6 @@ class Arena:
         big = tuple(c.serial for c in self.chunks if c.live == 0 and c.size > CHUNK_BYTES)
         views = agree(hc.comm, problem, what, data=(nb, fits, self._pinned(), big))
         seen = {b for v in views for b, _ in v[2]}            # blocks some rank views
-        viewed = {c for v in views for _, c in v[2]}          # chunks some rank views
         big = {c for v in views for c in v[3]}
         sizes = [v[0] for v in views]
         chosen = None
@@ -512,9 +614,9 @@ class Arena:
                 chosen = i
                 break
         if chosen is None:
-            # the empty chunks that nobody views (too small for this block) go first: every
-            # rank holds the same chunks, read the same words, and is here
-            self._close([c for c in self.chunks if c.live == 0 and c.serial not in viewed])
+            # the empty chunk kept (too small for this block) goes first: every rank holds the
+            # same chunks, and is here
+            self._close([c for c in self.chunks if c.live == 0])
             chunk = self._new_chunk(nb, what, hint)
             self.chunks.append(chunk)
             offsets = [0] * len(views)
@@ -526,7 +628,7 @@ class Arena:
         # what nobody views comes back, for the next allocation; of the empty chunks, one
         # (not larger than CHUNK_BYTES on any rank) is kept
         self._sweep(seen)
-        empty = [c for c in self.chunks if c.live == 0 and c.serial not in viewed]
+        empty = [c for c in self.chunks if c.live == 0]
         spare = next((c for c in empty if c.serial not in big), None)
         self._close([c for c in empty if c is not spare])
         self.blocks += 1
@@ -545,11 +647,24 @@ class Arena:
         return _Chunk(self, size)
 
     def _close(self, chunks):
-        """Free ``chunks`` (collective: every rank frees the same ones, in one order)."""
+        """Free ``chunks`` (collective: every rank frees the same ones, in one order), detaching
+        what arrays of this process still view.  Returns the chunks kept instead: where a view
+        cannot be detached (the MPI gave private memory), on any rank."""
+        kept = []
         for c in chunks:
-            self.chunks.remove(c)
+            viewed = [b for b in self.viewed.values() if b.home is c and b.pins > 0]
+            runs = _views_of(viewed)
+            can = not runs or _shared_mapped(runs)
+            if self.ctx.size > 1:   # every rank decides alike
+                can = all(allgather(self.ctx, self.ctx.comm, can, "free()"))
+            if not can:
+                kept.append(c)
+                continue
+            if c in self.chunks:
+                self.chunks.remove(c)
             self.limbo = [b for b in self.limbo if b.home is not c]
-            c.close()
+            _close_detaching(c, viewed)
+        return kept
 
     def release(self, block):
         """Give ``block`` back (:meth:`Block.free`); a chunk whose last block goes is freed,
@@ -565,36 +680,26 @@ class Arena:
                 self.chunks.remove(chunk)
                 hold_ids(-1 - (chunk.rma is not None))
                 return
-            mine = any(b.home is chunk for b in self.limbo if b.pins > 0)
             small = chunk.size <= CHUNK_BYTES
-            viewed = self.ctx.agree_views(f"shared memory chunk {chunk.serial}", (mine, small))
+            viewed = self.ctx.agree_views(f"shared memory chunk {chunk.serial}", small)
             if viewed is None:
                 # MPI_Win_free is collective: the comm broke (also found by this agreement),
                 # and a peer may never come; kept (its ids stay held)
                 self.chunks.remove(chunk)
                 _KEPT.append(chunk)
-            elif any(v[0] for v in viewed):
-                pass   # stays: freed at the first allocation after the last view went
-            elif not (all(v[1] for v in viewed) and all(c.live for c in self.chunks if c is not chunk)):
+            elif not (all(viewed) and all(c.live for c in self.chunks if c is not chunk)):
                 self._close([chunk])
             # else the one empty chunk, kept for the next block: MPICH keeps about 300 B of
             # memory per shared window made and freed (finding 13), which a Halo with a vector,
             # made and freed in a loop, paid at every turn
 
     def free(self):
-        """Free every chunk (collective; at HybridComm.free).  A chunk that an array of any
-        rank still views stays mapped (its ids held) until the program ends."""
-        chunks, self.chunks = self.chunks, []
+        """Free every chunk (collective; at HybridComm.free), detaching what arrays of this
+        process still view."""
+        chunks = list(self.chunks)
         kept, self.kept = list(self.kept.values()), {}
-        if chunks and self.ctx.broken() is None and not mpi().Is_finalized():
-            mine = {c for _, c in self._pinned()}
-            viewed = self.ctx.agree_views("the shared arena", tuple(sorted(mine)))
-            if viewed is not None:
-                held = {c for v in viewed for c in v}
-                _KEPT.extend(c for c in chunks if c.serial in held)
-                chunks = [c for c in chunks if c.serial not in held]
-        self.limbo = []
         if self.ctx.broken() is not None and not mpi().Is_finalized():
+            self.chunks, self.limbo = [], []
             _KEPT.extend(w.win for w in kept)
             # as in release: nothing collective; the comm's communicators and window and these
             # chunks are kept, so their context ids stay counted (the budget refuses a new
@@ -604,9 +709,11 @@ class Arena:
         hold_ids(-self._comm_ids)
         self._comm_ids = 0
         if mpi().Is_finalized():
+            self.chunks, self.limbo = [], []
             hold_ids(-sum(1 + (c.rma is not None) for c in chunks) - len(kept))
             return
         for w in kept:
             w.free()
-        for c in chunks:
-            c.close()
+        # a chunk whose views cannot be detached stays mapped until the program ends
+        _KEPT.extend(self._close(chunks))
+        self.chunks, self.limbo = [], []

@@ -427,7 +427,8 @@ class GlobalMemory(Freed):
         # what the user keeps: node peers may view this rank's part (local_view), so its
         # bytes wait until no rank views it (the ranks say so here, and at each allocation)
         shared = False
-        if self.hc.node_size > 1 and not mpi().Is_finalized():
+        hc = self.hc
+        if hc.size > hc.num_nodes and not mpi().Is_finalized():   # (alike on every rank)
             viewed = ctx.agree_views(f"GlobalMemory {self._serial} views", self._block.pins > 0)
             shared = viewed is None or any(viewed)
         self._block.free(shared=shared)

@@ -196,7 +196,7 @@ static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, 
             break;
         cpu_relax();
     }
-    hm_slow w;
+    HM_SLOW(w);
     slow_start(&w, pol);
     for (;;) {
         v = load_acq(p, pol->order);

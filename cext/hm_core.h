@@ -449,16 +449,16 @@ void hm_set_progress(void (*fn)(void));
  * caller's timeout path), once hm_interrupt(sig) was called (by the progress
  * hook, which caught the signal's Python exception) or once a signal caught
  * by hm_catch_signal arrived.  hm_catch_signal(sig) installs a handler for
- * `sig` (SIGTERM) that records it while a wait of the library ticks (within
- * the last 20 ms) and, outside one, restores the default action and raises
- * it again, so the program dies as it would have; 1 installed, 0 not.
+ * `sig` (SIGTERM) that records it while a wait of the library is in progress
+ * (past its spin) and, outside one, restores the default action and raises it
+ * again, so the program dies as it would have; 1 installed, 0 not.
  * hm_interrupted() is the signal recorded (0: none), hm_interrupt(0) clears
- * it; hm_wait_tick() marks a wait of Python's alive and returns
- * hm_interrupted(). */
+ * it; hm_wait_tick(1) marks a wait of Python's in progress, hm_wait_tick(0)
+ * its end; both return hm_interrupted(). */
 int hm_catch_signal(int sig);
 void hm_interrupt(int sig);
 int hm_interrupted(void);
-int hm_wait_tick(void);
+int hm_wait_tick(int on);
 
 /* Sequentially consistent atomics on an int64 in shared memory; both return
  * the old value. */

@@ -231,7 +231,7 @@ ready_first(int n, const hm_wait_policy *pol, uint64_t e, const void *(*word)(vo
     for (int i = 0; i < n; i++)
         left[i] = 1;
     int64_t polls = 0, pending = n;
-    hm_slow w = {0};
+    HM_SLOW(w);
     int last = 0;
     while (pending) {
         int got = 0;

@@ -19,16 +19,11 @@ void hm_set_progress(void (*fn)(void)) { hm_progress_hook = fn; }
 /* ------------------------------------------------------------------ interrupts */
 
 volatile sig_atomic_t hm_signal = 0;
-_Atomic int64_t hm_tick_ns = 0;
-
-/* A wait ticks at least every nap (its policy's sleep_ns, 50 us): one that ticked
- * within this window is still waiting. */
-#define HM_TICK_WINDOW_NS 20000000LL
+_Atomic int hm_in_wait = 0;
 
 static void on_signal(int sig)
 {
-    int64_t last = atomic_load_explicit(&hm_tick_ns, memory_order_relaxed);
-    if (last && now_ns() - last < HM_TICK_WINDOW_NS) {
+    if (atomic_load_explicit(&hm_in_wait, memory_order_relaxed)) {
         hm_signal = sig;
         return;
     }
@@ -52,9 +47,9 @@ void hm_interrupt(int sig) { hm_signal = sig; }
 
 int hm_interrupted(void) { return hm_signal; }
 
-int hm_wait_tick(void)
+int hm_wait_tick(int on)
 {
-    atomic_store_explicit(&hm_tick_ns, now_ns(), memory_order_relaxed);
+    atomic_store_explicit(&hm_in_wait, on, memory_order_relaxed);
     return hm_signal;
 }
 

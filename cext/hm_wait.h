@@ -40,10 +40,12 @@ extern void (*hm_warn_hook)(const void *, uint64_t, uint64_t, double);
  * completes.  NULL when nothing needs it. */
 extern void (*hm_progress_hook)(void);
 
-/* A signal that ends the waits (hm_interrupt, hm_catch_signal), and the time
- * a wait last ticked (the handler's test of "inside a wait"). */
+/* A signal that ends the waits (hm_interrupt, hm_catch_signal), and whether a
+ * wait that stopped spinning is in progress (the handler's test of "inside a
+ * wait": set by slow_start, cleared when the wait's hm_slow goes out of scope,
+ * on every return path). */
 extern volatile sig_atomic_t hm_signal;
-extern _Atomic int64_t hm_tick_ns;
+extern _Atomic int hm_in_wait;
 
 static inline void wait_idle(int64_t since_start, const hm_wait_policy *pol,
                              const struct timespec *nap)
@@ -113,8 +115,19 @@ typedef struct hm_slow {
     struct timespec nap;
 } hm_slow;
 
+static inline void slow_end(hm_slow *w)
+{
+    if (w->start)
+        atomic_store_explicit(&hm_in_wait, 0, memory_order_relaxed);
+}
+
+/* A wait's slow state: declared with HM_SLOW(w), it marks the end of the wait
+ * whatever way the function returns. */
+#define HM_SLOW(w) hm_slow w __attribute__((cleanup(slow_end))) = {0}
+
 static inline void slow_start(hm_slow *w, const hm_wait_policy *pol)
 {
+    atomic_store_explicit(&hm_in_wait, 1, memory_order_relaxed);
     w->start = now_ns();
     w->deadline = pol->timeout_ns > 0 ? w->start + pol->timeout_ns : 0;
     w->warn_at = pol->warn_ns > 0 ? w->start + pol->warn_ns : 0;
@@ -128,7 +141,6 @@ static inline int slow_tick(hm_slow *w, const hm_wait_policy *pol, const void *w
                             uint64_t value, uint64_t seen)
 {
     int64_t t = now_ns();
-    atomic_store_explicit(&hm_tick_ns, t, memory_order_relaxed);
     if ((w->deadline && t >= w->deadline) || hm_signal)
         return 1;
     if (w->warn_at && t >= w->warn_at) {
@@ -178,7 +190,7 @@ static inline int idle_poll(int64_t *polls, hm_slow *w, const hm_wait_policy *po
 static int __attribute__((noinline, unused))
 wait_slow(const hm_counter *p, uint64_t value, const hm_wait_policy *pol, uint64_t *seen)
 {
-    hm_slow w;
+    HM_SLOW(w);
     slow_start(&w, pol);
     for (;;) {
         uint64_t v = load_acq(p, pol->order);

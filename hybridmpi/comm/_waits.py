@@ -89,12 +89,14 @@ def wait_requests(ctx: Any, reqs: list[Any], timeout: float | None, *, notices: 
     try:
         stop = _wait(ctx, reqs, timeout, notices, statuses, MPI)
     except BaseException as exc:
+        lib.hm_wait_tick(0)
         # a signal (Ctrl-C raises here, between polls; SIGTERM through the C core's handler):
         # the comm breaks, so that the peers raise instead of waiting for this rank
         broken = getattr(ctx, "break_comm", None)
         if broken is not None:
             broken(f"an interrupted wait ({type(exc).__name__})")
         raise
+    lib.hm_wait_tick(0)   # out of the wait: a SIGTERM now ends the process, as by default
     if stop is None:
         prof_mark_end()
     return stop
@@ -119,7 +121,7 @@ def _wait(ctx, reqs, timeout, notices, statuses, MPI):
                 return Stopped(notice, [])
             return Stopped(None, [i for i, r in enumerate(reqs) if not r.Test()])
         if polls > spin:  # as the C core's waits: spin first, then let other ranks run
-            if lib.hm_wait_tick():
+            if lib.hm_wait_tick(1):
                 exc = _errmap.interruption()
                 if exc is not None:
                     raise exc

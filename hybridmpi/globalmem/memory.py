@@ -60,7 +60,6 @@ class GlobalMemory(Freed):
         dtype: a numeric numpy dtype (the same on every rank).
 
     Attributes:
-        local: this rank's part (a numpy array in shared memory).
         counts: every rank's count.
         closed: True once :meth:`free` was called.
         dtype, hc, rank, size.

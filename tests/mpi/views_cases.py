@@ -223,9 +223,10 @@ def case_views_past_the_comm_cost_nothing_once_gone(comm, rng, **cfg):
         peer = m.local_view(hc.node_ranks[-1])
         hc.free()
         assert (v == i).all() and (peer == i).all()   # kept, readable, writable
+        comm.Barrier()   # (a view that stays shared, below, sees its owner's write)
         v[:] = -1
         del v, peer, m
-    agree(comm, one_rank_nodes)
+    one_rank_nodes = any(comm.allgather(one_rank_nodes))   # a one-rank node anywhere
     if not one_rank_nodes:
         assert held_ids() == ids0 and len(_KEPT) == kept0, (held_ids(), ids0, len(_KEPT), kept0)
 

@@ -43,7 +43,7 @@ def stats(samples):
 def describe_mpi():
     from mpi4py import MPI
 
-    return MPI.Get_library_version().splitlines()[0].strip()
+    return " ".join(MPI.Get_library_version().splitlines()[0].split())   # no padding
 
 
 #: MPI's thread levels by ``MPI.Query_thread()``'s value

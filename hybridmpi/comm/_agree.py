@@ -137,6 +137,7 @@ def context_of(comm: Any) -> Any:
 def _usable(ctx: Any, where: str) -> None:
     if ctx is not None and ctx.broken() is not None:
         # this rank already told every peer (its notice): none waits for it here
+        ctx.notices.progress()
         raise unusable(ctx.rank, f"{where}: its HybridComm is unusable after an earlier error "
                                  f"({ctx.broken()}); free it", ctx.broken())
 

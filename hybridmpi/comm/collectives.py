@@ -282,6 +282,7 @@ class Collectives:
 
     def _unusable(self):
         if self._broken is not None and self._st is not None:  # broken, not yet freed
+            self.context.notices.progress()
             return unusable(self.rank, "this HybridComm is unusable after an earlier error "
                             f"({self._broken}); free it", self._broken)
         return FreedError(f"hybridmpi: rank {self.rank}: HybridComm used after free()")

@@ -397,6 +397,7 @@ class Halo(Freed):
         if self._transport is None:
             raise FreedError(f"hybridmpi: rank {self.hc.rank}: Halo used after free()")
         if self._state.broken:
+            self.hc.context.notices.progress()   # this rank's notice, if it is still queued
             raise unusable(self.hc.rank, "this Halo is unusable after an earlier "
                            f"{self._state.broken}; free it", self._state.broken)
 

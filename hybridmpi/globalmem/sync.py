@@ -113,6 +113,7 @@ class Sync:
 
     def check(self):
         if self.broken:
+            self.hc.context.notices.progress()
             raise unusable(self.hc.rank, "global memory synchronization is unusable after an "
                            f"earlier {self.broken}", self.broken)
 

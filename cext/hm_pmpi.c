@@ -52,6 +52,7 @@ static struct {
     int off;             /* 1: every call goes to what comes next */
     double timeout_s;    /* > 0: a wait that lasts this long fails */
     int fail_rank;       /* tests: this rank of each communicator fails its set-up (-1: none) */
+    int adaptive;        /* defer set-ups where communicators die young (a vote per decision) */
 } cfg;
 
 enum { C_FAST_ALLREDUCE, C_FAST_BARRIER, C_NEXT_ALLREDUCE, C_NEXT_BARRIER, C_SETUP, C_FELL_BACK,
@@ -203,6 +204,8 @@ enum { S_COUNTING, S_FAST, S_NEXT, S_BROKEN };
 typedef struct state {
     int phase;
     int calls;
+    int set_up_at;          /* the call at which its ranks next consider setting it up */
+    long fast;              /* calls that went to the core (its lifetime's worth) */
     MPI_Comm comm;          /* the user's communicator */
     MPI_Comm node;          /* its ranks on this node (MPI_COMM_NULL before set-up) */
     MPI_Comm leaders;       /* the nodes' leaders, on leaders across nodes; else MPI_COMM_NULL */
@@ -224,6 +227,34 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static state *live;                 /* every state, for MPI_Finalize */
 static _Atomic uint64_t generation; /* bumped whenever a state is freed (the caches below) */
 static int finalizing;
+
+/* Short-lived communicators (a dup, a few calls, a free) paid a set-up they never earned back
+ * (5.5x without the library).  Each process remembers how many calls its last set-up
+ * communicators served before their free; when most of them were freed young, its ranks
+ * defer a new communicator's set-up (doubling the call count each time), together: the
+ * decision is one allreduce (MIN) over the communicator, at a call count every rank shares. */
+#define HM_HISTORY 8
+#define HM_EARNED 256          /* calls on the core that pay back a set-up (about 0.5 ms) */
+static long lifetimes[HM_HISTORY];
+static int nlifetimes;
+
+static void remember(long calls)
+{
+    pthread_mutex_lock(&lock);
+    lifetimes[nlifetimes++ % HM_HISTORY] = calls;
+    pthread_mutex_unlock(&lock);
+}
+
+/* This process's vote: 1 (set up now) unless most remembered communicators died young. */
+static int worth_setting_up(void)
+{
+    pthread_mutex_lock(&lock);
+    int n = nlifetimes < HM_HISTORY ? nlifetimes : HM_HISTORY, young = 0;
+    for (int i = 0; i < n; i++)
+        young += lifetimes[i] < HM_EARNED;
+    pthread_mutex_unlock(&lock);
+    return n < HM_HISTORY / 2 || 2 * young <= n;
+}
 
 /* The last communicator a thread called on, and its state. */
 static __thread struct {
@@ -254,6 +285,8 @@ static int delete_state(MPI_Comm comm, int key, void *value, void *extra)
 {
     (void)comm, (void)key, (void)extra;
     state *s = value;
+    if (s->phase == S_FAST && !finalizing)
+        remember(s->fast);
     pthread_mutex_lock(&lock);
     if (s->prev)
         s->prev->next = s->next;
@@ -335,6 +368,7 @@ static void start(void)
     cfg.node_size = (int)env_long("HYBRIDMPI_PMPI_NODE_SIZE", 0, 0, INT_MAX);
     cfg.timeout_s = env_seconds("HYBRIDMPI_PMPI_TIMEOUT");
     cfg.fail_rank = (int)env_long("HYBRIDMPI_PMPI_FAIL_RANK", -1, -1, INT_MAX);
+    cfg.adaptive = env_bool("HYBRIDMPI_PMPI_ADAPTIVE", 1, 1);
     next.allreduce = (allreduce_fn)find_next("MPI_Allreduce", "PMPI_Allreduce");
     next.barrier = (barrier_fn)find_next("MPI_Barrier", "PMPI_Barrier");
     next.allreduce_c = find_next("MPI_Allreduce_c", "PMPI_Allreduce_c");
@@ -555,6 +589,7 @@ static state *fast_state(MPI_Comm comm)
         s->comm = comm;
         s->node = s->leaders = MPI_COMM_NULL;
         s->phase = inter || size == 1 ? S_NEXT : S_COUNTING;
+        s->set_up_at = cfg.after;
         if (PMPI_Comm_set_attr(comm, keyval, s) != MPI_SUCCESS) {
             free(s);
             return NULL;
@@ -566,8 +601,15 @@ static state *fast_state(MPI_Comm comm)
         live = s;
         pthread_mutex_unlock(&lock);
     }
-    if (s->phase == S_COUNTING && ++s->calls > cfg.after)
-        set_up(s);
+    if (s->phase == S_COUNTING && ++s->calls > s->set_up_at) {
+        /* one that has lived long enough earns its set-up whatever the others did */
+        int vote = s->calls > HM_EARNED || worth_setting_up(), all = 0;
+        /* (no set-up has been paid yet: MIN agrees; a failed vote keeps MPI's path) */
+        if (cfg.adaptive && PMPI_Allreduce(&vote, &all, 1, MPI_INT, MPI_MIN, comm) == MPI_SUCCESS && !all)
+            s->set_up_at = s->set_up_at > INT_MAX / 2 ? INT_MAX : 2 * s->set_up_at + 1;
+        else
+            set_up(s);
+    }
     cache.comm = comm;
     cache.st = s;
     cache.gen = atomic_load(&generation);
@@ -681,6 +723,7 @@ static int run_barrier(state *s)
     waiting = NULL;
     poke(s);
     COUNT(C_FAST_BARRIER);
+    s->fast++;
     return rc == HM_OK ? MPI_SUCCESS : failed(s, "MPI_Barrier", rc);
 }
 
@@ -703,6 +746,7 @@ static int run_allreduce(state *s, const void *send, void *recv, uint64_t count,
         rc = hm_allreduce(&s->c, NULL, recv, count, dt, op, HM_RELEASE);
     waiting = NULL;
     COUNT(C_FAST_ALLREDUCE);
+    s->fast++;
     return rc == HM_OK ? MPI_SUCCESS : failed(s, "MPI_Allreduce", rc);
 }
 

@@ -276,3 +276,15 @@ def test_standard_abi_program_is_refused_in_one_line(built, tmp_path):
     assert rc == 0 and "fallback ok" in out, (out, err)
     lines = [ln for ln in err.splitlines() if "standard ABI" in ln]
     assert len(lines) == 2 and "stays off" in lines[0], err
+
+
+def test_short_lived_communicators_defer_their_set_up(built):
+    """dup, 8 allreduces, free, 1,000 times: after the first few, whose set-up never paid off,
+    the ranks agree to defer the next ones' (each rank's counters show the same few set-ups);
+    with HYBRIDMPI_PMPI_ADAPTIVE=0 every communicator is set up."""
+    lib, progs = built
+    seen = passed(2, lib, [progs["cases"], "churn"], "churn ok")
+    ups = {c["communicators set up"] for c in seen.values()}
+    assert len(ups) == 1 and ups.pop() <= 10, seen
+    seen = passed(2, lib, [progs["cases"], "churn"], "churn ok", {"HYBRIDMPI_PMPI_ADAPTIVE": "0"})
+    assert all(c["communicators set up"] >= 1000 for c in seen.values()), seen

@@ -61,6 +61,14 @@ def color(series: str) -> str:
     return _OTHERS[zlib.crc32(series.encode()) % len(_OTHERS)]
 
 
+def mpi_label(text: str) -> str:
+    """An MPI's version string as a title shows it: without padding (MPICH's), unprintable
+    characters (Open MPI's ends with a NUL) or what follows the first comma (Open MPI's
+    package, ident and date)."""
+    text = "".join(ch for ch in text if ch.isprintable())
+    return " ".join(text.split(",")[0].split())
+
+
 def _series(doc):
     out = {}
     for r in doc["results"]:
@@ -106,7 +114,7 @@ def plot(source: Any, outdir: str) -> list[str]:
     series = _series(doc)
     xs = sorted({r["x"] for r in doc["results"]}, key=lambda v: (isinstance(v, str), v))
     numeric = all(isinstance(v, (int, float)) for v in xs) and len(xs) > 2
-    mpi_name = " ".join(doc["mpi_library"].split())   # MPICH pads its version string
+    mpi_name = mpi_label(doc["mpi_library"])
     level = f", thread level {doc['thread_level']}" if doc.get("thread_level") else ""
     subtitle = f"{doc['ranks']} ranks, {doc['nodes']} node(s); {mpi_name}{level}"
     base = sorted({r["series"] for r in doc["results"] if r["baseline"]})

@@ -43,7 +43,8 @@ def stats(samples):
 def describe_mpi():
     from mpi4py import MPI
 
-    return " ".join(MPI.Get_library_version().splitlines()[0].split())   # no padding
+    line = MPI.Get_library_version().splitlines()[0]
+    return " ".join("".join(ch for ch in line if ch.isprintable()).split())   # no padding, no NUL
 
 
 #: MPI's thread levels by ``MPI.Query_thread()``'s value

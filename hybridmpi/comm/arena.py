@@ -505,6 +505,20 @@ class _Chunk:
         self.win.Unlock_all()
         self.win.Free()
 
+    def keep_memory(self):
+        """At the HybridComm's free, for a chunk whose views cannot be detached: every MPI
+        object goes but the shared window that holds the memory (collective; its context id
+        stays held).  An RMA window left open in its epoch made MPICH's later RMA atomics on
+        other windows read and write wrong values (fuzz finding 47)."""
+        self.closed = True
+        if self.rma is not None:
+            hold_ids(-1)
+            self.rma.Unlock_all()
+            self.rma.Free()
+            self.rma = None
+        self.win.Unlock_all()
+        return self.win
+
 
 class Arena:
     """Shared memory of one HybridComm, in chunks (see the module docstring)."""
@@ -714,6 +728,6 @@ class Arena:
             return
         for w in kept:
             w.free()
-        # a chunk whose views cannot be detached stays mapped until the program ends
-        _KEPT.extend(self._close(chunks))
+        # a chunk whose views cannot be detached keeps its memory until the program ends
+        _KEPT.extend(c.keep_memory() for c in self._close(chunks))
         self.chunks, self.limbo = [], []

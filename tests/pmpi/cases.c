@@ -194,6 +194,8 @@ static void errhandlers(void)
     MPI_Errhandler_free(&h);
 }
 
+static int comm_calls = 7;   /* calls on each new communicator ("comms 0": none, dups only) */
+
 static void comms(void)
 {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -205,7 +207,7 @@ static void comms(void)
         ok = rc == MPI_SUCCESS;   /* every rank fails the same dup: the context id is agreed */
         if (!ok)
             break;
-        for (int i = 0; i < 7; i++)
+        for (int i = 0; i < comm_calls; i++)
             CHECK(sum_of_ranks(made[n]) == size * (size + 1) / 2.0, "sum on communicator %d", n);
         n++;
     }
@@ -316,8 +318,11 @@ int main(int argc, char **argv)
         fallback();
     else if (!strcmp(which, "errhandlers"))
         errhandlers();
-    else if (!strcmp(which, "comms"))
+    else if (!strcmp(which, "comms")) {
+        if (argc > 2)
+            comm_calls = atoi(argv[2]);
         comms();
+    }
     else if (!strcmp(which, "buffers"))
         buffers();
     else if (!strcmp(which, "churn"))

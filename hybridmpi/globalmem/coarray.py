@@ -193,8 +193,8 @@ class Coarray(Freed):
     def _put(self, rank, index, values, blocking):
         view, key = self._target(rank, index)
         if view is not None:
-            view[...] = values if type(values) is np.ndarray and values.dtype is self.dtype \
-                else self._conform(values, view.shape)
+            view[...] = values if (type(values) is np.ndarray and values.dtype is self.dtype
+                                   and values.shape == view.shape) else self._conform(values, view.shape)
             return None if blocking else Request(self._owner, None, None, None, "Coarray.Rput")
         sec = self._section(key, index)
         if (type(values) is np.ndarray and values.dtype is self.dtype and values.shape == sec.shape

@@ -384,14 +384,11 @@ def _mapped(lo, n):
     return any(_libc.mincore(ctypes.c_void_p(p), PAGE, vec) == 0 for p in range(lo, lo + n, PAGE))
 
 
-def _close_detaching(chunk, blocks):
+def _close_detaching(chunk, blocks, runs):
     """Free ``chunk`` (collective); the pages under arrays over ``blocks`` (those this process
-    still views) keep their bytes at their addresses, in private memory: copied aside first
-    (so that no allocation can fail once the chunk is gone), moved back over the addresses
-    that MPI_Win_free unmapped."""
-    runs = _views_of(blocks)
-    if runs and not _shared_mapped(runs):
-        return False
+    still views: ``runs``, :func:`_views_of`, in shared mappings) keep their bytes at their
+    addresses, in private memory: copied aside first (so that no allocation can fail once the
+    chunk is gone), moved back over the addresses that MPI_Win_free unmapped."""
     aside = []
     for lo, n in runs:
         copy = _libc.mmap(None, n, 3, 0x22, -1, 0)   # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
@@ -416,7 +413,6 @@ def _close_detaching(chunk, blocks):
         b.detached = [p for lo, n in _views_of([b]) for p in range(lo, lo + n, PAGE)]
         for p in b.detached:
             _DETACHED[p] = _DETACHED.get(p, 0) + 1
-    return True
 
 
 def _undetach(pages):
@@ -677,7 +673,7 @@ class Arena:
             if c in self.chunks:
                 self.chunks.remove(c)
             self.limbo = [b for b in self.limbo if b.home is not c]
-            _close_detaching(c, viewed)
+            _close_detaching(c, viewed, runs)
         return kept
 
     def release(self, block):

@@ -21,9 +21,21 @@ static uint64_t extra_offset(uint64_t capacity)
     return ((HM_OFF_DATA + capacity + HM_REGION - 1) / HM_REGION) * HM_REGION;
 }
 
+/* The direct allreduce's buffer: its stamp (the call number, stored last with release) and
+ * signature, then the value, in one run of cache lines. */
+typedef struct direct_head {
+    hm_counter stamp;
+    int64_t sig;
+} direct_head;
+
+enum {
+    DIRECT_AT = (HM_STEPS + 2 * (HM_STEPS + 2)) * HM_REGION,   /* after the extra regions */
+    DIRECT_SPAN = ((sizeof(direct_head) + HM_DIRECT_BYTES + HM_REGION - 1) / HM_REGION) * HM_REGION
+};
+
 uint64_t hm_coll_segment_bytes(uint64_t capacity)
 {
-    return extra_offset(capacity) + (uint64_t)(HM_STEPS + 2 * (HM_STEPS + 2)) * HM_REGION;
+    return extra_offset(capacity) + (uint64_t)DIRECT_AT + 2 * (uint64_t)DIRECT_SPAN;
 }
 
 int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t capacity)
@@ -716,6 +728,84 @@ double hm_allreduce_rd_f64(hm_coll *c, double x, int op)
     return r;
 }
 
+/* ------------------------------------------------------------------ the node's allreduce */
+
+static inline direct_head *direct(const hm_coll *c, int rank, uint64_t e)
+{
+    return (direct_head *)(c->seg[rank] + c->extra + DIRECT_AT + (e & 1) * DIRECT_SPAN);
+}
+
+_Static_assert(sizeof(direct_head) % 16 == 0, "the direct value must be 16-byte aligned");
+
+/* The direct allreduce (hm_core.h, hm_allreduce_node): one round of stamps.  A rank writes
+ * its buffer of parity e & 1 again only at call e + 2, after it saw every rank's stamp of
+ * call e + 1, which each stores after it read every buffer of call e. */
+static int allreduce_direct(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype,
+                            int op)
+{
+    uint64_t nbytes = count * hm_dtype_size(dtype);
+    int n = c->size, rc;
+    uint64_t e = ++c->epoch;
+    enter(c, e, HM_K_ALLREDUCE_DIRECT, count, dtype, op);
+    c->err.code = HM_OK;
+    direct_head *mine = direct(c, c->rank, e);
+    int64_t own = sig_of(count, dtype, op);
+    mine->sig = own;
+    memcpy(mine + 1, send, nbytes);
+    CHAOS();
+    store_rel(&mine->stamp, e, c->policy.order);
+    rd_sig sig = {own, -own, c->rank, c->rank};
+    for (int r = 0; r < n; r++) {
+        direct_head *h = direct(c, r, e);
+        if (r != c->rank && (rc = wait_round(c, &h->stamp, r, e)))
+            return rc;
+        rd_head seen = {.sig_max = h->sig, .sig_neg = -h->sig, .max_rank = r, .min_rank = r};
+        rd_merge(&sig, &seen);
+    }
+    if (sig.max != -sig.neg) {
+        c->err.code = HM_EMISMATCH;
+        c->err.bad_kind = c->err.root_kind = HM_K_ALLREDUCE_DIRECT;
+        c->err.bad_rank = sig.max_rank;
+        sig_args(sig.max, &c->err.bad_count, &c->err.bad_dtype, &c->err.bad_op);
+        c->err.peer = sig.min_rank;
+        sig_args(-sig.neg, &c->err.root_count, &c->err.root_dtype, &c->err.root_op);
+        return HM_EMISMATCH;
+    }
+    memcpy(recv, direct(c, 0, e) + 1, nbytes);
+    for (int r = 1; r < n; r++)
+        hm_combine(recv, direct(c, r, e) + 1, count, dtype, op);
+    return finish(c, HM_OK);
+}
+
+int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
+                      int any)
+{
+    HM_PROFILED;
+    size_t esz = hm_dtype_size(dtype);
+    if (!hm_op_valid(dtype, op) || count > (uint64_t)INT64_MAX / esz)
+        return HM_EARG;
+    uint64_t nbytes = count * esz;
+    if (any && c->size > 1) {
+        if (nbytes <= HM_RD_BYTES)
+            return hm_allreduce_rd(c, send, recv, count, dtype, op);
+        if (nbytes <= HM_DIRECT_BYTES && nbytes * (uint64_t)c->size <= HM_DIRECT_TOTAL)
+            return allreduce_direct(c, send, recv, count, dtype, op);
+    }
+    /* the tree, in chunks of the slot's size (one chunk, of no element, for count 0) */
+    uint64_t per = c->capacity / esz, start = 0;
+    if (per == 0)
+        return HM_EARG;
+    do {
+        uint64_t k = count - start < per ? count - start : per;
+        int rc = hm_allreduce_chunk(c, (const char *)send + start * esz, (char *)recv + start * esz,
+                                    k, count, dtype, op, HM_BOTH);
+        if (rc)
+            return rc;
+        start += k;
+    } while (start < count);
+    return HM_OK;
+}
+
 void hm_coll_poison(hm_coll *c, uint64_t bits)
 {
     int n = c->size, r = c->rank;
@@ -725,7 +815,9 @@ void hm_coll_poison(hm_coll *c, uint64_t bits)
     atomic_fetch_or_explicit(counter(c, 0, HM_OFF_LINEAR), bits, memory_order_seq_cst);
     for (int k = 0, d = 1; d < n; k++, d <<= 1)
         atomic_fetch_or_explicit(diss(c, (r + d) % n, k), bits, memory_order_seq_cst);
-    for (uint64_t par = 0; par < 2; par++)
+    for (uint64_t par = 0; par < 2; par++) {
         for (int k = 0; k < HM_STEPS + 2; k++)
             atomic_fetch_or_explicit(&rd(c, r, k, par)->stamp, bits, memory_order_seq_cst);
+        atomic_fetch_or_explicit(&direct(c, r, par)->stamp, bits, memory_order_seq_cst);
+    }
 }

@@ -80,6 +80,11 @@ enum { HM_CNT_ARRIVE = 1, HM_CNT_RELEASE = 2, HM_CNT_LINEAR = 3, HM_CNT_ROUND = 
  * allreduce (2^16 ranks per node), and the largest payload of the latter. */
 enum { HM_STEPS = 16, HM_RD_BYTES = 96 };
 
+/* The direct allreduce (hm_allreduce_node): each rank's buffer (two, by epoch parity) holds
+ * up to HM_DIRECT_BYTES, and a call takes it while the node's ranks times the payload is at
+ * most HM_DIRECT_TOTAL bytes. */
+enum { HM_DIRECT_BYTES = 8192, HM_DIRECT_TOTAL = 16384 };
+
 /* Wait policy: spin `spin` polls with a pause instruction, then
  * sched_yield until `yield_ns` have passed since the wait began, then
  * sleep `sleep_ns` at a time.  A wait gives up at `timeout_ns` (0: never). */
@@ -119,7 +124,7 @@ typedef struct hm_error {
  * arguments raise instead of waiting for each other.  HM_K_BAD: a rank
  * that found its own arguments invalid (hm_coll_bad). */
 enum { HM_K_BARRIER_TREE = 1, HM_K_BARRIER_LINEAR = 2, HM_K_BARRIER_DISS = 3,
-       HM_K_ALLREDUCE_TREE = 4, HM_K_ALLREDUCE_RD = 5, HM_K_BAD = 6 };
+       HM_K_ALLREDUCE_TREE = 4, HM_K_ALLREDUCE_RD = 5, HM_K_ALLREDUCE_DIRECT = 6, HM_K_BAD = 7 };
 
 /* Per-rank state of the node collectives (private memory). */
 typedef struct hm_coll {
@@ -187,7 +192,8 @@ int hm_coll_bad(hm_coll *c);
 
 /* Bytes of one rank's collective segment for a data slot of `capacity`
  * (the slot, then HM_STEPS dissemination regions, then two sets, by epoch
- * parity, of HM_STEPS + 2 recursive-doubling regions). */
+ * parity, of HM_STEPS + 2 recursive-doubling regions, then the two buffers of
+ * the direct allreduce). */
 uint64_t hm_coll_segment_bytes(uint64_t capacity);
 
 /* Set up `c` for node rank `rank` of `size`, tree of arity `radix`;
@@ -224,6 +230,19 @@ int hm_barrier_dissemination(hm_coll *c);
  * signature's rank and arguments, err.peer and err.root_* the smallest's.
  * HM_EARG if the payload is too large. */
 int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op);
+
+/* The node's whole allreduce of `count` elements, the algorithm chosen by size: with `any`
+ * set (one node; the Python library's allreduce="recursive_doubling", and the PMPI library on
+ * one node), recursive doubling up to HM_RD_BYTES, the direct allreduce while node ranks times
+ * bytes is at most HM_DIRECT_TOTAL, else the tree (hm_allreduce) in slot-sized chunks; with
+ * `any` 0 the tree chunks only (a rank of a node whose leader joins other nodes between its
+ * phases).  Direct: every rank publishes its value and signature in its own buffer (two, by
+ * epoch parity, so one round of stamps is the whole synchronization) and combines every
+ * rank's value in rank order, so every rank computes the same bits; ranks that passed
+ * different arguments all get HM_EMISMATCH as in hm_allreduce_rd.  Every rank of the node
+ * must pass the same `any`.  `send` may equal `recv`.  HM_EARG for an invalid type or op. */
+int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
+                      int any);
 
 /* hm_allreduce_rd of one double, by value; NaN and c->err.code on failure,
  * as hm_allreduce_f64. */

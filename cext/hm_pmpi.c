@@ -736,10 +736,8 @@ static int run_allreduce(state *s, const void *send, void *recv, uint64_t count,
     if (send == MPI_IN_PLACE)
         send = recv;
     waiting = s;
-    if (!s->multi && count * hm_dtype_size(dt) <= HM_RD_BYTES)
-        rc = hm_allreduce_rd(&s->c, send, recv, count, dt, op);
-    else if (s->leaders == MPI_COMM_NULL)
-        rc = hm_allreduce(&s->c, send, recv, count, dt, op, HM_BOTH);
+    if (s->leaders == MPI_COMM_NULL)   /* the node's whole call: the core chooses how */
+        rc = hm_allreduce_node(&s->c, send, recv, count, dt, op, !s->multi);
     else if ((rc = between(s, hm_allreduce(&s->c, send, recv, count, dt, op, HM_GATHER),
                            (long)((count << 12) | ((uint64_t)dt << 4) | (uint64_t)op) + 1,
                            hm_coll_slot(&s->c, 0), (int)count, type, mop)) == HM_OK)

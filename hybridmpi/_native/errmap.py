@@ -32,13 +32,17 @@ _VALUE = ERRBIT - 1
 
 _OK, _ETIMEOUT, _EMISMATCH = lib.HM_OK, lib.HM_ETIMEOUT, lib.HM_EMISMATCH
 _ECMA, _EPEER = lib.HM_ECMA, lib.HM_EPEER
-_K_BAD, _K_RD, _PYINT = lib.HM_K_BAD, lib.HM_K_ALLREDUCE_RD, lib.HM_PYINT
+_K_BAD, _PYINT = lib.HM_K_BAD, lib.HM_PYINT
+#: the allreduces that name, in err.peer, the rank with the smallest arguments (the tree
+#: compares with the node root)
+_K_SPREAD = (lib.HM_K_ALLREDUCE_RD, lib.HM_K_ALLREDUCE_DIRECT)
 
 #: what each collective kind (the C core's HM_K_*) is called in errors
 KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: "barrier(linear)",
               lib.HM_K_BARRIER_DISS: "barrier(dissemination)",
               lib.HM_K_ALLREDUCE_TREE: "allreduce (tree)",
               lib.HM_K_ALLREDUCE_RD: "allreduce (recursive doubling)",
+              lib.HM_K_ALLREDUCE_DIRECT: "allreduce (direct)",
               lib.HM_K_BAD: "a collective with invalid arguments"}
 
 
@@ -145,7 +149,7 @@ def sig(count: int, dtype: int, op: int) -> str:
 def call_name(kind: int, count: int, dtype: int, op: int) -> str:
     """A collective call as the C core records it, in words."""
     name = KIND_NAMES.get(int(kind), f"collective {kind}")
-    if kind in (lib.HM_K_ALLREDUCE_TREE, lib.HM_K_ALLREDUCE_RD):
+    if kind in (lib.HM_K_ALLREDUCE_TREE, lib.HM_K_ALLREDUCE_RD, lib.HM_K_ALLREDUCE_DIRECT):
         name += " " + sig(count, dtype, op)
     return name
 
@@ -200,9 +204,7 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
                 "ValueError", True)
     if rc == _EMISMATCH:
         bad = node_ranks[err.bad_rank]
-        # the tree compares with the node root; recursive doubling names the
-        # rank with the smallest arguments in err.peer
-        other = node_ranks[err.peer if err.root_kind == _K_RD else 0]
+        other = node_ranks[err.peer if err.root_kind in _K_SPREAD else 0]
         return (ValueError(
             f"hybridmpi: {what}: ranks passed different arguments: rank {bad} passed "
             f"{sig(err.bad_count, err.bad_dtype, err.bad_op)}, rank "

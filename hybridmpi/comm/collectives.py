@@ -41,8 +41,6 @@ _BARRIERS = {"dissemination": lib.HM_DISSEMINATION, "tree": lib.HM_TREE, "linear
 #: the kind a leader tells the other leaders for each barrier method across nodes
 _BARRIER_KINDS = {lib.HM_DISSEMINATION: lib.HM_K_BARRIER_DISS, lib.HM_TREE: lib.HM_K_BARRIER_TREE,
                   lib.HM_LINEAR: lib.HM_K_BARRIER_LINEAR}
-#: payloads up to this many bytes go by recursive doubling (one node, allreduce="recursive_doubling")
-RD_BYTES = lib.HM_RD_BYTES
 #: bytes of each rank's reduction slot; longer arrays go in chunks
 SLOT_BYTES = 256 * 1024
 # cffi views of arrays up to this size are cached between calls
@@ -69,8 +67,9 @@ class Plan(NamedTuple):
     #: this rank leads its node and there are several nodes: the leaders' MPI call goes between
     #: the node's gather and release phases (in Python: nothing below is one C call)
     leader_multi: bool
-    #: allreduces of up to RD_BYTES go by recursive doubling (one node of several ranks, and
-    #: ``allreduce="recursive_doubling"``)
+    #: the C core may choose the allreduce's algorithm by size (recursive doubling up to
+    #: HM_RD_BYTES, the direct one, the tree: ``hm_allreduce_node``'s ``any``; one node of several
+    #: ranks, and ``allreduce="recursive_doubling"``)
     recursive_doubling: bool
     #: the C core's call that is this rank's whole part of a dissemination barrier (several
     #: nodes: the node's tree, the leader's MPI call in between), or None
@@ -152,17 +151,24 @@ class Collectives:
 
     def serve(self, calls: Any) -> None:
         """Serve the comm's operations (its ``Calls`` table): by these methods, and where the
-        plan names a C call, by that one call (``Coll``: ``barrier()`` and ``allreduce(float)``,
-        about 0.1 us less than a Python method and a cffi call), which declines anything else."""
+        plan names a C call (one node, or off a leader across nodes), by that one call
+        (``Coll``: ``barrier()``, ``allreduce`` of a float or an array and ``Allreduce``, about
+        0.1 us less than a Python method and a cffi call for a float, 1-2 us less for an
+        array), which declines anything else."""
         for name in self.OPERATIONS:
             calls.delegate(name, getattr(self, name))
+        if self._leader_multi:
+            return
+        MPI = self._MPI
         address = int(ffi.cast("uintptr_t", self._st))
+        arrays = (int(ffi.cast("uintptr_t", ffi.addressof(lib, "hm_allreduce_node"))), self._rd,
+                  np.ndarray, dict(DTYPES), MPI.IN_PLACE, tuple(self._mpi_ops))
         for kind, name, fn, what in ((0, "barrier", self.plan.node_barrier, "barrier(dissemination)"),
-                                     (1, "allreduce", self.plan.node_allreduce, "allreduce")):
-            if fn is not None:
-                fn_address = int(ffi.cast("uintptr_t", ffi.addressof(lib, fn)))
-                calls.serve(name, Coll(kind, address, fn_address,
-                                       functools.partial(self._fail, what=what), OPS))
+                                     (1, "allreduce", self.plan.node_allreduce, "allreduce"),
+                                     (2, "Allreduce", None, "allreduce")):
+            fn_address = int(ffi.cast("uintptr_t", ffi.addressof(lib, fn))) if fn else 0
+            calls.serve(name, Coll(kind, address, fn_address,
+                                   functools.partial(self._fail, what=what), OPS, arrays))
 
     def stop(self, why: str | None) -> None:
         """Every later call raises: the comm broke (``why``) or was freed (None)."""
@@ -350,18 +356,17 @@ class Collectives:
         lib.hm_barrier(st, m, lib.HM_RELEASE)
 
     def _reduce(self, sptr, rptr, count, dt, opc, total=None):
-        """Reduce ``count`` elements (fitting in one slot) at raw addresses: one chunk of
-        ``total`` elements (default ``count``), which the ranks' signatures hold."""
+        """Reduce ``count`` elements at raw addresses.  Off a leader across nodes it is the
+        node's whole call, any size (the C core chooses the algorithm); at such a leader it is
+        one chunk (fitting in a slot) of ``total`` elements (default ``count``), which the
+        ranks' signatures hold, between the node's gather and release."""
         st = self._st
-        total = count if total is None else total
         if not self._leader_multi:
-            if self._rd and total * _ITEMSIZE[dt] <= RD_BYTES:
-                rc = lib.hm_allreduce_rd(st, sptr, rptr, count, dt, opc)
-            else:
-                rc = lib.hm_allreduce_chunk(st, sptr, rptr, count, total, dt, opc, 3)
+            rc = lib.hm_allreduce_node(st, sptr, rptr, count, dt, opc, self._rd)
             if rc:
                 self._fail(rc, "allreduce")
             return
+        total = count if total is None else total
         rc = lib.hm_allreduce_chunk(st, sptr, rptr, count, total, dt, opc, lib.HM_GATHER)
         # The leaders first agree that every node passed the same arguments:
         # combining buffers of different sizes would be erroneous MPI, and a
@@ -410,11 +415,15 @@ class Collectives:
         return buf
 
     def _reduce_array(self, send, recv, dt, opc):
-        """Reduce contiguous arrays of equal size, in slot-sized chunks."""
+        """Reduce contiguous arrays of equal size (at a leader across nodes, in slot-sized
+        chunks, as the C core chunks the node's part elsewhere)."""
         n = recv.size
-        itemsize = recv.itemsize
         rbuf = self._buf(recv)
         sbuf = rbuf if send is None else self._buf(send)
+        if not self._leader_multi:
+            self._reduce(sbuf, rbuf, n, dt, opc)
+            return
+        itemsize = recv.itemsize
         per = SLOT_BYTES // itemsize
         for start in range(0, max(n, 1), per):
             k = min(per, n - start)
@@ -594,7 +603,6 @@ class Collectives:
 
 
 _NP_OF_CODE = {code: dt for dt, code in DTYPES.items()} | {_PYINT: np.dtype(np.float64)}
-_ITEMSIZE = {code: dt.itemsize for code, dt in _NP_OF_CODE.items()}
 
 
 def _first(buf):

@@ -165,9 +165,11 @@ class HybridComm:
         spin: polls spent spinning before a wait yields the CPU; default:
             env ``HYBRIDMPI_SPIN``, else 2000 when each rank of the node has
             a core of its own and 16 when ranks outnumber cores.
-        allreduce: ``"recursive_doubling"`` (the default: payloads up to
-            96 bytes on one node go through a butterfly with no release
-            phase) or ``"tree"`` (the paper's Algorithm 3 for every size).
+        allreduce: ``"recursive_doubling"`` (the default: on one node the
+            C core chooses by size: up to 96 bytes a butterfly with no
+            release phase, up to 16 KiB over the node's ranks the direct
+            allreduce, larger ones the tree) or ``"tree"`` (the paper's
+            Algorithm 3 for every size).
 
     Attributes:
         comm, node_comm, leader_comm (``MPI.COMM_NULL`` off the leaders),

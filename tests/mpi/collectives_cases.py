@@ -18,7 +18,9 @@ import hybridmpi
 
 DTYPES = [np.float64, np.float32, np.int64, np.int32, np.complex128]
 OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
-LENGTHS = [1, 7, 1000, 100000]
+#: across the C core's thresholds: recursive doubling (up to 96 bytes), the direct allreduce (up to
+#: 16 KiB over the node's ranks), the tree, and its 256 KiB chunks
+LENGTHS = [0, 1, 7, 300, 1000, 100000]
 
 
 def make(rng, dtype, n, op):
@@ -270,9 +272,9 @@ def case_c_fast_paths(comm, rng, **cfg):
     raises FreedError.  Free-running: the forms drawn at random, in the same order on every
     rank, with random short sleeps between calls."""
     with hc_of(comm, cfg) as hc:
-        fast = {name for name in ("barrier", "allreduce")
+        fast = {name for name in ("barrier", "allreduce", "Allreduce")
                 if type(hc.context.calls.fast(name)).__name__ == "Coll"}
-        want = set() if hc.is_leader and hc.num_nodes > 1 else {"barrier", "allreduce"}
+        want = set() if hc.is_leader and hc.num_nodes > 1 else {"barrier", "allreduce", "Allreduce"}
         assert fast == want, (fast, want, hc.plan)
         forms = [
             lambda x, op: hc.allreduce(x, op),
@@ -316,6 +318,62 @@ def case_c_fast_paths(comm, rng, **cfg):
         else:
             raise AssertionError("a call after free() accepted")
     assert hc.context.calls.fast("barrier") is None and hc.context.calls.fast("allreduce") is None
+    assert hc.context.calls.fast("Allreduce") is None
+
+
+def case_array_calls(comm, rng, **cfg):
+    """allreduce(array) and Allreduce are one C call (Coll) where barrier() is: every form (a
+    new array back, in place, MPI ops, op names, 0-d and 2-d arrays, non-contiguous input, which
+    the method copies, the drop-in) at sizes across the recursive-doubling, direct, tree and
+    chunk thresholds gives mpi4py's values and the same bits on every rank.  Free-running: the
+    forms and sizes drawn in the same order on every rank, random short sleeps between calls.
+    Then ranks whose sizes differ (in one algorithm, and in two) raise ValueError on every
+    rank."""
+    from hybridmpi.comm import dropin
+
+    sizes = [0, 1, 3, 12, 13, 100, 500, 1024, 2048, 2049, 5000, 40000]
+    forms = [
+        lambda x, op, h: h.allreduce(x, op),
+        lambda x, op, h: h.allreduce(x, OPS[op]),
+        lambda x, op, h: (h.Allreduce(x, y := np.empty_like(x), op), y)[1],
+        lambda x, op, h: (h.Allreduce(MPI.IN_PLACE, y := x.copy(), OPS[op]), y)[1],
+        lambda x, op, h: h.allreduce(np.repeat(x, 2)[::2], op),           # not contiguous
+        lambda x, op, h: h.allreduce(x.reshape(1, -1), op).ravel(),        # 2-d
+        lambda x, op, h: dropin.allreduce(x, op, comm),
+    ]
+    draws = np.random.default_rng(11)  # the same sequence on every rank
+    with hc_of(comm, cfg) as hc:
+        for i in range(300):
+            n = int(sizes[draws.integers(len(sizes))])
+            dtype = DTYPES[draws.integers(len(DTYPES))]
+            op = ("sum", "prod", "min", "max")[draws.integers(4)]
+            if np.dtype(dtype).kind == "c" and op in ("min", "max"):
+                op = "sum"
+            form = int(draws.integers(len(forms)))
+            x = make(rng, dtype, n, op)
+            if rng.random() < 0.1:
+                time.sleep(float(rng.uniform(0, 0.002)))
+            got = forms[form](x, op, hc)
+            want = np.empty_like(x)
+            comm.Allreduce(x, want, OPS[op])
+            assert got.dtype == x.dtype and got.size == n, (form, got.dtype, got.shape)
+            assert close(got, want, dtype), (form, n, dtype, op)
+            agree(comm, got)
+        # a 0-d array comes back as a 0-d array
+        z = hc.allreduce(np.array(2.0))
+        assert z.shape == () and float(z) == 2.0 * comm.size
+        if comm.size > 1:
+            # one algorithm (the comm stays usable), then, on one node, two (it breaks)
+            for mine, other in ((20, 21), (10, 300)):
+                n = other if comm.rank == comm.size - 1 else mine
+                try:
+                    hc.Allreduce(np.ones(n), np.empty(n))
+                except ValueError as e:
+                    assert "different" in str(e), e
+                else:
+                    raise AssertionError(f"sizes {mine} and {other} accepted")
+                if mine == 20:
+                    assert hc.allreduce(1.0) == comm.size
 
 
 def case_waits_let_other_threads_run(comm, rng, **cfg):
@@ -428,14 +486,16 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
         hc.free()
         return
     same_node = absent in hc.node_ranks
-    for method in ("dissemination", "tree", "linear", "allreduce", "allreduce-array"):
+    for method in ("dissemination", "tree", "linear", "allreduce", "allreduce-array", "allreduce-large"):
         timed_out = False
         if comm.rank != absent:
             try:
                 if method == "allreduce":
                     hc.allreduce(1.0)
                 elif method == "allreduce-array":
-                    hc.allreduce(np.ones(100))  # beyond recursive doubling: the tree
+                    hc.allreduce(np.ones(100))  # beyond recursive doubling: direct on one node
+                elif method == "allreduce-large":
+                    hc.allreduce(np.ones(5000))  # the tree
                 else:
                     hc.barrier(method=method)
             except hybridmpi.SyncTimeout as e:
@@ -525,7 +585,7 @@ def case_argument_code_that_frees_the_comm(comm, rng, **cfg):
                 raise AssertionError(f"{type(obj).__name__} copied")
 
 
-CASES = [case_layout, case_values_match_mpi4py, case_python_scalars, case_python_ints_exact,
+CASES = [case_layout, case_values_match_mpi4py, case_array_calls, case_python_scalars, case_python_ints_exact,
          case_stress_interleaved,
          case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_waits_let_other_threads_run,
          case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank,

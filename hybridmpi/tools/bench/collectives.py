@@ -50,7 +50,8 @@ def allreduce_arguments(p):
 
 
 def run_allreduce(hc, comm, a):
-    """hc.allreduce of a scalar (and hc.Allreduce of arrays), acq_rel and seq_cst, vs MPI."""
+    """hc.allreduce of a scalar and hc.Allreduce of arrays (acq_rel, seq_cst, the tree), and
+    hc.allreduce(x) and the drop-in of arrays, vs MPI_Allreduce."""
     sizes = [int(s) for s in a.sizes.split(",")]
     doc = document("allreduce", "shared-memory allreduce (sum of doubles) vs MPI_Allreduce, time "
                    "per call (us)", "doubles", hc, a.node_size, iters=a.iters, reps=a.reps)
@@ -74,10 +75,15 @@ def run_allreduce(hc, comm, a):
                 add(doc, name, n, timed(comm, hc.barrier, call, a.iters, a.reps),
                     memory_order="seq_cst" if h is sc else "acq_rel", method=h.allreduce_method)
                 bar.step(f"{name} {n}")
-            if n == 1:
-                add(doc, "drop-in allreduce", n, timed(comm, hc.barrier,
-                                                       lambda: dropin.allreduce(1.0, comm=comm),
-                                                       a.iters, a.reps), method="drop-in")
+            # the calls that return a new value: hc.allreduce(x) and the drop-in (n > 1: of
+            # the array, as a solver reducing several dot products at once calls them)
+            v = 1.0 if n == 1 else x
+            if n > 1:
+                add(doc, "hc.allreduce(x)", n, timed(comm, hc.barrier, lambda v=v: hc.allreduce(v),
+                                                     a.iters, a.reps), method="allreduce(x)")
+            add(doc, "drop-in allreduce", n, timed(comm, hc.barrier,
+                                                   lambda v=v: dropin.allreduce(v, comm=comm),
+                                                   a.iters, a.reps), method="drop-in")
             bar.step(f"drop-in {n}")
     finally:
         sc.free()

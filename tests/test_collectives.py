@@ -25,6 +25,11 @@ def test_collectives(config, ranks):
     if config == "node_size2" and ranks == 2 or config == "node_size3" and ranks in (2, 3) \
             or config == "cliques2" and ranks == 2:
         pytest.skip("the same layout as one node, or as node_size1")
-    if config in ("seq_cst", "tree_allreduce") and ranks not in (3, 8):
-        pytest.skip("the memory order and the algorithm: at an odd count and the deepest tree")
+    if config == "seq_cst" and ranks not in (3, 4) or config == "tree_allreduce" and ranks not in (3, 8):
+        pytest.skip("the memory order at an odd count and at four; the tree at an odd count and "
+                    "the deepest tree")
+    if ranks == 8 and config not in ("node", "node_size3", "tree_allreduce"):
+        # oversubscribed four to a core, 8 ranks cost 10-20 s a layout: one node, uneven
+        # virtual nodes (3, 3, 2), and the tree allreduce two levels deep
+        pytest.skip("8 ranks: one node, uneven virtual nodes and the tree only")
     run_mpi("collectives_cases.py", ranks, *args, env=env)

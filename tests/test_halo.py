@@ -22,6 +22,10 @@ def test_halo(config, ranks):
         pytest.skip("one rank has one layout")
     if config == "node_size3" and ranks in (2, 3) or config == "cliques2" and ranks == 2:
         pytest.skip("the same layout as one node, or as node_size1")
-    if config == "seq_cst" and ranks not in (3, 8):
-        pytest.skip("the memory order: at an odd count and the most peers")
+    if config == "seq_cst" and ranks not in (3, 4):
+        pytest.skip("the memory order: at an odd count and at four")
+    if ranks == 8 and config not in ("node", "node_size3"):
+        # oversubscribed four to a core, 8 ranks cost 10-50 s a layout: one node, and uneven
+        # virtual nodes (3, 3, 2) with the deepest trees
+        pytest.skip("8 ranks: one node and uneven virtual nodes only")
     run_mpi("halo_cases.py", ranks, *args, env=env)

@@ -23,9 +23,9 @@ SANITIZED = ("test_core.py", "test_bounds.py", "test_collectives.py", "test_glob
              "test_errors.py")
 
 
-#: HYBRIDMPI_TEST_MAX_RANKS=K skips the runs of more than K ranks (a CI leg that repeats what
-#: another MPI's leg already ran at 8 ranks: oversubscribed four to a core, those take about a
-#: third of a leg's time)
+#: HYBRIDMPI_TEST_MAX_RANKS=K skips the runs of more than K ranks (the CI legs of Intel MPI and
+#: of Open MPI from pip: MPICH's and Debian's Open MPI's legs run them; oversubscribed four to a
+#: core, those take a large part of a leg's time)
 MAX_RANKS = int(os.environ.get("HYBRIDMPI_TEST_MAX_RANKS") or 0)
 
 

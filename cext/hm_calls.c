@@ -833,7 +833,10 @@ static PyObject *coll_arrays(Coll *t, PyObject *send, PyObject *recv, int op)
             PyBuffer_Release(&rv);
             Py_RETURN_NOTIMPLEMENTED;
         }
-        if (sv.len != rv.len) {
+        /* sizes that differ, or buffers that overlap without being the same (MPI calls both
+         * erroneous): the method raises on every rank */
+        const char *sb = sv.buf, *rb = rv.buf;
+        if (sv.len != rv.len || (sb != rb && sb < rb + rv.len && rb < sb + sv.len)) {
             PyBuffer_Release(&sv);
             PyBuffer_Release(&rv);
             Py_RETURN_NOTIMPLEMENTED;
@@ -892,8 +895,10 @@ static PyObject *coll_vectorcall(PyObject *self, PyObject *const *args, size_t n
         if (t->node == NULL || (PyObject *)Py_TYPE(args[1]) != t->ndarray || coll_dtype(t, args[1], op) < 0)
             goto slow;
         PyObject *out = PyObject_CallMethodNoArgs(args[1], copy_name);   /* C order */
-        if (out == NULL)
-            return NULL;
+        if (out == NULL) {   /* (no memory): the method fails it on every rank */
+            PyErr_Clear();
+            goto slow;
+        }
         PyObject *r = coll_arrays(t, NULL, out, op);
         if (r != Py_None) {   /* failed, or declined: the method reads the argument again */
             Py_DECREF(out);

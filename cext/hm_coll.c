@@ -28,14 +28,23 @@ typedef struct direct_head {
     int64_t sig;
 } direct_head;
 
-enum {
-    DIRECT_AT = (HM_STEPS + 2 * (HM_STEPS + 2)) * HM_REGION,   /* after the extra regions */
-    DIRECT_SPAN = ((sizeof(direct_head) + HM_DIRECT_BYTES + HM_REGION - 1) / HM_REGION) * HM_REGION
-};
+enum { DIRECT_AT = (HM_STEPS + 2 * (HM_STEPS + 2)) * HM_REGION };  /* after the extra regions */
+
+/* The payload a direct buffer holds: HM_DIRECT_BYTES, or the slot's capacity if less (the PMPI
+ * library's segments hold what it reduces), and the bytes of one buffer with its head. */
+static inline uint64_t direct_bytes(uint64_t capacity)
+{
+    return capacity < HM_DIRECT_BYTES ? capacity : HM_DIRECT_BYTES;
+}
+
+static inline uint64_t direct_span(uint64_t capacity)
+{
+    return ((sizeof(direct_head) + direct_bytes(capacity) + HM_REGION - 1) / HM_REGION) * HM_REGION;
+}
 
 uint64_t hm_coll_segment_bytes(uint64_t capacity)
 {
-    return extra_offset(capacity) + (uint64_t)DIRECT_AT + 2 * (uint64_t)DIRECT_SPAN;
+    return extra_offset(capacity) + (uint64_t)DIRECT_AT + 2 * direct_span(capacity);
 }
 
 int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t capacity)
@@ -732,7 +741,7 @@ double hm_allreduce_rd_f64(hm_coll *c, double x, int op)
 
 static inline direct_head *direct(const hm_coll *c, int rank, uint64_t e)
 {
-    return (direct_head *)(c->seg[rank] + c->extra + DIRECT_AT + (e & 1) * DIRECT_SPAN);
+    return (direct_head *)(c->seg[rank] + c->extra + DIRECT_AT + (e & 1) * direct_span(c->capacity));
 }
 
 _Static_assert(sizeof(direct_head) % 16 == 0, "the direct value must be 16-byte aligned");
@@ -788,7 +797,7 @@ int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, 
     if (any && c->size > 1) {
         if (nbytes <= HM_RD_BYTES)
             return hm_allreduce_rd(c, send, recv, count, dtype, op);
-        if (nbytes <= HM_DIRECT_BYTES && nbytes * (uint64_t)c->size <= HM_DIRECT_TOTAL)
+        if (nbytes <= direct_bytes(c->capacity) && nbytes * (uint64_t)c->size <= HM_DIRECT_TOTAL)
             return allreduce_direct(c, send, recv, count, dtype, op);
     }
     /* the tree, in chunks of the slot's size (one chunk, of no element, for count 0) */

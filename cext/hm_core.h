@@ -81,9 +81,9 @@ enum { HM_CNT_ARRIVE = 1, HM_CNT_RELEASE = 2, HM_CNT_LINEAR = 3, HM_CNT_ROUND = 
 enum { HM_STEPS = 16, HM_RD_BYTES = 96 };
 
 /* The direct allreduce (hm_allreduce_node): each rank's buffer (two, by epoch parity) holds
- * up to HM_DIRECT_BYTES, and a call takes it while the node's ranks times the payload is at
- * most HM_DIRECT_TOTAL bytes. */
-enum { HM_DIRECT_BYTES = 8192, HM_DIRECT_TOTAL = 16384 };
+ * up to HM_DIRECT_BYTES (at most the slot's capacity), and a call takes it while the node's
+ * ranks times the payload is at most HM_DIRECT_TOTAL bytes. */
+enum { HM_DIRECT_BYTES = 16384, HM_DIRECT_TOTAL = 32768 };
 
 /* Wait policy: spin `spin` polls with a pause instruction, then
  * sched_yield until `yield_ns` have passed since the wait began, then

@@ -595,6 +595,9 @@ class Collectives:
                                  f"and recvbuf ({recvbuf.dtype}, {recvbuf.size}) differ")
             elif not sendbuf.flags.c_contiguous:
                 raise ValueError("hybridmpi: Allreduce: sendbuf must be C-contiguous")
+            elif _overlap(sendbuf, recvbuf):
+                raise ValueError("hybridmpi: Allreduce: sendbuf and recvbuf overlap (and are not "
+                                 "the same buffer); pass MPI.IN_PLACE as sendbuf to reduce in place")
         except Exception as exc:  # noqa: BLE001 - whatever it is, the peers must hear of it
             self._bad_call(exc)
         if self._live is None:   # (after the arguments, as in allreduce)
@@ -603,6 +606,13 @@ class Collectives:
 
 
 _NP_OF_CODE = {code: dt for dt, code in DTYPES.items()} | {_PYINT: np.dtype(np.float64)}
+
+
+def _overlap(a, b):
+    """Whether the memory of C-contiguous arrays ``a`` and ``b`` overlaps without starting at the
+    same address (the same buffer is reduced in place)."""
+    x, y = a.__array_interface__["data"][0], b.__array_interface__["data"][0]
+    return x != y and x < y + b.nbytes and y < x + a.nbytes
 
 
 def _first(buf):

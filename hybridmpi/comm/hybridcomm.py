@@ -167,7 +167,7 @@ class HybridComm:
             a core of its own and 16 when ranks outnumber cores.
         allreduce: ``"recursive_doubling"`` (the default: on one node the
             C core chooses by size: up to 96 bytes a butterfly with no
-            release phase, up to 16 KiB over the node's ranks the direct
+            release phase, up to 32 KiB over the node's ranks the direct
             allreduce, larger ones the tree) or ``"tree"`` (the paper's
             Algorithm 3 for every size).
 

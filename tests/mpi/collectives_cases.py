@@ -19,7 +19,7 @@ import hybridmpi
 DTYPES = [np.float64, np.float32, np.int64, np.int32, np.complex128]
 OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 #: across the C core's thresholds: recursive doubling (up to 96 bytes), the direct allreduce (up to
-#: 16 KiB over the node's ranks), the tree, and its 256 KiB chunks
+#: 32 KiB over the node's ranks, 16 KiB at most), the tree, and its 256 KiB chunks
 LENGTHS = [0, 1, 7, 300, 1000, 100000]
 
 
@@ -204,6 +204,7 @@ def case_bad_input(comm, rng, **cfg):
     """Every rank gets the same clear exception, and the comm still works after."""
     with hc_of(comm, cfg) as hc:
         a = np.ones(4)
+        big = np.ones(40001)
         bad_calls = [
             (TypeError, lambda: hc.allreduce("x")),
             (TypeError, lambda: hc.allreduce([1.0, 2.0])),
@@ -219,6 +220,8 @@ def case_bad_input(comm, rng, **cfg):
             (ValueError, lambda: hc.Allreduce(a, np.ones(8)[::2])),
             (ValueError, lambda: hc.Allreduce(np.ones(8)[::2], a)),
             (ValueError, lambda: hc.Allreduce(a, np.frombuffer(bytes(32)))),
+            (ValueError, lambda: hc.Allreduce(big[:40000], big[1:40001])),   # overlap
+            (ValueError, lambda: hc.Allreduce(big[1:4], big[:3])),
             (TypeError, lambda: hc.Allreduce(a, [0.0] * 4)),
             (TypeError, lambda: hc.Allreduce(list(a), a)),
             (TypeError, lambda: hc.Allreduce(a.astype(np.uint8), a.astype(np.uint8))),
@@ -248,6 +251,19 @@ def case_bad_input(comm, rng, **cfg):
             else:
                 raise AssertionError("mismatch not detected")
             assert hc.allreduce(2) == 2 * comm.size
+            # one rank's array whose copy fails (no memory): every rank raises, none pairs its
+            # next call with another's
+            from numpy.lib.stride_tricks import as_strided
+            huge = as_strided(np.zeros(1), shape=(10**13,), strides=(0,))
+            try:
+                hc.allreduce(huge if comm.rank == odd else np.ones(4))
+            except (MemoryError, ValueError) as e:
+                assert comm.rank == odd or isinstance(e, hybridmpi.PeerArgumentError) or \
+                    "different" in str(e), e
+            except hybridmpi.PeerError as e:   # across virtual nodes (the review's finding F4)
+                assert odd not in hc.node_ranks, e
+            else:
+                raise AssertionError("an array that cannot be copied accepted")
     for kwargs, exc in [({"node_size": 0}, ValueError), ({"memory_order": "relaxed"}, ValueError),
                         ({"timeout": -1}, ValueError), ({"radix": 1}, ValueError),
                         ({"node_size": 1 + comm.rank % 2}, ValueError if comm.size > 1 else None)]:

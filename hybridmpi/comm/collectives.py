@@ -382,8 +382,13 @@ class Collectives:
             dtype = _NP_OF_CODE[dt]
             slot = np.frombuffer(ffi.buffer(lib.hm_coll_slot(st, 0), count * dtype.itemsize),
                                  dtype=dtype)
-            self._leader_call(self.leader_comm.Iallreduce,
-                              (self._MPI.IN_PLACE, slot, self._mpi_ops[opc]), "allreduce")
+            # a reduce to the first leader and its broadcast, not MPI_Iallreduce: MPICH's gives
+            # the leaders different bits (the sign of a zero min, which NaN) and every rank must
+            # get the same (a solver's convergence test takes the same branch everywhere)
+            lc, MPI = self.leader_comm, self._MPI
+            self._leader_call(lc.Ireduce, (MPI.IN_PLACE if lc.rank == 0 else slot, slot,
+                                           self._mpi_ops[opc], 0), "allreduce")
+            self._leader_call(lc.Ibcast, (slot, 0), "allreduce")
         rc = lib.hm_allreduce_chunk(st, ffi.NULL, rptr, count, total, dt, opc, lib.HM_RELEASE)
         if rc:
             self._fail(rc, "allreduce")

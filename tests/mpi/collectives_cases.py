@@ -376,6 +376,15 @@ def case_array_calls(comm, rng, **cfg):
             assert got.dtype == x.dtype and got.size == n, (form, got.dtype, got.shape)
             assert close(got, want, dtype), (form, n, dtype, op)
             agree(comm, got)
+        # the same bits on every rank, also where an MPI's own reduction may differ by rank (the
+        # sign of a zero's min, which NaN survives: the leaders reduce and broadcast)
+        for n in (1, 100, 5000):
+            x = np.full(n, -0.0 if comm.rank % 2 == 0 else 0.0)
+            if comm.rank == comm.size - 1:
+                x[::7] = np.nan
+            for op in ("min", "max", "sum"):
+                agree(comm, hc.allreduce(x, op))
+            agree(comm, np.array([hc.allreduce(float(x[0]), "min")]))
         # a 0-d array comes back as a 0-d array
         z = hc.allreduce(np.array(2.0))
         assert z.shape == () and float(z) == 2.0 * comm.size

@@ -63,6 +63,9 @@ def main():
     print(f"# {'benchmark':<10} {'series':<44} {'old':>10} {'new':>10} {'new/old':>8}")
     rows = []
     for (kind, series), v in got.items():
+        if not v["old"] or not v["new"]:   # a series one tree's benchmark does not have
+            print(f"  {kind:<10} {series[:44]:<44} (in the {'new' if v['new'] else 'old'} tree only)")
+            continue
         old, new = statistics.median(v["old"]), statistics.median(v["new"])
         rows.append({"benchmark": kind, "series": series, "old_us": old, "new_us": new,
                      "ratio": new / old if old else None, "old_runs": v["old"], "new_runs": v["new"]})

@@ -207,6 +207,11 @@ def test_erroneous_buffers_as_mpi_reports_them(built):
     lib, progs = built
     rc0, out0, err0 = without(2, [progs["cases"], "buffers"])
     rc, out, err = run(2, lib, [progs["cases"], "buffers"])
+    if rc0 != 0:
+        # the MPI itself fails such a program (Debian's Open MPI 4.1 crashes on the NULL
+        # buffer): the library hands the call to it, and the program fails as it does without
+        assert rc != 0 and "buffers:" not in out0 + out, (rc, out, err, out0, err0)
+        return
     assert rc == rc0 == 0 and "buffers ok" in out, (out, err)
     line = [ln for ln in out.splitlines() if ln.startswith("buffers:")]
     assert line == [ln for ln in out0.splitlines() if ln.startswith("buffers:")], (out, out0)

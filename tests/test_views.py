@@ -14,4 +14,8 @@ def test_views(config, ranks):
     env = {"MPIR_CVAR_NUM_CLIQUES": "2"} if config == "cliques2" else {}
     if env and mpi_flavor() != "mpich":
         pytest.skip("cliques are an MPICH feature")
+    if mpi_flavor() == "impi" and config == "node_size1":
+        # Intel MPI with its network layer on (as across hosts): its memory hooks interpose
+        # mremap, which dropped the address the detached pages move to (EINVAL)
+        env = {"I_MPI_FABRICS": "shm:ofi"}
     run_mpi("views_cases.py", ranks, *args, env=env)

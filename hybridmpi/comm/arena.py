@@ -51,9 +51,12 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                        ctypes.c_long]
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
-                         ctypes.c_void_p]
-_libc.mremap.restype = ctypes.c_void_p
+# mremap as the system call itself: an MPI may interpose its own mremap (Intel MPI's OFI
+# layer's memory hooks), which dropped the new address (EINVAL)
+_SYS_MREMAP = {"x86_64": 25, "aarch64": 216, "ppc64le": 163}.get(os.uname().machine, 25)
+_libc.syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                          ctypes.c_int, ctypes.c_void_p]
+_libc.syscall.restype = ctypes.c_void_p
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -406,7 +409,7 @@ def _close_detaching(chunk, blocks, runs):
             raise RuntimeError(f"hybridmpi: arena: the MPI kept {n} bytes at {lo:#x} mapped after "
                                "MPI_Win_free; arrays over them may now see another window")
         # MREMAP_MAYMOVE | MREMAP_FIXED: the copy moves to the views' addresses
-        if _libc.mremap(copy, n, n, 3, lo) != lo:
+        if _libc.syscall(_SYS_MREMAP, copy, n, n, 3, lo) != lo:
             raise RuntimeError(f"hybridmpi: arena: mremap to {lo:#x} failed: "
                                f"{os.strerror(ctypes.get_errno())}")
     for b in blocks:

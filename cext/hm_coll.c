@@ -658,6 +658,20 @@ static inline int64_t sig_of(uint64_t count, int dtype, int op)
     return (int64_t)((count << 8) | ((uint64_t)dtype << 4) | (uint64_t)op);
 }
 
+/* Ranks of an allreduce of `kind` that saw every rank's signature (recursive doubling, direct)
+ * passed different ones: the largest's rank and arguments in err.bad_*, the smallest's in
+ * err.peer and err.root_*, alike on every rank. */
+static int spread_mismatch(hm_coll *c, int kind, const rd_sig *sig)
+{
+    c->err.code = HM_EMISMATCH;
+    c->err.bad_kind = c->err.root_kind = kind;
+    c->err.bad_rank = sig->max_rank;
+    sig_args(sig->max, &c->err.bad_count, &c->err.bad_dtype, &c->err.bad_op);
+    c->err.peer = sig->min_rank;
+    sig_args(-sig->neg, &c->err.root_count, &c->err.root_dtype, &c->err.root_op);
+    return HM_EMISMATCH;
+}
+
 int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op)
 {
     HM_PROFILED;
@@ -713,15 +727,8 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
         if (r + p2 < n)
             rd_publish(rd(c, r, RD_RESULT, e), acc, nbytes, &sig, e, ord);
     }
-    if (sig.max != -sig.neg) {
-        c->err.code = HM_EMISMATCH;
-        c->err.bad_kind = c->err.root_kind = HM_K_ALLREDUCE_RD;
-        c->err.bad_rank = sig.max_rank;
-        sig_args(sig.max, &c->err.bad_count, &c->err.bad_dtype, &c->err.bad_op);
-        c->err.peer = sig.min_rank;
-        sig_args(-sig.neg, &c->err.root_count, &c->err.root_dtype, &c->err.root_op);
-        return HM_EMISMATCH;
-    }
+    if (sig.max != -sig.neg)
+        return spread_mismatch(c, HM_K_ALLREDUCE_RD, &sig);
     memcpy(recv, acc, nbytes);
     return finish(c, HM_OK);
 }
@@ -771,15 +778,8 @@ static int allreduce_direct(hm_coll *c, const void *send, void *recv, uint64_t c
         rd_head seen = {.sig_max = h->sig, .sig_neg = -h->sig, .max_rank = r, .min_rank = r};
         rd_merge(&sig, &seen);
     }
-    if (sig.max != -sig.neg) {
-        c->err.code = HM_EMISMATCH;
-        c->err.bad_kind = c->err.root_kind = HM_K_ALLREDUCE_DIRECT;
-        c->err.bad_rank = sig.max_rank;
-        sig_args(sig.max, &c->err.bad_count, &c->err.bad_dtype, &c->err.bad_op);
-        c->err.peer = sig.min_rank;
-        sig_args(-sig.neg, &c->err.root_count, &c->err.root_dtype, &c->err.root_op);
-        return HM_EMISMATCH;
-    }
+    if (sig.max != -sig.neg)
+        return spread_mismatch(c, HM_K_ALLREDUCE_DIRECT, &sig);
     memcpy(recv, direct(c, 0, e) + 1, nbytes);
     for (int r = 1; r < n; r++)
         hm_combine(recv, direct(c, r, e) + 1, count, dtype, op);

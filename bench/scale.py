@@ -35,6 +35,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # this tree's hybridmpi.tools.plot, for the labels and colours
+from hybridmpi.tools.plot import color, mpi_label  # noqa: E402
+
 SIZES = "1,8,32,256,2048"
 #: the bench subcommands' own baselines, by kind
 BASELINES = {"barrier": "MPI_Barrier", "allreduce": "MPI_Allreduce", "ghost": "neighbor"}
@@ -66,9 +69,6 @@ def mpi_of(venv: Path) -> dict:
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout.splitlines()
     mpiexec = venv / "bin" / "mpiexec"
-    sys.path.insert(0, str(ROOT))
-    from hybridmpi.tools.plot import mpi_label
-
     return {"venv": str(venv), "python": str(python), "mpi": mpi_label(out[0]), "family": out[1],
             "libmpi": out[2], "pmpi": out[3], "mpiexec": str(mpiexec) if mpiexec.exists() else "mpiexec"}
 
@@ -128,9 +128,6 @@ def figure(rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    sys.path.insert(0, str(ROOT))
-    from hybridmpi.tools.plot import color
 
     panels = sorted({(r["kind"], r["x"]) for r in rows if r["kind"] in ("barrier", "allreduce")})
     if not panels:

@@ -2,9 +2,11 @@
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -42,6 +44,61 @@ def pytest_collection_modifyitems(config, items):
             ranks = spec.params.get("ranks") if spec is not None else None
             if isinstance(ranks, int) and ranks > MAX_RANKS:
                 item.add_marker(skip)
+
+
+def _shm_in_use():
+    """The /dev/shm files some live process has open or mapped."""
+    used = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                used.update(line.split(None, 5)[5].strip() for line in maps
+                            if "/dev/shm/" in line and len(line.split(None, 5)) == 6)
+            fd_dir = f"/proc/{pid}/fd"
+            used.update(os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir))
+        except OSError:
+            continue
+    return {os.path.basename(p) for p in used if p.startswith("/dev/shm/")}
+
+
+def _shm_names():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _remove_unused(names, wait=0.0):
+    """Unlink those of ``names`` in /dev/shm that no live process uses, waiting up to ``wait``
+    seconds for the ranks of a job the launcher just ended to go."""
+    deadline = time.monotonic() + wait
+    while names:
+        names &= _shm_names()
+        for name in names - _shm_in_use():
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+            names.discard(name)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+
+
+_SESSION_SHM = _shm_names()
+
+
+@pytest.fixture(autouse=True)
+def _clean_dev_shm():
+    """What a test's MPI jobs leave in /dev/shm (MPICH's and Open MPI's segments of the jobs
+    that tests abort or kill on purpose) is removed after the test, so that runs do not fill
+    a container's 64 MB /dev/shm.  Only files made during the test that no live process has
+    open or mapped go; a test that checks that nothing is left looks before this runs."""
+    before = _shm_names()
+    yield
+    _remove_unused(_shm_names() - before, wait=2.0)
+
+
+def pytest_sessionfinish(session):
+    """The same for the whole session: what was made during it and is unused at its end."""
+    _remove_unused(_shm_names() - _SESSION_SHM, wait=2.0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,20 +141,66 @@ def run_mpi(script, n, *args, env=None, timeout=240):
         pytest.fail(f"{script} on {n} ranks hung past {timeout + 30} s:\n{e.stdout}\n{e.stderr}")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{script} on {n} ranks failed (rc={proc.returncode}):\n{out}"
-    assert "SUMMARY:" in proc.stdout and " 0 failed" in proc.stdout, out
+    check_summary(proc.stdout, " ".join([script, *map(str, args), f"on {n} ranks"]))
     return proc.stdout
 
 
-def launch(n, argv, *, env=None, cwd=None, timeout=240, abort=True, check=True):
+#: (program, case, reason) of every case a harness program skipped in this pytest run
+SKIPPED_CASES = []
+
+
+def check_summary(stdout, what):
+    """The harness's verdict (tests/mpi/_harness.py): no case failed and at least one passed.
+    A run whose every case was skipped (too few ranks, a missing feature) is a pytest skip with
+    the reasons; cases skipped beside passed ones are listed at the end of the session."""
+    m = re.search(r"^SUMMARY: (\d+) passed, (\d+) failed(?:, (\d+) skipped)?\b", stdout, re.M)
+    assert m, f"{what}: no harness summary line:\n{stdout}"
+    passed, failed, skipped = (int(g or 0) for g in m.groups())
+    assert failed == 0, stdout
+    reasons = re.findall(r"^(\w+): skipped \((.*)\) \(", stdout, re.M)
+    assert len(reasons) == skipped, stdout
+    SKIPPED_CASES.extend((what, case, why) for case, why in reasons)
+    if not passed:
+        assert skipped, f"{what}: no case ran:\n{stdout}"
+        pytest.skip(f"{what}: every case skipped: " + "; ".join(f"{c}: {w}" for c, w in reasons))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SKIPPED_CASES:
+        terminalreporter.section(f"harness cases skipped inside MPI programs: {len(SKIPPED_CASES)}")
+        for what, case, why in SKIPPED_CASES:
+            terminalreporter.line(f"{what}: {case}: {why}")
+
+
+def no_cleanup():
+    """The launcher's arguments and the command prefix under which a rank that dies leaves the
+    others running (the launcher's own cleanup off), so that a test of how survivors notice a
+    killed rank tests the library, not the launcher (which ends MPICH's job 0.2-1 s after a
+    SIGKILL).  Hydra (MPICH, Intel MPI): ``-disable-auto-cleanup`` keeps the others running
+    after a rank's exit with an error, but still ends them after a death by signal, and tells
+    them of a failure by SIGUSR1, whose default action ends a process.  So each rank runs under
+    a shell that ignores SIGUSR1 (ignored stays ignored across exec) and turns the death into
+    an exit status.  Open MPI's launcher has no such switch: skip."""
+    if mpi_flavor() == "openmpi":
+        pytest.skip("Open MPI's launcher always ends the job when a rank dies")
+    return ["-disable-auto-cleanup"], ["sh", "-c", 'trap "" USR1; "$@"; exit $?', "sh"]
+
+
+def launch(n, argv, *, env=None, cwd=None, timeout=240, abort=True, check=True, cleanup=True):
     """Run ``python [-m mpi4py] ARGV`` on ``n`` ranks; return stdout.
 
     With ``abort`` (the default) an uncaught exception aborts every rank.
     With ``check=False`` return (exit code, stdout + stderr) instead of
-    failing on a non-zero exit code.
+    failing on a non-zero exit code.  With ``cleanup=False`` the launcher
+    leaves the other ranks running when one dies (:func:`no_cleanup`).
     """
     full_env = dict(os.environ, HYBRIDMPI_TIMEOUT="60", OPENBLAS_NUM_THREADS="1")
     full_env.update(env or {})
     cmd = [MPIEXEC, "-n", str(n)]
+    wrap = []
+    if not cleanup:
+        flags, wrap = no_cleanup()
+        cmd += flags
     if mpi_flavor() == "impi":
         full_env.setdefault("I_MPI_WAIT_MODE", "1")
     if mpi_flavor() == "openmpi":
@@ -105,7 +208,7 @@ def launch(n, argv, *, env=None, cwd=None, timeout=240, abort=True, check=True):
         cmd += ["--oversubscribe", "--timeout", str(timeout)]
     else:
         full_env["MPIEXEC_TIMEOUT"] = str(timeout)
-    cmd += [sys.executable, *(["-m", "mpi4py"] if abort else []), *argv]
+    cmd += [*wrap, sys.executable, *(["-m", "mpi4py"] if abort else []), *argv]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
                              cwd=cwd)

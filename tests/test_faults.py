@@ -71,10 +71,30 @@ def test_abort_on_error_without_with_guards_the_rest():
     assert "rank 1 failed; aborting the job" in out and "injected fault on rank 1" in out, out
 
 
-def test_sigkill_ends_the_job():
+def killed_rank_1(fault_timeout, limit):
+    """Rank 1 dies by SIGKILL in the middle of updates, the launcher's cleanup off: each survivor
+    must raise by itself (SyncTimeout naming rank 1 at the timeout, or PeerError from the rank
+    that timed out) within the timeout plus 2 s (plus 5 s of start-up), and the job end."""
     t0 = time.monotonic()
-    rc, out = launch(3, [FAULT, "kill"], env=ENV, check=False, timeout=60)
-    assert rc != 0 and time.monotonic() - t0 < 45, out
+    rc, out = launch(3, [FAULT, "kill"], env={"FAULT_TIMEOUT": str(fault_timeout)}, check=False,
+                     timeout=limit, cleanup=False)
+    took = time.monotonic() - t0
+    assert rc != 0, out
+    for r in (0, 2):
+        assert re.search(rf"rank {r}: (SyncTimeout peer=\d+ missing=\[.*1.*\]|PeerError peer=[02])",
+                         out), out
+    assert took < fault_timeout + 2 + 5, f"{took:.1f} s (start-up included):\n{out}"
+
+
+def test_sigkill_survivors_raise():
+    killed_rank_1(float(ENV["FAULT_TIMEOUT"]), 60)
+
+
+def test_sigkill_check_fails_on_a_planted_hang():
+    """The check above fails when the survivors do not raise by themselves: here they wait
+    for 600 s, and the launcher ends the job at 8 s."""
+    with pytest.raises(AssertionError):
+        killed_rank_1(600, 8)
 
 
 @pytest.mark.parametrize("mode", ["clean", "caught"])

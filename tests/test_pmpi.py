@@ -11,9 +11,10 @@ import os
 import re
 import shlex
 import subprocess
+import time
 
 import pytest
-from conftest import HERE, MPIEXEC, mpi_flavor
+from conftest import HERE, MPIEXEC, mpi_flavor, no_cleanup
 
 from hybridmpi.tools import pmpi
 
@@ -45,11 +46,16 @@ def built(tmp_path_factory):
     return str(lib), progs
 
 
-def run(n, preload, argv, env=None, timeout=180):
+def run(n, preload, argv, env=None, timeout=180, cleanup=True):
     """Run ``argv`` on ``n`` ranks with ``preload`` in LD_PRELOAD and the counters on; returns
-    (exit code, stdout, stderr).  A hang fails the test."""
+    (exit code, stdout, stderr).  A hang fails the test.  ``cleanup=False``: the launcher
+    leaves the others running when a rank dies (conftest.no_cleanup)."""
     full_env = dict(os.environ, HYBRIDMPI_PMPI_STATS="1", **(env or {}))
     cmd = [MPIEXEC, "-n", str(n)]
+    if not cleanup:
+        flags, wrap = no_cleanup()
+        cmd += flags
+        argv = [*wrap, *argv]
     if mpi_flavor() == "openmpi":
         full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         cmd += ["--oversubscribe", "--timeout", str(timeout), "-x", f"LD_PRELOAD={preload}"]
@@ -132,12 +138,18 @@ def test_set_up_fails_on_one_rank(built, fail_rank, ranks, node_size):
 
 
 def test_rank_killed_mid_call(built):
-    """A rank ends (SIGKILL) while the others are in the library's allreduce: the job ends, no
-    rank waits forever."""
+    """A rank ends (SIGKILL) while the others are in the library's allreduce, the launcher's
+    cleanup off: a survivor finds the rank gone by itself (no timeout is set) and its error
+    handler ends the job within seconds; the test's limit is 60 s."""
     lib, progs = built
-    rc, out, err = run(3, lib, [progs["cases"], "kill"], timeout=60)
+    t0 = time.monotonic()
+    rc, out, err = run(3, lib, [progs["cases"], "kill"], timeout=60, cleanup=False)
+    took = time.monotonic() - t0
     assert rc != 0 and "kill ok" not in out, f"rc={rc}\n{out}\n{err}"
     assert "went on without" not in err
+    assert re.search(r"hybridmpi pmpi: rank [01]: MPI_Allreduce: a rank of the node failed or ended",
+                     err), err
+    assert took < 20, f"{took:.1f} s:\n{err}"
 
 
 @pytest.mark.parametrize("ranks,node_size", [(3, None), (4, 2), (3, 1)])

@@ -10,7 +10,7 @@ timeout only where a rank never calls): each case takes the time each rank raise
 import time
 
 import numpy as np
-from _harness import main
+from _harness import main, skip
 
 import hybridmpi
 from hybridmpi import Coarray, GhostPattern, GlobalMemory, Halo, HybridComm
@@ -77,7 +77,7 @@ def case_own_exception_leaves_every_block(comm, rng, node_size=None):
     others are in a call: rank 0 gets its KeyError, the others PeerError within 2 s (before:
     the block's exit made a collective call that the others never joined: a hang)."""
     if comm.size == 1:
-        return
+        return skip("needs 2 or more ranks")
     for kind in ("profile", "Halo", "GlobalMemory", "Coarray", "HybridComm"):
         for call in ("barrier", "allreduce", "update"):
             hc = HybridComm(comm, node_size=node_size)
@@ -126,7 +126,7 @@ def case_peer_left_before_this_rank_frees(comm, rng, node_size=None):
     free the Halo (MPI_Win_free is collective): they raise PeerError or return from free, never
     wait for rank 0, which will not free."""
     if comm.size == 1:
-        return
+        return skip("needs 2 or more ranks")
     hc = HybridComm(comm, node_size=node_size)
     pat = _ring(hc)
 
@@ -148,7 +148,7 @@ def case_constructor_against_a_collective(comm, rng, node_size=None):
     PeerError when the other's notice comes first, within 2 s of the first (before: rank 0
     waited forever in a blocking MPI collective)."""
     if comm.size == 1:
-        return
+        return skip("needs 2 or more ranks")
     calls = ("barrier", "allreduce", "update")
     for i, make in enumerate(("Halo", "GlobalMemory", "from_global", "Coarray", "profile", "vector")):
         for call in (calls[i % 3],):
@@ -173,7 +173,7 @@ def case_hybridcomm_against_a_collective(comm, rng, node_size=None):
     """Rank 0 in HybridComm() on a communicator whose other ranks never call it: SyncTimeout
     at the deadline (env HYBRIDMPI_TIMEOUT, or its own timeout argument), not a hang."""
     if comm.size == 1:
-        return
+        return skip("needs 2 or more ranks")
     sub = comm.Dup()   # rank 0's agreement stays pending on it: never used again
     got, t0 = None, time.monotonic()
     if comm.rank == 0:
@@ -188,7 +188,7 @@ def case_profile_against_allreduce(comm, rng, node_size=None):
     """A profile turned on by rank 0 while the others call allreduce: the profile's agreement
     never matches their allreduce (before: it did, silently, and then a rank hung)."""
     if comm.size == 1:
-        return
+        return skip("needs 2 or more ranks")
     hc = HybridComm(comm, node_size=node_size, timeout=SHORT)
     if hc.rank == 0:
         got, t = _outcome(comm, lambda: hybridmpi.profile(hc).__enter__())
@@ -238,7 +238,7 @@ def case_invalid_collective_on_one_rank_across_nodes(comm, rng, node_size=None):
     every rank's comm is unusable afterwards (before: across nodes, the ranks of the other
     nodes raised PeerArgumentError but kept a usable comm while the failing node's broke)."""
     if comm.size == 1:
-        return
+        return skip("needs 2 or more ranks")
     hc = HybridComm(comm, node_size=node_size)
     bad = hc.size - 1
     got, t = _outcome(comm, lambda: hc.allreduce("x" if hc.rank == bad else 1.0))
@@ -261,7 +261,7 @@ def case_ranks_in_different_constructors(comm, rng, node_size=None):
     rank at once, naming the calls (before: the agreements matched each other, and the ranks
     went on into MPI calls the others never joined: a hang, or a shape read as a dtype)."""
     if comm.size == 1:
-        return
+        return skip("needs 2 or more ranks")
     with HybridComm(comm, node_size=node_size) as hc:
         spare = GlobalMemory(hc, 2)
         calls = {"profile": lambda: hybridmpi.profile(hc).__enter__(), "from_global": lambda: _ring(hc),
@@ -280,7 +280,7 @@ def case_one_sided_call_to_a_failed_rank(comm, rng, node_size=None):
     """Across nodes, a blocking Put or fetch_add aimed at a rank whose own exception broke the
     comm a moment before: PeerError (before: a wait inside MPI_Win_flush past the timeout)."""
     if comm.size == 1 or node_size is None:
-        return
+        return skip("needs 2 or more ranks and virtual nodes")
     for call in ("put", "fetch_add"):
         hc = HybridComm(comm, node_size=1)
         gm = GlobalMemory(hc, 4, np.int64)
@@ -308,7 +308,7 @@ def case_sync_images_invalid_on_one_rank(comm, rng, node_size=None):
     waited for the whole timeout); the counts stay matched, so the next valid sync_images of
     every rank pairs as before; on one node and across nodes."""
     if comm.size == 1:
-        return
+        return skip("needs 2 or more ranks")
     with HybridComm(comm, node_size=node_size) as hc:
         mem = GlobalMemory(hc, 4)
         bad = hc.size - 1

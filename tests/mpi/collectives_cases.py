@@ -12,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import agree, main
+from _harness import agree, main, skip
 
 import hybridmpi
 
@@ -411,8 +411,10 @@ def case_waits_let_other_threads_run(comm, rng, **cfg):
     ranks would wait on each other until the timeout."""
     import threading
 
-    if comm.size < 2 or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        return
+    if comm.size < 2:
+        return skip("needs 2 or more ranks")
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        return skip(f"needs MPI_THREAD_MULTIPLE (the MPI gives level {MPI.Query_thread()})")
     last = comm.size - 1
     with hc_of(comm, cfg) as hc:
         for name, call in (("barrier", hc.barrier), ("allreduce", lambda: hc.allreduce(1.0))):
@@ -505,14 +507,14 @@ def case_timeout_names_absent_rank(comm, rng, **cfg):
     """One rank stays away; the ranks of its node that wait for it get SyncTimeout naming it,
     the others PeerError (the first ones' error bits) at once, and at least one times out."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"],
                               memory_order=cfg["memory_order"], timeout=0.5, allreduce=cfg["allreduce"])
     absent = hc.node_ranks[-1] if hc.node_size > 1 else None
     absent = comm.bcast(absent if comm.rank == 0 else None, root=0)
     if absent is None:
         hc.free()
-        return
+        return skip("one rank per node: no node peer to stay away")
     same_node = absent in hc.node_ranks
     for method in ("dissemination", "tree", "linear", "allreduce", "allreduce-array", "allreduce-large"):
         timed_out = False
@@ -555,7 +557,7 @@ def case_internode_timeout_names_the_call(comm, rng, **cfg):
     """On virtual nodes of one rank, rank 1 stays away from a barrier: the leaders time out
     waiting on the other nodes, and the message names the barrier (it said "in allreduce")."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     wrong = []  # checked once every rank is past the frees: a failed check must not strand a peer
     for method in ("dissemination", "tree", "linear"):
         hc = hybridmpi.HybridComm(comm, node_size=1, memory_order=cfg["memory_order"], timeout=0.5)

@@ -90,9 +90,9 @@ try:
             halo.update(x)
 except SyncTimeout as e:
     print(f"rank {r}: SyncTimeout peer={e.peer} missing={list(e.missing)}: {e}", flush=True)
-    sys.exit(3)
+    os._exit(3)   # not MPI_Finalize: with a rank dead it would wait for it
 except PeerError as e:
     print(f"rank {r}: PeerError peer={e.peer}: {e}", flush=True)
-    sys.exit(3)
+    os._exit(3)
 print(f"rank {r}: no timeout", flush=True)
 sys.exit(4)

@@ -12,7 +12,7 @@ import threading
 import time
 
 import numpy as np
-from _harness import agree, main
+from _harness import agree, main, skip
 from mpi4py import MPI
 
 from hybridmpi import GhostPattern, GlobalMemory, Halo, HybridComm, PeerError
@@ -117,7 +117,7 @@ def case_one_rank_bad_argument_peers_raise_its_class_or_peererror(comm, rng, nod
     whose own arguments were right).  Found: the readers raise a plain ValueError ('rank r
     passed invalid arguments to this call') that is not a PeerError."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     for method in METHODS:
         with HybridComm(comm, node_size=node_size) as hc:
             pat, owned, ghosts = ring(hc)
@@ -138,7 +138,7 @@ def case_sync_images_bad_argument_on_one_rank(comm, rng, node_size):
     program would: every rank raises within 2 s.  Found: rank 0 raises ValueError ('nothing is
     signalled') and the others wait for its signal until the timeout (SyncTimeout after 10 s)."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     from hybridmpi import GlobalMemory
 
     with HybridComm(comm, node_size=node_size) as hc:
@@ -157,7 +157,7 @@ def case_free_after_break_with_pscw_begin_pending(comm, rng, node_size):
     Found: free() hangs in MPI_Win_free on one rank (the pscw exposure epoch of the failed
     call is still open) while the other rank goes on.  Fuzzer seed 113 (2 ranks, --steps 100)."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     for method in ("pscw", "fence"):
         hc = HybridComm(comm, node_size=node_size)
         pat, owned, ghosts = ring(hc)
@@ -177,7 +177,7 @@ def case_lock_peers_raise_promptly_after_a_break(comm, rng, node_size):
     (read with MPI_Fetch_and_op) never see its error bits and wait until the timeout
     (SyncTimeout after 10 s).  Fuzzer: misuse halo-dtype, mode one, method lock, 3 ranks."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     with HybridComm(comm, node_size=node_size) as hc:
         pat, owned, ghosts = ring(hc)
         h = Halo(pat, method="lock")
@@ -215,7 +215,7 @@ def case_one_rank_bad_collective_argument_leaves_every_rank_alike(comm, rng, nod
     misuse kinds coll-op / coll-type / coll-Allreduce, mode one (campaign seeds 998562,
     397814, 716752, 717055)."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     with HybridComm(comm, node_size=node_size) as hc:
         pat, owned, ghosts = ring(hc)
         h = Halo(pat, method="atomic")
@@ -244,7 +244,7 @@ def case_peers_across_nodes_raise_promptly_after_a_break(comm, rng, node_size):
     Minimized by scripts/fuzz_minimize.py from HYBRIDMPI_CHAOS=8734:200 fuzz.py --seed 8741
     --steps 100 --node-size 1 --same-order fence,pscw (2 ranks) to these 4 steps."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     with HybridComm(comm, node_size=node_size) as hc:
         owned = np.zeros(0, np.int64) if hc.rank == 0 else np.arange(2 * hc.rank, 2 * hc.rank + 2)
         ghosts = np.array([2, 3], np.int64) if hc.rank == 0 else np.zeros(0, np.int64)
@@ -293,7 +293,7 @@ def case_fence_and_pscw_halos_interleaved_in_different_orders(comm, rng, node_si
     waits on its peers' gate words first, under the deadline.  Fuzzer: campaign seeds 549629
     (pscw + flat), 482131 (fence), 3 ranks."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     for kind in ("pscw", "fence"):
         with HybridComm(comm, node_size=node_size, timeout=1.0) as hc:
             pat, owned, ghosts = ring(hc)
@@ -356,7 +356,7 @@ def case_halo_after_a_break_on_another_rank(comm, rng, node_size):
     fuzz.py --seed 23137 --steps 100 --same-order fence,pscw (3 ranks), steps 12-13.  (A hang
     aborts the job after 20 s; the methods that hang come last.)"""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     for method in ("atomic", "neighbor", "lock", "flat", "pscw", "fence"):
         with HybridComm(comm, node_size=node_size) as hc:
             owned = np.zeros(0, np.int64) if hc.rank == 0 else np.arange(2 * hc.rank, 2 * hc.rank + 2)
@@ -382,7 +382,7 @@ def case_invalid_mark_survives_the_senders_next_call(comm, rng, node_size):
     from hybridmpi.ghost.transport._shm import SharedWindow
 
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     slow_among = SharedWindow.bad_among
 
     def late(self, d, e, peers):
@@ -416,7 +416,7 @@ def case_reverse_combines_every_sender_or_none(comm, rng, node_size):
     one's mark: a partial sum, neither the old value nor the new).  Found (soak, atomic and
     lock, 3 ranks): x[0] held the old value plus rank 1's."""
     if comm.size < 3:
-        return
+        return skip("needs 3 or more ranks")
     for method in ("atomic", "lock", "fence", "pscw", "flat", "neighbor"):
         with HybridComm(comm, node_size=node_size) as hc:
             r = hc.rank
@@ -442,7 +442,7 @@ def case_valid_collective_completed_before_a_peer_broke_elsewhere(comm, rng, nod
     in the fuzzer with a Halo call after a barrier, ``--seed 205``, 3 ranks)."""
     sub = comm.Split(0 if comm.rank < 2 else MPI.UNDEFINED, comm.rank)
     if sub == MPI.COMM_NULL:
-        return
+        return   # not in the pair this case runs on
     calls = {
         "barrier(tree)": lambda hc: hc.barrier(method="tree"),
         "barrier(linear)": lambda hc: hc.barrier(method="linear"),
@@ -490,7 +490,7 @@ def case_sync_images_timeout_breaks_the_comm(comm, rng, node_size):
     docs/guide/reliability.md.)"""
     sub = _pair(comm)
     if sub == MPI.COMM_NULL:
-        return
+        return   # not in the pair this case runs on
     try:
         with HybridComm(sub, node_size=2, timeout=0.5) as hc:
             gm = GlobalMemory(hc, 8)
@@ -554,7 +554,7 @@ def case_valid_collective_next_to_a_one_rank_invalid_one(comm, rng, node_size):
     already entered a later call finished this one: its error bits belong to that call.
     (Runs last: the delays stay on in this process.)"""
     if comm.size < 3:
-        return
+        return skip("needs 3 or more ranks")
     os.environ["HYBRIDMPI_CHAOS"] = "7:300"
     try:
         for _ in range(40):
@@ -574,7 +574,7 @@ def case_invalid_rank_keeps_its_own_error_on_every_method(comm, rng, node_size):
     its bad call ends without a peer's error bits: an outside review of the error map found
     pscw, lock and fence still catching the fault kind the map had renamed)."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     bad_rank = comm.size - 1
     for method in METHODS:
         for d in ("update", "reverse"):

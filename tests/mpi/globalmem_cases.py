@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import agree, main
+from _harness import agree, main, skip
 
 import hybridmpi
 from hybridmpi import Coarray, GlobalMemory, HybridComm, SyncTimeout
@@ -252,7 +252,7 @@ def case_coarray_sections(comm, rng, **cfg):
 def case_sync_timeout(comm, rng, **cfg):
     """A rank that never calls sync_images: SyncTimeout naming it; the others go on."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     with make_hc(comm, cfg, timeout=0.5) as hc, GlobalMemory(hc, 1) as mem:
         if hc.rank == 0:
             try:

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import agree, main
+from _harness import agree, main, skip
 
 import hybridmpi
 from hybridmpi import FreedError, GhostPattern, Halo, PatternError, SyncTimeout
@@ -290,8 +290,10 @@ def case_cross_memory_attach_failure(comm, rng, **cfg):
     finally:
         del os.environ["HYBRIDMPI_CMA_BYTES"]
     with hc:
-        if hc.size != 2 or hc.node_size != 2 or cma_pids(hc.context) is None:
-            return
+        if hc.size != 2 or hc.node_size != 2:
+            return skip("needs 2 ranks on one node")
+        if cma_pids(hc.context) is None:
+            return skip("no cross-memory attach between these ranks (process_vm_readv refused)")
         lay = RunLayout(comm)
         pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
         h = Halo(pat)
@@ -329,7 +331,7 @@ def case_mismatched_vectors(comm, rng, **cfg):
         del os.environ["HYBRIDMPI_ZERO_COPY_BYTES"]
     with hc:
         if hc.size != 2 or hc.node_size != 2:
-            return
+            return skip("needs 2 ranks on one node")
         other = 1 - hc.rank
         pat = GhostPattern(hc, send={other: np.arange(4)}, recv={other: np.arange(4, 8)}, size=8)
         h = Halo(pat)
@@ -352,7 +354,7 @@ def case_neighbor_order(comm, rng, **cfg):
     with the other Halo's values.  Same sizes (headers differ) and different sizes (MPI
     truncates)."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     for dtype_b in (np.float64, np.float32):
         hc = hc_of(comm, cfg)
         r, p = hc.rank, hc.size
@@ -380,7 +382,7 @@ def case_one_rank_bad_arguments(comm, rng, **cfg):
     of an invalid receiver may return.  Then the next valid call either gives every rank the
     right values (nothing of the failed call was left behind) or raises on every rank."""
     if comm.size != 2:
-        return
+        return skip("runs at 2 ranks only")
     for method in ("atomic", "flat", "neighbor"):
         for bad_rank in (0, 1):
             with hc_of(comm, cfg) as hc:
@@ -525,8 +527,10 @@ def case_waits_let_other_threads_run(comm, rng, **cfg):
 
     from mpi4py import MPI
 
-    if comm.size < 2 or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        return
+    if comm.size < 2:
+        return skip("needs 2 or more ranks")
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        return skip(f"needs MPI_THREAD_MULTIPLE (the MPI gives level {MPI.Query_thread()})")
     last = comm.size - 1
     with hc_of(comm, cfg) as hc:
         lay = Layout(comm, 41, sorted_ids=True, empty_prob=0.0)
@@ -737,7 +741,7 @@ def case_bad_halo_calls(comm, rng, **cfg):
 def case_timeout_names_peer(comm, rng, **cfg):
     """A rank that skips an update: its intranode neighbors get SyncTimeout naming it."""
     if comm.size < 2 or cfg["node_size"] == 1:
-        return
+        return skip("needs 2 or more ranks and node peers")
     hc = hybridmpi.HybridComm(comm, node_size=cfg["node_size"], memory_order=cfg["memory_order"],
                               timeout=0.5)
     near = hc.node_ranks

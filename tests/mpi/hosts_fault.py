@@ -12,6 +12,7 @@ runs inside ``hybridmpi.abort_on_error()``, which aborts the job instead.
 
 import argparse
 import os
+import signal
 import socket
 import time
 
@@ -23,7 +24,12 @@ ap.add_argument("--iters", type=int, default=10**9)
 ap.add_argument("--pattern", choices=["all", "node"], default="all",
                 help="all: ghost a point of every rank; node: of the ranks of this host only "
                      "(then only the allreduce waits on other hosts)")
+ap.add_argument("--ignore-usr1", action="store_true",
+                help="hydra without its cleanup tells the survivors of a dead rank by SIGUSR1, whose "
+                     "default action would end them before they could find out themselves")
 a = ap.parse_args()
+if a.ignore_usr1:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402

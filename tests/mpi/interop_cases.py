@@ -9,7 +9,7 @@ does not import is skipped (it prints so).  Every comparison is bit for bit.
 import sys
 
 import numpy as np
-from _harness import main
+from _harness import main, skip
 from mpi4py import MPI
 
 import hybridmpi
@@ -28,11 +28,6 @@ except ImportError:
     PETSc = None
 
 
-def _skip(comm, what):
-    if comm.rank == 0:
-        print(f"  (skipped: {what} does not import)", flush=True)
-
-
 def _spaces(comm):
     """(name, function space) of P1 scalar and vector spaces on 2-D and 3-D meshes."""
     sq = dolfinx.mesh.create_unit_square(comm, 9, 7)
@@ -48,7 +43,7 @@ def case_index_map_matches_dolfinx(comm, rng, **cfg):
     DOLFINx's scatter_forward / scatter_reverse; ghosts hold their owner's rank after a
     forward update of each rank's rank."""
     if dolfinx is None:
-        return _skip(comm, "dolfinx")
+        return skip("dolfinx does not import")
     with hybridmpi.HybridComm(comm, **cfg) as hc:
         for name, V in _spaces(comm):
             imap, bs = V.dofmap.index_map, V.dofmap.index_map_bs
@@ -87,7 +82,7 @@ def case_index_map_bad_input(comm, rng, **cfg):
     """An IndexMap on another communicator, a non-IndexMap, a flat array of the wrong length:
     a clear error on every rank."""
     if dolfinx is None:
-        return _skip(comm, "dolfinx")
+        return skip("dolfinx does not import")
     with hybridmpi.HybridComm(comm, **cfg) as hc:
         if hc.size > 1:
             other = dolfinx.common.IndexMap(MPI.COMM_SELF, 5)
@@ -128,7 +123,7 @@ def case_point_sf_matches_petsc(comm, rng, **cfg):
     """Halo.update / reverse on a DMPlex point SF's pattern equal the SF's bcast / reduce;
     to_sf() gives back an SF of the same pattern (round trip)."""
     if PETSc is None:
-        return _skip(comm, "petsc4py")
+        return skip("petsc4py does not import")
     with hybridmpi.HybridComm(comm, **cfg) as hc:
         for dim in (2, 3):
             dm, sf = _point_sf(comm, dim)
@@ -169,7 +164,7 @@ def case_sf_bad_input(comm, rng, **cfg):
     """A self-leaf that references another entry, a leaf outside the roots, an SF on another
     communicator: PatternError on every rank."""
     if PETSc is None:
-        return _skip(comm, "petsc4py")
+        return skip("petsc4py does not import")
     with hybridmpi.HybridComm(comm, **cfg) as hc:
         r = hc.rank
         cases = [("self-leaf", lambda: ([1], [r, 0]), "a self-leaf must be the same entry"),
@@ -205,7 +200,7 @@ def case_petsc_ghost_vec_recipe(comm, rng, **cfg):
     """The recipe of docs/guide/interop.md for PETSc ghosted Vecs: from_global on the ownership range and the
     ghosts, a Halo on vec.localForm()'s array: the same bits as ghostUpdate both ways."""
     if PETSc is None:
-        return _skip(comm, "petsc4py")
+        return skip("petsc4py does not import")
     with hybridmpi.HybridComm(comm, **cfg) as hc:
         r, p = hc.rank, hc.size
         n = 5 + r
@@ -287,7 +282,7 @@ def case_fake_ids_as_from_global(comm, rng, **cfg):
     rank when one rank has it: float ids (4.9 was truncated to 4; any float dtype, as from_global),
     a ghost listed twice (was accepted)."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     with hybridmpi.HybridComm(comm, **cfg) as hc:
         r, nxt = hc.rank, (hc.rank + 1) % hc.size
         first, off = nxt * N + int(rng.integers(N)), int(rng.integers(N))

@@ -7,7 +7,7 @@ that was late, nothing recorded when off, collective misuse raising on every ran
 import time
 
 import numpy as np
-from _harness import agree, main
+from _harness import agree, main, skip
 
 import hybridmpi
 from hybridmpi import Coarray, FreedError, GhostPattern, GlobalMemory, Halo, HybridComm
@@ -120,7 +120,7 @@ def case_imbalance_charged_to_the_late_rank(comm, rng, node_size=None):
     ranks on a loaded machine: the benchmark `bench profile` measures the precision.)"""
     with HybridComm(comm, node_size=node_size) as hc:
         if hc.size < 2:
-            return
+            return skip("needs 2 or more ranks")
         pat = _ring(hc, 512)
         h = Halo(pat)
         x = np.zeros(pat.size)
@@ -155,7 +155,7 @@ def case_sync_images_pairs(comm, rng, node_size=None):
     naming it: rank 0 sleeps 5 ms before each of its calls, its neighbours name it as late."""
     with HybridComm(comm, node_size=node_size) as hc:
         if hc.size < 2:
-            return
+            return skip("needs 2 or more ranks")
         mem = GlobalMemory(hc, 4)
         nbrs = sorted({(hc.rank + 1) % hc.size, (hc.rank - 1) % hc.size} - {hc.rank})
         nap = 0.005

@@ -12,7 +12,7 @@ Every case ends with every rank agreeing (the harness gathers each rank's verdic
 import time
 
 import numpy as np
-from _harness import agree, main
+from _harness import agree, main, skip
 from mpi4py import MPI
 
 from hybridmpi import GhostPattern, Halo, HybridComm, PeerError
@@ -183,7 +183,7 @@ def case_neighbor_opposite_orders_then_consistent(comm, rng, node_size, **_):
     every rank agrees: a new Halo on the pattern raises RuntimeError on every rank (never
     PeerError on one and success on the others), and the comm is freed cleanly."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     with HybridComm(comm, node_size=node_size) as hc:
         pat = ring(hc)
         a, b = Halo(pat, method="neighbor"), Halo(pat, method="neighbor")
@@ -206,7 +206,7 @@ def case_calls_after_comm_broke_raise_everywhere(comm, rng, node_size, **_):
     """After an exception broke the comm (caught by user code), every later call of another
     Halo on it raises on every rank instead of storing a plain epoch over the error bits."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     for method in ("atomic", "flat", "fence", "lock"):
         with HybridComm(comm, node_size=node_size) as hc:
             pat = ring(hc)
@@ -229,10 +229,10 @@ def case_missing_names_only_absent_ranks(comm, rng, node_size, **_):
     update with a 1 s timeout, with the methods that wait on counters (fence waits in
     MPI_Win_fence, which has no timeout)."""
     if comm.size < 2 or node_size is not None:
-        return
+        return skip("needs 2 or more ranks on real nodes")
     with HybridComm(comm) as probe:
         if probe.num_nodes > 1:   # cliques: the late rank is on another node, not a node peer
-            return
+            return skip("the late rank would be on another node (cliques)")
     for method in ("atomic", "lock"):
         hc = HybridComm(comm, timeout=1.0)
         pat = ring(hc)
@@ -280,7 +280,7 @@ def case_one_rank_bad_barrier_same_algorithm(comm, rng, node_size, **_):
     raises, never a silent return on the valid ranks; when every rank is invalid, the comm
     stays usable."""
     if comm.size < 2:
-        return
+        return skip("needs 2 or more ranks")
     for method in ("dissemination", "tree", "linear"):
         for _ in range(5):
             hc = HybridComm(comm, node_size=node_size)

@@ -1,0 +1,33 @@
+"""The test harness itself (tests/mpi/_harness.py and conftest.check_summary): a misspelt
+``--only`` name fails instead of passing with nothing run, a run must pass a case, and a case
+that cannot run here is reported as skipped with its reason, not counted as passed."""
+
+import conftest
+import pytest
+from conftest import check_summary, run_mpi
+
+
+def test_misspelt_only_fails():
+    with pytest.raises(AssertionError, match="names cases this file does not have: case_misspelt"):
+        run_mpi("fem_cases.py", 2, "--only", "case_misspelt", timeout=60)
+
+
+def test_skipped_cases_are_reported():
+    """At one rank the agreement cases that need peers are skipped, with the reason."""
+    out = run_mpi("agreement_cases.py", 1, timeout=120)
+    assert "skipped (needs 2 or more ranks)" in out and " 0 failed, " in out, out
+
+
+def test_summary_rules():
+    kept = list(conftest.SKIPPED_CASES)
+    with pytest.raises(AssertionError, match="no case ran"):
+        check_summary("SUMMARY: 0 passed, 0 failed, 0 skipped\n", "nothing")
+    with pytest.raises(AssertionError):
+        check_summary("a: FAILED (0.1 s)\nSUMMARY: 1 passed, 1 failed, 0 skipped\n", "one failed")
+    with pytest.raises(AssertionError, match="no harness summary"):
+        check_summary("the job printed nothing\n", "no summary")
+    with pytest.raises(pytest.skip.Exception, match="a: needs 3 or more ranks"):
+        check_summary("a: skipped (needs 3 or more ranks) (0.0 s)\nSUMMARY: 0 passed, 0 failed, 1 skipped\n",
+                      "all skipped")
+    check_summary("a: ok (0.1 s)\nSUMMARY: 1 passed, 0 failed, 0 skipped\n", "one passed")
+    conftest.SKIPPED_CASES[:] = kept   # the made-up runs above are not the session's

@@ -230,6 +230,34 @@ def test_error_codes_named_in_the_error_map_only():
     assert (ERRBIT, MISBIT) == (1 << 62, 1 << 63)
 
 
+def test_errors_worded_in_the_error_map_only():
+    """Every timeout, peer failure and disagreement between ranks is worded in the error map
+    (``_native/errmap.py``): no other module builds SyncTimeout, PeerError or
+    PeerArgumentError, or writes the words of these messages."""
+    words = re.compile(r"\b(?:SyncTimeout|PeerError|PeerArgumentError)\(|timed out after|"
+                       r"passed different|failed in this|passed invalid arguments|"
+                       r"passed another vector|in different calls|free different objects")
+    found = []
+    for dirpath, _, files in os.walk(PKG):
+        for f in files:
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, PKG)
+            if not f.endswith(".py") or rel in (_ERROR_MAP_FILES[1], "errors.py"):
+                continue
+            with open(path) as fh:
+                tree = ast.parse(fh.read())
+            docs = {id(n.body[0].value) for n in ast.walk(tree)
+                    if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                    and n.body and isinstance(n.body[0], ast.Expr)}
+            for node in ast.walk(tree):
+                text = (node.func.id + "(" if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                        and id(node) not in docs else None)
+                if text and words.search(text):
+                    found.append(f"{rel}:{node.lineno}: {text[:80]}")
+    assert found == [], "\n".join(found)
+
+
 def test_moved_modules_still_import():
     """Each module that moved when the package was organised by folder still imports by its old
     name, as the module at its new home, with a DeprecationWarning; importing the package loads

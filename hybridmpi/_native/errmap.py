@@ -8,6 +8,9 @@ loads the C core (``clib.py``) names them.
   Halo turns into its exception;
 - :func:`peer_error`, :func:`halo_peer_error`: the error of a rank that found a peer's error
   bits in a word it waited on (or got its failure notice);
+- :func:`timed_out`, :func:`peer_invalid`: the words of every other timeout and of a peer's
+  invalid arguments, whichever wait found them (the Halo, sync_images, the agreements, the
+  leaders' wait, one-sided requests): no other module words these errors;
 - the error bits of a word: :func:`poison_bits`, :func:`is_mismatch`, :func:`broke_before`,
   :func:`describe_word_value`.
 
@@ -125,14 +128,76 @@ def peer_error(rank: int, what: str, peer: int | None, seen: int | None = None,
                      f"(see its error); this rank stops too{also}", rank=rank, peer=peer)
 
 
-def halo_peer_error(rank: int, what: str, peer: int, seen: int) -> PeerError:
-    """The error of a rank that found a node peer's error bits in a word of a Halo's call."""
-    if seen & MISBIT:
+def halo_peer_error(rank: int, what: str, peer: int, seen: int | None) -> PeerError:
+    """The error of a rank that found a node peer's error bits ``seen`` in a word of a Halo's
+    call, or (``seen`` None) got a message peer's failure notice."""
+    if seen is not None and seen & MISBIT:
         return PeerArgumentError(f"hybridmpi: rank {rank}: {what}: rank {peer} found "
                                  "that ranks passed non-corresponding or invalid arguments "
                                  "(see its error)", rank=rank, peer=peer)
     return PeerError(f"hybridmpi: rank {rank}: {what}: rank {peer} failed in this Halo's "
                      "call (see its error); this rank stops too", rank=rank, peer=peer)
+
+
+def peer_invalid(rank: int, what: str, peer: int | None, call: str = "this call") -> PeerArgumentError:
+    """The error of a rank whose peer ``peer`` (None: a rank of another node) passed invalid
+    arguments to ``call``, the matching call; that peer raises its own error."""
+    who = "a rank of another node" if peer is None else f"rank {peer}"
+    return PeerArgumentError(f"hybridmpi: rank {rank}: {what}: {who} passed invalid arguments "
+                             f"to {call} (see its error)", rank=rank, peer=peer)
+
+
+def ranks_differ(where: str, what: str, values: Any, hint: str = "") -> ValueError:
+    """Ranks that passed different ``what`` to the collective constructor ``where`` (every rank
+    raises it: the agreement gathered ``values``)."""
+    return ValueError(f"hybridmpi: {where}: ranks passed different {what}: {values}{hint}")
+
+
+def _each_other(rank: int, views: Any, prefix: str = "") -> str:
+    """Each rank whose view differs from this rank's, and this rank's."""
+    return ", ".join(f"rank {r} {prefix}{v}" for r, v in enumerate(views) if v != views[rank] or r == rank)
+
+
+def calls_differ(rank: int, where: str, calls: Any) -> ValueError:
+    """Ranks in different collective calls (``calls``: each rank's); every rank raises it."""
+    return ValueError(f"hybridmpi: rank {rank}: {where}: ranks are in different calls: "
+                      f"{_each_other(rank, calls, 'in ')}; every rank must make the collective "
+                      "calls of a HybridComm in the same order")
+
+
+def frees_differ(rank: int, names: Any) -> RuntimeError:
+    """Ranks that free different objects (``names``: each rank's); every rank raises it."""
+    return RuntimeError(f"hybridmpi: rank {rank}: ranks free different objects: "
+                        f"{_each_other(rank, names)}; free the objects of a HybridComm in the same "
+                        "order on every rank")
+
+
+def other_vector(rank: int, peer: int) -> ValueError:
+    """A Halo call where ``peer`` passed another vector than this rank."""
+    return ValueError(f"hybridmpi: rank {rank}: Halo: rank {peer} passed another vector than this "
+                      "rank (each rank must pass its own Halo.vector() of the same call, or every "
+                      "rank a private array)")
+
+
+def other_node_differs(rank: int, what: str) -> ValueError:
+    """A collective whose leaders found that the ranks of another node are in another call."""
+    return ValueError(f"hybridmpi: rank {rank}: {what}: the ranks of another node failed or are "
+                      "in a different collective call")
+
+
+def timed_out(rank: int, timeout: float | None, where: str, detail: str = "", *,
+              peer: int | None = None, counter: str | None = None, epoch: int | None = None,
+              missing: Any = ()) -> SyncTimeout:
+    """A wait of ``where`` ("in Halo.update (method 'atomic')", "waiting for MPI_Win_flush")
+    that ran past ``timeout``: ``detail`` says what did not come; ``missing``, the ranks of
+    this node that have not entered call ``epoch``."""
+    msg = f"hybridmpi: rank {rank} timed out after {timeout:g} s {where}"
+    if detail:
+        msg += f": {detail}"
+    missing = list(missing)
+    if missing:
+        msg += f"; ranks of this node that have not entered call {epoch}: {missing}"
+    return SyncTimeout(msg, rank=rank, peer=peer, counter=counter, epoch=epoch, missing=missing)
 
 
 # ------------------------------------------------------------------ collectives
@@ -241,10 +306,8 @@ def _collective_timeout(err, what, rank, node_ranks, timeout, leaders_waited, mi
         waited = (f"this node's leader, rank {node_ranks[0]}, waits since call {call} on "
                   f"the leaders of the other nodes, which did not all join: "
                   f"{leaders} ({waited})")
-    msg = f"hybridmpi: rank {rank} timed out after {timeout:g} s in {what}: {waited}"
-    if missing:
-        msg += f"; ranks that have not entered call {call}: {missing}"
-    return SyncTimeout(msg, rank=rank, peer=peer, counter=counter, epoch=call, missing=missing)
+    return timed_out(rank, timeout, f"in {what}", waited, peer=peer, counter=counter, epoch=call,
+                     missing=missing or ())
 
 
 # ------------------------------------------------------------------ sync_images
@@ -261,10 +324,9 @@ def sync_images(err: Any, peers: Any, rank: int, timeout: float | None,
         return "invalid", peer, None
     if err.code == _EPEER:
         return "peer", peer, int(err.seen)
-    return "timeout", peer, interruption() or SyncTimeout(
-        f"hybridmpi: rank {rank} timed out after {timeout:g} s in {what}: rank "
-        f"{peer} has called sync_images naming rank {rank} {int(err.seen)} times, "
-        f"this rank {int(err.epoch)}", rank=rank, peer=peer, counter="sync_images",
+    return "timeout", peer, interruption() or timed_out(
+        rank, timeout, f"in {what}", f"rank {peer} has called sync_images naming rank {rank} "
+        f"{int(err.seen)} times, this rank {int(err.epoch)}", peer=peer, counter="sync_images",
         epoch=int(err.epoch))
 
 

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from .. import settings
+from .._native import errmap as _errmap
 from .._native.tables import mpi
-from ..errors import PeerError, SyncTimeout, agreed
+from ..errors import PeerError, agreed
 from ._waits import wait_requests
 
 #: what a rank found wrong: None, a message (ValueError), or (exception class, message)
@@ -90,9 +91,9 @@ def _wait(comm: Any, req: Any, where: str, ctx: Any, deadline: float | None = No
         raise ctx.peer_error(where, stop.notice)
     if ctx is not None:
         ctx.break_comm("SyncTimeout")
-    raise SyncTimeout(f"hybridmpi: rank {rank} timed out after {timeout:g} s in {where}: not every "
-                      "rank of the communicator joined it (a rank in another call, or one that "
-                      "failed or never calls)", rank=rank, counter="agreement")
+    raise _errmap.timed_out(rank, timeout, f"in {where}", "not every rank of the communicator joined "
+                            "it (a rank in another call, or one that failed or never calls)",
+                            counter="agreement")
 
 
 def _pickled(problem: tuple[str, Problem], data: Any, rank: int) -> bytes:
@@ -211,11 +212,7 @@ def agree(comm: Any, problem: Problem, where: str, *, data: Any = None,
                                                 where, ctx, deadline)]
     calls = [w for (w, _), _ in views]
     if len(set(calls)) > 1:   # ranks in different constructors or frees: none goes on
-        rank = comm.Get_rank()
-        raise agreed(ValueError(
-            f"hybridmpi: rank {rank}: {where}: ranks are in different calls: "
-            + ", ".join(f"rank {r} in {w}" for r, w in enumerate(calls) if w != calls[rank] or r == rank)
-            + "; every rank must make the collective calls of a HybridComm in the same order"))
+        raise agreed(_errmap.calls_differ(comm.Get_rank(), where, calls))
     views = [(p, d) for (_, p), d in views]
     bad = [p for p, _ in views if p]
     if bad:

@@ -20,7 +20,7 @@ import numpy as np
 from .._native import errmap as _errmap
 from .._native.clib import Coll, ffi, lib
 from .._native.tables import DTYPES, OPS, op_code
-from ..errors import FreedError, PeerArgumentError, SyncTimeout, agreed
+from ..errors import FreedError, agreed
 from ._agree import exchange, unusable
 from ._waits import wait_requests
 
@@ -239,10 +239,9 @@ class Collectives:
                                    f"; this rank, the node's leader, was waiting on the leaders of "
                                    f"the other nodes, which had not all joined: {self._other_leaders()}")
         self._break("SyncTimeout")
-        raise SyncTimeout(
-            f"hybridmpi: rank {self.rank} timed out after {self.timeout:g} s in {what}: "
-            f"the leaders of the other nodes did not all join: {self._other_leaders()}",
-            rank=self.rank, peer=None, counter="internode", epoch=int(st.epoch), missing=[])
+        raise _errmap.timed_out(self.rank, self.timeout, f"in {what}", "the leaders of the other nodes "
+                                f"did not all join: {self._other_leaders()}", counter="internode",
+                                epoch=int(st.epoch))
 
     # ------------------------------------------------------------ errors
 
@@ -348,11 +347,8 @@ class Collectives:
         if self._sig_differs(sig):
             self._break("ValueError")
             if sig[1] == lib.HM_K_BAD:  # the largest kind: a rank of another node's call was invalid
-                raise PeerArgumentError(f"hybridmpi: rank {self.rank}: barrier({method}): a rank of "
-                                        "another node passed invalid arguments to this call (see "
-                                        "its error)", rank=self.rank)
-            raise ValueError(f"hybridmpi: rank {self.rank}: barrier({method}): the ranks of another node "
-                             "failed or are in a different collective call")
+                raise _errmap.peer_invalid(self.rank, f"barrier({method})", None)
+            raise _errmap.other_node_differs(self.rank, f"barrier({method})")
         lib.hm_barrier(st, m, lib.HM_RELEASE)
 
     def _reduce(self, sptr, rptr, count, dt, opc, total=None):

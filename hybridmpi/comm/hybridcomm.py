@@ -257,11 +257,9 @@ class HybridComm:
         views = agree(comm, problem, "HybridComm()", deadline=local or (env or {}).get("timeout"),
                       data=(node_size, radix, allreduce, agreed, nonce))
         if len({v[0:2] for v in views}) != 1:
-            raise ValueError("hybridmpi: HybridComm(): ranks passed different node_size or "
-                             f"radix: {[v[0:2] for v in views]}")
+            raise _errmap.ranks_differ("HybridComm()", "node_size or radix", [v[0:2] for v in views])
         if len({v[2] for v in views}) != 1:
-            raise ValueError("hybridmpi: HybridComm(): ranks passed different allreduce: "
-                             f"{[v[2] for v in views]}")
+            raise _errmap.ranks_differ("HybridComm()", "allreduce", [v[2] for v in views])
         differ = sorted(k for k in (agreed or {}) if len({repr(v[3][k]) for v in views}) != 1)
         if differ:
             raise ValueError("hybridmpi: HybridComm(): ranks have different environment settings "
@@ -455,10 +453,7 @@ class HybridComm:
             return None                    # time): nothing collective follows, and free goes on
         names = [v[0] for v in views]
         if len(set(names)) != 1:
-            raise agreed(RuntimeError(
-                f"hybridmpi: rank {self.rank}: ranks free different objects: "
-                + ", ".join(f"rank {r} {v}" for r, v in enumerate(names) if v != what or r == self.rank)
-                + "; free the objects of a HybridComm in the same order on every rank"))
+            raise agreed(_errmap.frees_differ(self.rank, names))
         return [v[1] for v in views]
 
     def _free_comm(self, c):

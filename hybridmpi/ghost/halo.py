@@ -15,7 +15,7 @@ from .._native.tables import DTYPES, mpi
 from ..comm._agree import agree, barrier, safe_repr, unusable
 from ..comm._resource import Freed
 from ..comm.hybridcomm import TAG_SLOTS
-from ..errors import FreedError, PeerArgumentError, PeerError, SyncTimeout, agreed
+from ..errors import FreedError, PeerArgumentError, PeerError, agreed
 from .pattern import GhostPattern
 from .transport import METHODS
 from .transport._base import FWD, REV, Exchange, Fault, Paths
@@ -186,8 +186,7 @@ class Halo(Freed):
         biggest = max(v[3] for v in views)
         views = [v[:3] for v in views]
         if len(set(views)) != 1:
-            raise ValueError("hybridmpi: Halo(): ranks passed different (dtype, block, method): "
-                             f"{views}")
+            raise _errmap.ranks_differ("Halo()", "(dtype, block, method)", views)
         return dt, block, method, biggest
 
     def _make_transport(self, method):
@@ -254,12 +253,8 @@ class Halo(Freed):
         """The error of ranks that passed non-corresponding vectors (the Halo becomes unusable)."""
         self._state.broken = "ValueError"
         if invalid:   # the peer raises its own error (TypeError, ValueError)
-            return PeerArgumentError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed "
-                                     "invalid arguments to this call (see its error)",
-                                     rank=self.hc.rank, peer=peer)
-        return ValueError(f"hybridmpi: rank {self.hc.rank}: Halo: rank {peer} passed another vector "
-                          "than this rank (each rank must pass its own Halo.vector() of the same "
-                          "call, or every rank a private array)")
+            return _errmap.peer_invalid(self.hc.rank, "Halo", peer)
+        return _errmap.other_vector(self.hc.rank, peer)
 
     def _order_error(self, peer, tag=None, call=None, d=None, detail=""):
         """The error of a rank whose neighbor-collective message from ``peer`` belongs to
@@ -307,9 +302,7 @@ class Halo(Freed):
     def _peer_failed(self, peer):
         """The error of a rank that got a failure notice from a message peer."""
         self._state.broken = "PeerError"
-        return PeerError(f"hybridmpi: rank {self.hc.rank}: Halo.{_WHAT[self._state.current]}: rank {peer} "
-                         "failed in this Halo's call (see its error); this rank stops too",
-                         rank=self.hc.rank, peer=peer)
+        return _errmap.halo_peer_error(self.hc.rank, f"Halo.{_WHAT[self._state.current]}", peer, None)
 
     def _failed(self, exc):
         """After ``exc`` ended a call in its middle: break the HybridComm, which leaves error
@@ -386,12 +379,8 @@ class Halo(Freed):
         self._state.broken = "SyncTimeout"
         d = self._state.pending[0] if self._state.pending else self._state.current
         missing = self._transport.missing(d, epoch) if self._transport is not None else []
-        msg = (f"hybridmpi: rank {self.hc.rank} timed out after {self.timeout:g} s in "
-               f"Halo.{_WHAT[d]} (method {self.method!r}): {detail}")
-        if missing:
-            msg += f"; ranks of this node that have not entered call {epoch}: {missing}"
-        return SyncTimeout(msg, rank=self.hc.rank, peer=peer, counter=counter, epoch=epoch,
-                           missing=missing)
+        return _errmap.timed_out(self.hc.rank, self.timeout, f"in Halo.{_WHAT[d]} (method {self.method!r})",
+                                 detail, peer=peer, counter=counter, epoch=epoch, missing=missing)
 
     def _usable(self):
         if self._transport is None:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from .._native import errmap as _errmap
 from .._native.clib import Calls, operations
 from .._native.tables import mpi
 from ..comm._agree import agree, safe_repr
@@ -65,6 +66,8 @@ class CoarrayParts(NamedTuple):
     section_nbytes: Any
     #: its operations' table (``Calls``), through which a profile records them
     calls: Any
+    #: the sync_images state of its memory (``named``: the ranks of its last call, as checked)
+    sync: Any
 
 
 @operations("_put", "_get", "Rput", "Rget", "sync_all", "sync_images")
@@ -112,7 +115,7 @@ class Coarray(Freed):
                                   f"got {safe_repr(shape)}")
         shapes = agree(hc.comm, problem, "Coarray()", data=shape)
         if len(set(shapes)) != 1:
-            raise ValueError(f"hybridmpi: Coarray(): ranks passed different shapes: {shapes}")
+            raise _errmap.ranks_differ("Coarray()", "shapes", shapes)
         self.shape = shape
         self.mem = GlobalMemory(hc, math.prod(shape), dtype)  # a Python int: no wrap
         ctx = hc.context
@@ -304,7 +307,7 @@ class Coarray(Freed):
     @property
     def _internal(self) -> CoarrayParts:
         """What the profile uses of a Coarray it records (its one seam)."""
-        return CoarrayParts(self._section_nbytes, self._calls)
+        return CoarrayParts(self._section_nbytes, self._calls, self.mem._internal.sync)
 
     def _section_nbytes(self, index):
         return self._section(_key(index, self.mem.rank), index).nbytes

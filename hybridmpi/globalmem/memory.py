@@ -8,6 +8,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from .._native import errmap as _errmap
 from .._native.clib import Calls, Near, ffi, lib, operations
 from .._native.tables import mpi
 from ..comm._agree import agree, allgather, barrier, safe_repr
@@ -104,8 +105,7 @@ class GlobalMemory(Freed):
             problem = problem[0], f"rank {hc.rank}: {problem[1]}"
         dtypes = agree(hc.comm, problem, "GlobalMemory()", data=dt.str if dt is not None else None)
         if len(set(dtypes)) != 1:
-            raise ValueError("hybridmpi: GlobalMemory(): ranks passed different dtypes: "
-                             f"{[np.dtype(d).name for d in dtypes]}")
+            raise _errmap.ranks_differ("GlobalMemory()", "dtypes", [np.dtype(d).name for d in dtypes])
         assert dt is not None
         count = int(count)
         self.hc = hc

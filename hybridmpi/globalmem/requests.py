@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .._native import errmap as _errmap
 from ..comm._waits import wait_requests
-from ..errors import FreedError, SyncTimeout
+from ..errors import FreedError
 
 
 def put_flush(win: Any, origin: Any, rank: int, target: Any) -> None:
@@ -22,8 +23,7 @@ def get_flush(win: Any, origin: Any, rank: int, target: Any) -> None:
 
 
 def _rma_timeout(hc, what):
-    return SyncTimeout(f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s waiting for "
-                       f"{what}", rank=hc.rank, counter="rma")
+    return _errmap.timed_out(hc.rank, hc.timeout, f"waiting for {what}", counter="rma")
 
 
 class Owner:

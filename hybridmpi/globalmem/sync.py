@@ -11,7 +11,6 @@ from .._native.clib import copy_policy, ffi, lib
 from .._native.tables import mpi
 from ..comm._agree import barrier, safe_repr, unusable
 from ..comm._waits import wait_requests
-from ..errors import PeerArgumentError, SyncTimeout
 
 _R = lib.HM_REGION
 _TAG_SYNC = 1
@@ -55,6 +54,8 @@ class Sync:
         self.got = bytearray(1)
         #: receives this rank owes each far peer since its own invalid calls: (request, buffer)
         self.owed: dict[int, list[Any]] = {}
+        #: the ranks of the last sync_images call, checked and sorted, this rank left out
+        self.named: tuple[int, ...] = ()
         barrier(hc.context, hc.node_comm, "sync_images")
 
     def _ranks(self, ranks, what):
@@ -106,7 +107,7 @@ class Sync:
             p.signal[i] = ffi.cast("void *", self.block.addr(nr, r) + me * _R)
             p.wait[i] = ffi.cast("void *", self.block.local + nr * _R)
         copy_policy(p.policy, hc.context.policy)
-        plan = (near, far, p, keep)
+        plan = (near, far, p, keep, tuple(ranks))
         if key is not None:
             self.plans[key] = plan
         return plan
@@ -132,11 +133,12 @@ class Sync:
 
     def sync_images(self, ranks, what):
         try:
-            near, far, p, _ = self._plan(ranks, what)
+            near, far, p, _, checked = self._plan(ranks, what)
         except Exception:
             if not self.broken:
                 self._invalid()
             raise
+        self.named = checked   # what the profile records of the call (its ranks, as checked)
         if self.broken:
             self.check()
         if self.dirty:
@@ -183,7 +185,7 @@ class Sync:
         others = tuple(r for r in range(hc.size) if r != hc.rank)
         if not others:
             return
-        near, far, p, _ = self._plan(others, "sync_images")
+        near, far, p, _, _ = self._plan(others, "sync_images")
         if near:
             lib.hm_signal_invalid(p)
         for r in far:
@@ -195,9 +197,7 @@ class Sync:
 
     def _peer_invalid(self, peer, what):
         hc = self.hc
-        return PeerArgumentError(f"hybridmpi: rank {hc.rank}: {what}: rank {peer} passed invalid "
-                                 "arguments to its matching sync_images call (see its error)",
-                                 rank=hc.rank, peer=peer)
+        return _errmap.peer_invalid(hc.rank, what, peer, "its matching sync_images call")
 
     def _complete(self, reqs, far, what):
         hc = self.hc
@@ -214,11 +214,9 @@ class Sync:
         late = [far[i] for i in stop.late if i < len(far)] or list(far)
         self._timed_out()
         who = f"rank {late[0]} on another node" if len(late) == 1 else f"ranks {late} on other nodes"
-        raise SyncTimeout(
-            f"hybridmpi: rank {hc.rank} timed out after {hc.timeout:g} s in {what}: "
-            f"{who} did not call sync_images naming rank {hc.rank}",
-            rank=hc.rank, peer=late[0] if len(late) == 1 else None,
-            counter="sync_images", epoch=None)
+        raise _errmap.timed_out(hc.rank, hc.timeout, f"in {what}",
+                                f"{who} did not call sync_images naming rank {hc.rank}",
+                                peer=late[0] if len(late) == 1 else None, counter="sync_images")
 
     def _timed_out(self):
         """A peer did not come within the timeout: the HybridComm breaks, as at any call's

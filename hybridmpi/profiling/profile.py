@@ -481,13 +481,6 @@ class profile:
                        "summary": summary}, f, indent=1)
 
 
-def _image_ranks(ranks, me, size):
-    """The ranks a sync_images call named, as the call took them (this rank left out)."""
-    if isinstance(ranks, (int, np.integer)):
-        ranks = [ranks]
-    return [int(r) for r in ranks if 0 <= int(r) < size and int(r) != me]
-
-
 def _image_calls(recs, rank, size):
     """sync_images: the j-th call naming rank p meets p's j-th call naming this rank.
     Returns id(op) -> p -> [(the call's index in op's records, j)]."""
@@ -496,7 +489,7 @@ def _image_calls(recs, rank, size):
     named = collections.Counter()
     img = collections.defaultdict(lambda: collections.defaultdict(list))  # op -> p -> [(i, seq)]
     for _, op, i in calls:
-        for p in _image_ranks(op.named[i], rank, size):
+        for p in op.named[i]:   # as the call checked them (globalmem's Sync.named)
             img[id(op)][p].append((i, named[p]))
             named[p] += 1
     return img
@@ -524,8 +517,10 @@ def _finish(rec, obj):
     if kind == "images":
         named = rec.named
 
+        sync = _seam(obj).sync
+
         def images(out, *args, **kw):
-            named.append(args[0] if args else kw.get("ranks"))
+            named.append(sync.named)
         return images
     section_nbytes = obj._internal.section_nbytes if op == "put" else None
 

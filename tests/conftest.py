@@ -40,8 +40,8 @@ MAX_RANKS = int(os.environ.get("HYBRIDMPI_TEST_MAX_RANKS") or 0)
 #: 2 ranks; each such test reads as skipped, with this reason.
 DEEP = os.environ.get("HYBRIDMPI_TEST_DEEP") == "1"
 DEEP_ONLY = (
-    "test_collectives.py::test_collectives[cliques2-3]", "test_collectives.py::test_collectives[seq_cst-4]",
-    "test_collectives.py::test_collectives[node_size3-4]", "test_collectives.py::test_collectives[node_size1-3]",
+    *(f"test_collectives.py::test_collectives[{c}]" for c in ("cliques2-3", "seq_cst-4", "node_size3-4",
+                                                               "node_size1-3", "node-3", "node_size2-3")),
     "test_globalmem.py::test_globalmem[cliques2-3]", "test_globalmem.py::test_globalmem[seq_cst-4]",
     "test_globalmem.py::test_globalmem[node_size3-4]",
     "test_halo.py::test_halo[cliques2-3]", "test_halo.py::test_halo[seq_cst-4]",
@@ -49,7 +49,8 @@ DEEP_ONLY = (
     "test_signals.py::test_signals[4-args1]",
     "test_agreement.py::test_agreement[3-1]",
     "test_fuzz.py::test_fuzz_findings_reproducers[4-node_size2]",
-    "test_fuzz.py::test_fuzz_findings_reproducers[3]",
+    "test_fuzz.py::test_fuzz_findings_reproducers[3]", "test_fuzz.py::test_fuzz_findings_reproducers[2]",
+    "test_silent.py::test_nothing_silently_wrong[3]",
     "test_resources.py::test_ten_thousand_live_halos[3]",
     "test_pmpi.py::test_matrix[4-2]", "test_pmpi.py::test_matrix[6-3]",
 )

@@ -81,7 +81,9 @@ def __dir__() -> list[str]:
 MOVED = {"halo": "ghost.halo", "pattern": "ghost.pattern", "interop": "ghost.interop",
          "transport": "ghost.transport", "arena": "comm.arena", "collectives": "comm.collectives",
          "dropin": "comm.dropin", "cli": "tools.cli", "demo": "tools.demo", "plot": "tools.plot",
-         "bench": "tools.bench", "apps": "tools.apps", "fem": "tools.fem", "mesh": "tools.mesh"}
+         "bench": "tools.bench", "apps": "tools.apps", "fem": "tools.fem", "mesh": "tools.mesh",
+         # the paper's baseline methods of the Halo, out of the library
+         **{f"ghost.transport.{m}": f"tools.baselines.{m}" for m in ("neighbor", "fence", "pscw", "lock")}}
 
 
 class _Moved:
@@ -90,10 +92,12 @@ class _Moved:
     @staticmethod
     def _target(fullname: str) -> str | None:
         head, _, rest = fullname.partition(".")
-        first, _, tail = rest.partition(".")
-        if head != __name__ or first not in MOVED:
+        if head != __name__:
             return None
-        return f"{__name__}.{MOVED[first]}" + (f".{tail}" if tail else "")
+        for old in sorted(MOVED, key=len, reverse=True):   # the longest old name first
+            if rest == old or rest.startswith(old + "."):
+                return f"{__name__}.{MOVED[old]}{rest[len(old):]}"
+        return None
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if self._target(fullname) is None:

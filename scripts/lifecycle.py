@@ -37,6 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hybridmpi import GhostPattern, GlobalMemory, Halo, HybridComm
+from hybridmpi.tools import baselines  # noqa: F401  (the paper's baseline methods of the Halo)
 
 comm = MPI.COMM_WORLD
 R, P = comm.rank, comm.size

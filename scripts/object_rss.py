@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hybridmpi import Coarray, GhostPattern, GlobalMemory, Halo, HybridComm
+from hybridmpi.tools import baselines  # noqa: F401  (the paper's baseline methods of the Halo)
 
 METHODS = ("atomic", "flat", "neighbor", "fence", "pscw", "lock")
 

@@ -61,10 +61,11 @@ class Halo(Freed):
         dtype: float64, float32, int64, int32 or complex128.
         block: values per point (3 for a displacement field).
         method: ``"atomic"`` (shared buffers and C11 epoch counters, the
-            default), or a baseline: ``"flat"`` (Isend/Irecv), ``"neighbor"``
-            (Neighbor_alltoallv), ``"fence"``, ``"pscw"``, ``"lock"`` (shared
-            buffers synchronized by MPI RMA calls); ``"auto"``: atomic, or
-            flat with a RuntimeWarning when the shared buffers do not fit.
+            default), ``"flat"`` (Isend/Irecv only); ``"auto"``: atomic, or
+            flat with a RuntimeWarning when the shared buffers do not fit;
+            after ``import hybridmpi.tools.baselines``, the paper's baselines
+            ``"neighbor"`` (Neighbor_alltoallv), ``"fence"``, ``"pscw"``,
+            ``"lock"`` (shared buffers synchronized by MPI RMA calls).
             Default: env ``HYBRIDMPI_METHOD``, else ``"atomic"``.  Every
             method gives the same bits.
 
@@ -172,7 +173,9 @@ class Halo(Freed):
             problem = (f"block {int(block)} of {dt.name} makes {dt.itemsize * int(block)} bytes per "
                        "point; it must be under 2**31")
         elif type(method) is not str or (method not in METHODS and method != "auto"):
-            problem = f"unknown method {safe_repr(method)}{source}; use one of {list(METHODS) + ['auto']}"
+            problem = (f"unknown method {safe_repr(method)}{source}; use one of {list(METHODS) + ['auto']}"
+                       + ("" if "fence" in METHODS else " (the paper's baselines 'neighbor', 'fence', "
+                          "'pscw' and 'lock': import hybridmpi.tools.baselines first)"))
         near = 0 if problem else max([ids.size * dt.itemsize * block for p, ids in pattern.send.items()
                                       if p in pattern.intranode] + [0])
         if problem is not None:

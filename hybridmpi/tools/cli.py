@@ -361,7 +361,7 @@ def parser():
         thread_level_argument(k)
         k.set_defaults(func=cmd_bench)
 
-    from ..ghost.transport import METHODS
+    from .baselines import METHODS
 
     q = sub.add_parser("solve", help="P1 Poisson with conjugate gradients on the cube (run under mpiexec)")
     src = q.add_mutually_exclusive_group()

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from ..ghost.transport import METHODS
+from .baselines import METHODS
 from .bench._common import Progress, add, document, print_table, set_ratios, timed, write_json
 from .bench.ghost import measure
 from .mesh import distribute_cube, distribute_file

@@ -19,6 +19,8 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
+import hybridmpi.tools.baselines  # noqa: F401  (the paper's baseline methods of the Halo)
+
 
 class Skipped:
     """What a case returns when it cannot run here; ``reason`` says why."""

@@ -36,6 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hybridmpi
+import hybridmpi.tools.baselines  # noqa: F401  (the paper's baseline methods of the Halo)
 from hybridmpi import Coarray, GhostPattern, GlobalMemory, Halo
 
 comm = MPI.COMM_WORLD

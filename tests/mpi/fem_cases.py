@@ -14,8 +14,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _harness import main
 
 import hybridmpi
-from hybridmpi.ghost.transport import METHODS
 from hybridmpi.tools import fem, mesh
+from hybridmpi.tools.baselines import METHODS
 
 
 def serial_solution(m):

@@ -5,7 +5,7 @@ the pattern model, the data every rank computes for every rank, and how a step p
 import numpy as np
 from mpi4py import MPI
 
-from hybridmpi.ghost.transport import METHODS as _METHODS
+from hybridmpi.tools.baselines import METHODS as _METHODS
 
 comm = MPI.COMM_WORLD
 R, P = comm.rank, comm.size

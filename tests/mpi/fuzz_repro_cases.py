@@ -16,7 +16,7 @@ from _harness import agree, main, skip
 from mpi4py import MPI
 
 from hybridmpi import GhostPattern, GlobalMemory, Halo, HybridComm, PeerError
-from hybridmpi.ghost.transport import METHODS as _METHODS
+from hybridmpi.tools.baselines import METHODS as _METHODS
 
 PROMPT_S = 2.0
 #: every Halo method (a new one in hybridmpi/ghost/transport/ is tested with no edit here)

@@ -15,8 +15,8 @@ from _harness import main, skip
 
 import hybridmpi
 from hybridmpi import GhostPattern, Halo
-from hybridmpi.ghost.transport import METHODS
-from hybridmpi.ghost.transport.neighbor import Graphs
+from hybridmpi.tools.baselines import METHODS
+from hybridmpi.tools.baselines.neighbor import Graphs
 
 
 def ring(hc, n=100):

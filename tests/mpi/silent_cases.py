@@ -16,7 +16,7 @@ from _harness import agree, main, skip
 from mpi4py import MPI
 
 from hybridmpi import GhostPattern, Halo, HybridComm, PeerError
-from hybridmpi.ghost.transport import METHODS
+from hybridmpi.tools.baselines import METHODS
 
 #: a bad argument must reach every rank well before the timeout (HYBRIDMPI_TIMEOUT=30 here)
 PROMPT_S = 2.0

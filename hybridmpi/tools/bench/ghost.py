@@ -27,7 +27,8 @@ import numpy as np
 from ..._native.clib import ffi
 from ...ghost.halo import Halo
 from ...ghost.pattern import GhostPattern
-from ...ghost.transport import METHODS, PackFloor
+from ...ghost.transport import PackFloor
+from ..baselines import METHODS
 from ..mesh import distribute_cube
 from . import peers as peer_mod
 from ._common import Progress, add, document, timed

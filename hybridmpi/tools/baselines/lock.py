@@ -16,8 +16,8 @@ marks its call invalid and sets the counters as for a call that moves nothing
 import numpy as np
 
 from ..._native.clib import lib
-from ._base import FWD, REV, Fault, Xchg, check, wait_until
-from ._shm import COUNTER, ShmTransport
+from ...ghost.transport._base import FWD, REV, Fault, Xchg, check, wait_until
+from ...ghost.transport._shm import COUNTER, ShmTransport
 
 
 class Lock(ShmTransport):

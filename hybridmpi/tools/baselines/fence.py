@@ -11,7 +11,7 @@ enters MPI_Win_fence before every node rank has committed to the same fence
 so the others raise PeerError rather than wait inside MPI for ever.
 """
 
-from ._shm import FENCES, ShmTransport
+from ...ghost.transport._shm import FENCES, ShmTransport
 
 
 class Fence(ShmTransport):

@@ -15,8 +15,8 @@ comm broke poisons its gate words instead, so its peers raise PeerError rather
 than wait inside MPI for ever.
 """
 
-from ._base import Fault
-from ._shm import CLOSED, POSTED, ShmTransport
+from ...ghost.transport._base import Fault
+from ...ghost.transport._shm import CLOSED, POSTED, ShmTransport
 
 
 class PSCW(ShmTransport):

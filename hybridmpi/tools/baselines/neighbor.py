@@ -15,7 +15,7 @@ import numpy as np
 
 from ..._native.clib import lib
 from ...comm._agree import create_agreed
-from ._base import FWD, REV, Chan, Fault, Transport, Xchg, check, complete, release
+from ...ghost.transport._base import FWD, REV, Chan, Fault, Transport, Xchg, check, complete, release
 
 _HDR = 16  # bytes of header before each neighbor's data: int64 (Halo tag, 2 * call + direction)
 

@@ -37,6 +37,7 @@ def child(kind, spare):
     from mpi4py import MPI
 
     import hybridmpi
+    import hybridmpi.tools.baselines  # noqa: F401  (the paper's baseline methods of the Halo)
 
     comm = MPI.COMM_WORLD
     hc = halo = None

@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hybridmpi
+import hybridmpi.tools.baselines  # noqa: F401  (the paper's baseline methods: --method fence, ...)
 
 KINDS = ("update", "reverse", "barrier", "allreduce")
 

@@ -32,6 +32,7 @@ def main():
             MPI.Win.Allocate_shared(4096, 1, comm=node).Free()
     else:
         import hybridmpi
+        import hybridmpi.tools.baselines  # noqa: F401  (the paper's baseline methods)
 
         hc = hybridmpi.HybridComm(comm)
         k = 6

@@ -23,7 +23,7 @@ from .._native.clib import Calls, ffi, lib, operations
 from .._native.tables import as_int
 from .._native.tables import mpi as _mpi
 from ..errors import PeerError, SyncTimeout, agreed
-from ._agree import agree, register, safe_repr, unregister
+from ._agree import agree, complete, register, safe_repr, unregister
 from ._context import Context
 from ._hooks import START_ENV_PROFILE
 from ._notice import Notices, new_nonce
@@ -506,9 +506,14 @@ class HybridComm:
         """An identifier (0 <= id < TAG_SLOTS) that no live Halo holds on any rank, the same
         on every rank (collective: one Allreduce of the ranks' taken sets, so identifiers freed
         in different orders on different ranks are never handed out twice); None when all
-        are taken.  Freed identifiers are reused: nothing wraps around onto a live one."""
+        are taken.  Freed identifiers are reused: nothing wraps around onto a live one.
+        The Allreduce is non-blocking and waited on as every agreement is (under the timeout,
+        ended by a peer's failure notice): a peer interrupted between the constructor's
+        agreement and this call (Ctrl-C) made the others wait in a blocking MPI_Allreduce for
+        ever (found by test_signals' Halo constructor loop, 2 runs in 14)."""
         taken = self._tags.copy()
-        self.comm.Allreduce(self._MPI.IN_PLACE, taken, op=self._MPI.BOR)
+        complete(self.context, self.comm,
+                 self.comm.Iallreduce(self._MPI.IN_PLACE, taken, op=self._MPI.BOR), "Halo()")
         free = np.flatnonzero(np.unpackbits(~taken.view(np.uint8), bitorder="little")[:TAG_SLOTS])
         if free.size == 0:
             return None

@@ -2,6 +2,9 @@
 ``--only`` name fails instead of passing with nothing run, a run must pass a case, and a case
 that cannot run here is reported as skipped with its reason, not counted as passed."""
 
+import subprocess
+import sys
+
 import conftest
 import pytest
 from conftest import check_summary, run_mpi
@@ -10,6 +13,11 @@ from conftest import check_summary, run_mpi
 def test_misspelt_only_fails():
     with pytest.raises(AssertionError, match="names cases this file does not have: case_misspelt"):
         run_mpi("fem_cases.py", 2, "--only", "case_misspelt", timeout=60)
+
+
+def test_empty_only_fails():
+    with pytest.raises(AssertionError, match="--only names no case"):
+        run_mpi("fem_cases.py", 1, "--only", ",", timeout=60)
 
 
 def test_skipped_cases_are_reported():
@@ -31,3 +39,23 @@ def test_summary_rules():
                       "all skipped")
     check_summary("a: ok (0.1 s)\nSUMMARY: 1 passed, 0 failed, 0 skipped\n", "one passed")
     conftest.SKIPPED_CASES[:] = kept   # the made-up runs above are not the session's
+
+
+def test_register_refuses_taken_names():
+    """``hybridmpi.ghost.transport.register`` (how the baselines join the Halo) refuses "auto"
+    and a name another transport holds; the baselines' import registers the four methods."""
+    code = ("import hybridmpi.tools.baselines\n"
+            "from hybridmpi.ghost.transport import METHODS, register\n"
+            "assert list(METHODS) == ['atomic', 'flat', 'neighbor', 'fence', 'pscw', 'lock'], METHODS\n"
+            "M = METHODS\n"
+            "for name, t in (('auto', M['flat']), ('flat', M['atomic']), ('fence', M['lock'])):\n"
+            "    try:\n"
+            "        register(name, t)\n"
+            "    except ValueError as e:\n"
+            "        assert 'is taken' in str(e) and str(e).startswith('hybridmpi'), e\n"
+            "    else:\n"
+            "        raise AssertionError(name)\n"
+            "register('fence', METHODS['fence'])   # the same transport again: no change\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr

@@ -30,18 +30,19 @@ class Skipped:
 
 
 def skip(reason):
-    """``return skip("needs 2 or more ranks")``: the case did not run on this rank."""
-    return Skipped(reason)
+    """``return skip("needs 2 or more ranks")``: the case did not run on this rank (the reason
+    on one line)."""
+    return Skipped(" ".join(str(reason).split()))
 
 
 def run(cases, config, only=None):
     comm = MPI.COMM_WORLD
     names = [case.__name__ for case in cases]
     unknown = sorted(set(only or ()) - set(names))
-    if unknown:
+    if unknown or only is not None and not only:
         if comm.rank == 0:
-            print(f"ERROR: --only names cases this file does not have: {', '.join(unknown)}",
-                  flush=True)
+            print(f"ERROR: --only names cases this file does not have: {', '.join(unknown)}"
+                  if unknown else "ERROR: --only names no case", flush=True)
         comm.Barrier()
         sys.exit(2)
     failed = passed = skipped = 0
@@ -55,8 +56,8 @@ def run(cases, config, only=None):
         try:
             result = case(comm, rng, **config)
             why = result.reason if isinstance(result, Skipped) else None
-        except Exception:
-            err = traceback.format_exc()
+        except BaseException:   # SystemExit or KeyboardInterrupt on one rank too: the others
+            err = traceback.format_exc()   # would wait in the verdict's allgather
         verdicts = comm.allgather((err, why))
         bad = [(r, e) for r, (e, _) in enumerate(verdicts) if e]
         reasons = {w for e, w in verdicts if w is not None}
@@ -75,7 +76,7 @@ def run(cases, config, only=None):
             passed += 1
     if comm.rank == 0:
         print(f"SUMMARY: {passed} passed, {failed} failed, {skipped} skipped", flush=True)
-        if not passed + skipped:
+        if not passed + skipped + failed:
             print("ERROR: no case ran", flush=True)
     comm.Barrier()
     sys.exit(1 if failed or not passed + skipped else 0)
@@ -93,9 +94,9 @@ def main(cases, **options):
     gives the type), then run the cases with them as the config."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--node-size", type=int, default=None)
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default=None)
     for name, default in options.items():
         ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     config = vars(ap.parse_args())
     only = config.pop("only")
-    run(cases, config, only=set(filter(None, only.split(","))) or None)
+    run(cases, config, only=None if only is None else set(filter(None, only.split(","))))

@@ -27,8 +27,8 @@ METHODS: dict[str, Callable[[Exchange], Transport]] = {
 def register(name: str, transport: Callable[[Exchange], Transport]) -> None:
     """Make ``Halo(pattern, method=name)`` build ``transport(exchange)`` (its Exchange), a
     :class:`~._base.Transport`: how :mod:`hybridmpi.tools.baselines` adds the paper's baselines.
-    A name already taken by another transport is an error."""
-    if METHODS.get(name, transport) is not transport:
+    A name already taken by another transport, or ``"auto"`` (the Halo's choice), is an error."""
+    if name == "auto" or METHODS.get(name, transport) is not transport:
         raise ValueError(f"hybridmpi: Halo method {name!r} is taken")
     METHODS[name] = transport
 

@@ -86,6 +86,10 @@ MOVED = {"halo": "ghost.halo", "pattern": "ghost.pattern", "interop": "ghost.int
          **{f"ghost.transport.{m}": f"tools.baselines.{m}" for m in ("neighbor", "fence", "pscw", "lock")}}
 
 
+#: the old names, the longest first (a moved module inside a moved package wins)
+_MOVED_LONGEST_FIRST = sorted(MOVED, key=len, reverse=True)
+
+
 class _Moved:
     """The import system's finder and loader of the old names in :data:`MOVED`."""
 
@@ -94,7 +98,7 @@ class _Moved:
         head, _, rest = fullname.partition(".")
         if head != __name__:
             return None
-        for old in sorted(MOVED, key=len, reverse=True):   # the longest old name first
+        for old in _MOVED_LONGEST_FIRST:
             if rest == old or rest.startswith(old + "."):
                 return f"{__name__}.{MOVED[old]}{rest[len(old):]}"
         return None

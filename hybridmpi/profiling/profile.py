@@ -344,7 +344,7 @@ class profile:
                 i += len(r)
                 publish(everyone, group, mine, arrival[id(op)])
                 waits[id(op)] = [(p, group, mine) for p in everyone]
-        img = _image_calls(recs, rank, size)
+        img = _image_calls(recs)
         for op, r in recs:
             if op.kind == "images":
                 ws = []
@@ -481,7 +481,7 @@ class profile:
                        "summary": summary}, f, indent=1)
 
 
-def _image_calls(recs, rank, size):
+def _image_calls(recs):
     """sync_images: the j-th call naming rank p meets p's j-th call naming this rank.
     Returns id(op) -> p -> [(the call's index in op's records, j)]."""
     calls = sorted(((r[i, 0], op, i) for op, r in recs if op.kind == "images"

@@ -157,17 +157,18 @@ def case_halo_windows_kept_for_the_next_halo(comm, rng, **cfg):
         for method in ("fence", "pscw", "lock"):
             for _ in range(200):
                 Halo(small, method=method).free()
-            # three batches: a leak grows each; the heap taking one more arena (64 KiB), or Intel
-            # MPI's allocator warming up (41, 12, 12, 25 B per Halo in batches of 1,000, as
-            # before the window was kept), grows some
-            n, rss = 600, [_rss()]
-            for _ in range(3):
+            # seven batches: a leak of the window (MPICH: ~300 B per Halo) grows every one; the
+            # heap taking one more arena (64 KiB), or Intel MPI's allocator (14-27 B per Halo with
+            # spikes of 120-450 B in one batch of eight, with or without the kept window), grows
+            # some: the median batch is the measure
+            n, rss = 400, [_rss()]
+            for _ in range(7):
                 for _ in range(n):
                     Halo(small, method=method).free()
                 rss.append(_rss())
-            grew = min(b - a for a, b in zip(rss, rss[1:])) / n
+            grew = sorted(b - a for a, b in zip(rss, rss[1:]))[3] / n
             if os.environ.get("HYBRIDMPI_SANITIZE") != "1":  # ASan's allocator moves RSS
-                assert max(comm.allgather(grew)) < 60, (method, grew)
+                assert max(comm.allgather(grew)) < 100, (method, grew, rss)
             for pat in (large, small, large, large, small):
                 h = Halo(pat, method=method)
                 n_owned = pat.size // 2

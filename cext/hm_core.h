@@ -508,4 +508,77 @@ int hm_signal_wait(hm_pairs *p);
  * call matches it returns HM_EMISMATCH (err.peer: its index) instead of HM_OK. */
 void hm_signal_invalid(hm_pairs *p);
 
+/* ------------------------------------------------------------------ between the nodes */
+
+/* The protocol between the nodes, one implementation for the Python library and the PMPI
+ * library (docs/protocol.md, "Between the nodes").  A node's leader (node rank 0) joins
+ * the other nodes' leaders between its node's gather and release phases: first the leaders
+ * agree, in an allreduce (max) of 9 int64, on a status and on what each node was called for
+ * ([failed, kind, -kind, count, -count, dtype, -dtype, op, -op]); then, only when every node
+ * is well and called the same, an allreduce's data step, a reduce to the first leader and
+ * its broadcast, so that every leader gets the same bits (MPICH's allreduce may give them
+ * different ones: the sign of a zero minimum, which NaN).  A failure or a disagreement
+ * anywhere poisons every node, so that every rank of every node fails the same call.
+ *
+ * The core is built without mpi.h: it reaches the MPI through the entry points and handles
+ * of an hm_net, which the PMPI library fills with PMPI_* and its handles, and the Python
+ * library with the addresses of mpi4py's MPI's functions and mpi4py's handles.  Handles
+ * pass as intptr_t (MPICH's int handles and Open MPI's pointers alike: in the x86-64 and
+ * AArch64 calling conventions an int argument is the low half of its register or stack
+ * slot); requests are zeroed 8-byte words, statuses 64-byte buffers. */
+typedef int (*hm_mpi_iallreduce)(const void *send, void *recv, int count, intptr_t type,
+                                 intptr_t op, intptr_t comm, void *request);
+typedef int (*hm_mpi_ireduce)(const void *send, void *recv, int count, intptr_t type,
+                              intptr_t op, int root, intptr_t comm, void *request);
+typedef int (*hm_mpi_ibcast)(void *buf, int count, intptr_t type, int root, intptr_t comm,
+                             void *request);
+typedef int (*hm_mpi_test)(void *request, int *flag, void *status);
+
+/* Return codes of the calls between the nodes, beside the core's: MPI failed between the
+ * nodes; the call failed on another node; another node called another collective or with
+ * other arguments (sig[1] == HM_K_BAD: a rank there found its arguments invalid); a peer's
+ * failure notice ended the wait (err.peer: its rank). */
+enum { HM_ENET = 6, HM_EELSEWHERE = 7, HM_EDIFFERS = 8, HM_ENOTICE = 9 };
+/* err.counter of a wait between the nodes that timed out */
+enum { HM_CNT_NET = 8 };
+/* The word of its segment in which a leader publishes the collective call whose part
+ * between the nodes it waits on (the second cache line of its ENTERED region), for a rank
+ * of its node that timed out waiting for it. */
+enum { HM_OFF_LEADER_WAIT = 64 };
+
+typedef struct hm_net {
+    hm_mpi_iallreduce iallreduce;
+    hm_mpi_ireduce ireduce;
+    hm_mpi_ibcast ibcast;
+    hm_mpi_test test;
+    intptr_t comm;                  /* the leaders' communicator */
+    int rank;                       /* this leader's rank in it */
+    intptr_t int64, max, in_place;  /* MPI_INT64_T, MPI_MAX, MPI_IN_PLACE */
+    intptr_t types[12];             /* by the core's type code (HM_NTYPES): an MPI type of its
+                                     * size and kind, 0 where the caller has none */
+    intptr_t ops[11];               /* by the core's op code (through HM_BXOR), 0: none */
+    /* Polled every 64th poll of a wait that stopped spinning: the rank whose failure notice
+     * came, else -1 (NULL: none).  A wait goes on for 0.2 s after a notice came (a peer that
+     * failed in a later call may have sent what this one needs). */
+    int (*notice)(void *arg);
+    void *notice_arg;
+    int64_t mine[9];                /* this node's signature */
+    int64_t sig[9];                 /* the agreed one (the maxima): read by the errors */
+    int64_t req[2];
+} hm_net;
+
+/* A barrier of a leader across nodes: the node's gather (`method`: HM_TREE or HM_LINEAR),
+ * the leaders' agreement, which is the barrier between the nodes (`kind`: the HM_K_BARRIER_*
+ * the other nodes must have called), the node's release. */
+int hm_net_barrier(hm_coll *c, hm_net *n, int method, int kind);
+/* An allreduce of a leader across nodes, in chunks of the slot's size (one chunk, of no
+ * element, for count 0) as hm_allreduce_node with `any` 0 at the node's other ranks.  `send`
+ * may equal `recv`; n->types[dtype] and n->ops[op] must be set. */
+int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64_t count,
+                     int dtype, int op);
+/* After hm_coll_bad returned HM_OK at a leader across nodes (every rank of its node found
+ * its arguments invalid): HM_OK when every node's did, else HM_EDIFFERS (and the node is
+ * poisoned) or the agreement's failure. */
+int hm_net_bad(hm_coll *c, hm_net *n);
+
 #endif

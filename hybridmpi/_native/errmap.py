@@ -235,7 +235,8 @@ def _counter(value: int) -> str:
 def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, timeout: float | None,
                other_node_invalid: bool, leader_note: Callable[[], str],
                leaders_waited: Callable[[int], str | None],
-               missing: Callable[[], list[int]]) -> tuple[BaseException, str | None, bool]:
+               missing: Callable[[], list[int]],
+               other_leaders: Callable[[], str]) -> tuple[BaseException, str | None, bool]:
     """The exception of a collective call of the C core that returned ``rc`` with ``err`` (its
     ``hm_error``), and why the comm breaks (None: it stays usable) and whether it notifies.
 
@@ -246,7 +247,11 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
     node's call was invalid), ``leader_note()`` (what this node's leader waits on in
     this call, or ''), ``leaders_waited(call)`` (the other nodes' leaders, when this node's
     leader waits on them in ``call``, else None) and ``missing()`` (the node's ranks that have
-    not entered the call)."""
+    not entered the call); and at a leader across nodes, the codes of the calls between the
+    nodes (``cext/hm_net.c``), which ``other_leaders()`` (the other nodes' leaders, in words)
+    and ``other_node_invalid`` explain."""
+    if rc in _NET_CODES:
+        return _between_nodes(rc, err, what, rank, other_node_invalid, other_leaders)
     if rc == _EMISMATCH and err.bad_rank in (lib.HM_BAD_ELSEWHERE, lib.HM_BAD_INVALID_ELSEWHERE):
         # the ranks of this node agree; another node's passed other arguments (every rank
         # raises, the comm stays usable) or invalid ones: that node's comm broke, so this
@@ -279,10 +284,36 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
                          int(err.seen), leader_note())
         return exc, breaks(exc), False
     if rc == _ETIMEOUT:
+        if err.counter == lib.HM_CNT_NET:   # this rank leads its node and waited on the others
+            return (interruption() or timed_out(
+                rank, timeout, f"in {what}", "the leaders of the other nodes did not all join: "
+                f"{other_leaders()}", counter="internode", epoch=int(err.epoch)), "SyncTimeout", True)
         return (interruption() or _collective_timeout(err, what, rank, node_ranks, timeout,
                                                       leaders_waited, missing()),
                 "SyncTimeout", True)
     return RuntimeError(f"hybridmpi: {what}: C core returned {rc}"), None, False
+
+
+_NET_CODES = (lib.HM_ENET, lib.HM_EELSEWHERE, lib.HM_EDIFFERS, lib.HM_ENOTICE)
+
+
+def _between_nodes(rc, err, what, rank, other_node_invalid, other_leaders):
+    """:func:`collective` of a leader whose call between the nodes failed (``HM_ETIMEOUT`` there
+    is :func:`_collective_timeout`'s)."""
+    if rc == lib.HM_EDIFFERS:
+        return ((peer_invalid(rank, what, None) if other_node_invalid
+                 else other_node_differs(rank, what)), "ValueError", True)
+    if rc == lib.HM_EELSEWHERE:
+        exc = peer_error(rank, f"{what} (on another node)", None)
+        return exc, breaks(exc), False
+    if rc == lib.HM_ENOTICE:
+        exc = peer_error(rank, what, int(err.peer), None,
+                         "; this rank, the node's leader, was waiting on the leaders of the other "
+                         f"nodes, which had not all joined: {other_leaders()}")
+        return exc, breaks(exc), False
+    return (PeerError(f"hybridmpi: rank {rank}: {what}: MPI failed between the nodes (the leaders' "
+                      f"communicator; the leaders of the other nodes: {other_leaders()})",
+                      rank=rank), "PeerError", True)
 
 
 def _collective_timeout(err, what, rank, node_ranks, timeout, leaders_waited, missing):

@@ -20,6 +20,11 @@ DTYPES: dict[np.dtype[Any], int] = {
 }
 DTYPE_NAMES = {code: dt.name for dt, code in DTYPES.items()}
 OPS = {"sum": lib.HM_SUM, "prod": lib.HM_PROD, "min": lib.HM_MIN, "max": lib.HM_MAX}
+#: C core type code -> the MPI type (its name in mpi4py's MPI) that moves it between the nodes
+MPI_TYPES = {lib.HM_F64: "DOUBLE", lib.HM_F32: "FLOAT", lib.HM_I64: "INT64_T", lib.HM_I32: "INT32_T",
+             lib.HM_C128: "C_DOUBLE_COMPLEX", lib.HM_PYINT: "DOUBLE"}
+#: C core op code -> the MPI op (its name in mpi4py's MPI)
+MPI_OPS = {lib.HM_SUM: "SUM", lib.HM_PROD: "PROD", lib.HM_MIN: "MIN", lib.HM_MAX: "MAX"}
 OP_NAMES = {code: name for name, code in OPS.items()}
 
 

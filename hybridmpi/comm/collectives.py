@@ -1,8 +1,9 @@
 """The collectives of a HybridComm: barrier, allreduce and Allreduce.
 
 Inside a node they run in the C core on the HybridComm's shared segments; across
-nodes each node's leader joins an MPI collective of the leaders between the node's
-gather and release phases.  :class:`Collectives` is an object the
+nodes each node's leader joins the other leaders between the node's gather and release
+phases, in the C core too (``cext/hm_net.c``, which the PMPI library runs as well; the
+leaders' ``hm_net`` is made in ``_net.py``).  :class:`Collectives` is an object the
 :class:`~hybridmpi.HybridComm` owns (made with the comm, over its C state and segments), and
 :class:`Plan` how it runs them, chosen once when the comm is made; the set-up, breaking and
 the failure notices are in ``hybridcomm.py``.
@@ -22,7 +23,7 @@ from .._native.clib import Coll, ffi, lib
 from .._native.tables import DTYPES, OPS, op_code
 from ..errors import FreedError, agreed
 from ._agree import exchange, unusable
-from ._waits import wait_requests
+from ._net import Net
 
 _F64, _C128 = lib.HM_F64, lib.HM_C128
 _PYINT, _SUM, _PROD = lib.HM_PYINT, lib.HM_SUM, lib.HM_PROD
@@ -33,8 +34,6 @@ _EXACT = 2**53
 # attribute would be (no LOAD_METHOD in CPython 3.11), 0.1 us more per call.
 _op_of = OPS.get
 _dtype_of = DTYPES.get
-_store = lib.hm_store
-_ACQ_REL = lib.HM_ACQ_REL
 _barrier_tree = lib.hm_barrier_tree
 _barrier_linear = lib.hm_barrier_linear
 _BARRIERS = {"dissemination": lib.HM_DISSEMINATION, "tree": lib.HM_TREE, "linear": lib.HM_LINEAR}
@@ -47,11 +46,9 @@ SLOT_BYTES = 256 * 1024
 _CACHE_BYTES = 64 * 1024
 _CACHE_ENTRIES = 16
 #: offset of the word in which a node's leader publishes the collective call whose internode
-#: part it waits on (the second cache line of its ENTERED region; written by the leader alone,
-#: read by a rank of its node that timed out waiting on it, which then names the other nodes)
-LEADER_WAIT = lib.HM_OFF_ENTERED + 64
-# the "failed" entry of the leaders' signatures when a node's call failed (1: a mismatch)
-_FAILED = 2
+#: part it waits on (read by a rank of its node that timed out waiting on it, which then names
+#: the other nodes)
+LEADER_WAIT = lib.HM_OFF_ENTERED + lib.HM_OFF_LEADER_WAIT
 #: the default of a required argument, so that its absence is agreed as an invalid call
 _NO_ARG: Any = object()
 
@@ -64,8 +61,8 @@ class Plan(NamedTuple):
 
     #: every rank is on one node: the node's part is the whole call
     one_node: bool
-    #: this rank leads its node and there are several nodes: the leaders' MPI call goes between
-    #: the node's gather and release phases (in Python: nothing below is one C call)
+    #: this rank leads its node and there are several nodes: the leaders' MPI calls go between
+    #: the node's gather and release phases (the C core's hm_net_*, called from Python)
     leader_multi: bool
     #: the C core may choose the allreduce's algorithm by size (recursive doubling up to
     #: HM_RD_BYTES, the direct one, the tree: ``hm_allreduce_node``'s ``any``; one node of several
@@ -104,8 +101,8 @@ class Collectives:
     __slots__ = ("rank", "size", "num_nodes", "node_size", "node_id", "node_ranks", "is_leader",
                  "comm", "leader_comm", "timeout", "context", "_MPI", "_st", "_live", "_segs",
                  "_leaders", "plan", "_leader_multi", "_rd", "_node_barrier", "_node_allreduce",
-                 "_f64", "_scalar",
-                 "_sig_buf", "_bufs", "_mpi_ops", "_int_bounds", "_broken", "_break", "_peer_error")
+                 "_f64", "_scalar", "_net", "_net_keep",
+                 "_bufs", "_mpi_ops", "_int_bounds", "_broken", "_break", "_peer_error")
 
     rank: int
     size: int
@@ -138,7 +135,9 @@ class Collectives:
         self._node_allreduce = getattr(lib, plan.node_allreduce) if plan.node_allreduce else None
         self._f64 = ffi.new("double[1]")
         self._scalar = {lib.HM_I64: ffi.new("int64_t[1]"), lib.HM_C128: ffi.new("double[2]")}
-        self._sig_buf = np.zeros(9, dtype=np.int64)
+        # a leader across nodes: the C core's side between the nodes, over the leaders' comm
+        self._net_keep = Net(hc.leader_comm, hc.context.notices, MPI) if plan.leader_multi else None
+        self._net = self._net_keep.net if self._net_keep else ffi.NULL
         self._bufs: dict[Any, Any] = {}
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         self._int_bounds: tuple[int, ...] | None = None  # set on the first allreduce of a Python int
@@ -188,11 +187,10 @@ class Collectives:
         if st is None or self.size == 1:
             raise exc
         rc = lib.hm_coll_bad(st)
-        if _errmap.ok(rc) and self.num_nodes > 1:
-            if self.is_leader:
-                sig = self._leader_sig(lib.HM_K_BAD, 0, 0, 0, 0, _errmap.KIND_NAMES[lib.HM_K_BAD])
-                if self._sig_differs(sig):
-                    self._break("ValueError")
+        if _errmap.ok(rc) and self._leader_multi:
+            net_rc = lib.hm_net_bad(st, self._net)
+            if net_rc:   # another node's call was valid (ValueError), or the leaders' call failed
+                self._fail(net_rc, _errmap.KIND_NAMES[lib.HM_K_BAD], exc)
         if not _errmap.ok(rc):
             self._break(type(exc).__name__)
         elif self._live is not None:   # every rank found its arguments invalid: the comm is usable
@@ -205,59 +203,24 @@ class Collectives:
         self._bad_call(TypeError(f"hybridmpi: {call} got {len(args)} more argument(s), keywords "
                                  f"{sorted(kwargs)}{missing}"))
 
-    def _leader_sig(self, kind, count, dt, opc, failed, what):
-        """Allreduce (max) of the node signatures over the leaders: what each node called
-        (``what``: the call, as its errors name it)."""
-        sig = self._sig_buf
-        sig[:] = (failed, kind, -kind, count, -count, dt, -dt, opc, -opc)
-        self._leader_call(self.leader_comm.Iallreduce,
-                          (self._MPI.IN_PLACE, sig, self._MPI.MAX), what)
-        return sig
-
-    def _other_node_failed(self, sig, what):
-        """At a leader: raise PeerError (breaking the comm poisons the node) if a node's call
-        failed."""
-        if sig[0] == _FAILED:
-            raise self._peer_error(f"{what} (on another node)", None)
-
-    @staticmethod
-    def _sig_differs(sig):
-        return bool(sig[0] or sig[1] != -sig[2] or sig[3] != -sig[4] or sig[5] != -sig[6]
-                    or sig[7] != -sig[8])
-
-    def _leader_wait(self, req, what):
-        """Complete an internode request, under the deadline if there is one.  A failure
-        notice from a rank of another node (a Halo call failed there, so that rank will not
-        join) ends the wait with PeerError."""
-        st = self._st
-        _store(self._segs[0] + LEADER_WAIT, st.epoch, _ACQ_REL)  # for a timed-out rank of the node
-        stop = wait_requests(self.context, [req], self.timeout)
-        if stop is None:
-            return
-        if stop.notice is not None:
-            raise self._peer_error(what, stop.notice, None,
-                                   f"; this rank, the node's leader, was waiting on the leaders of "
-                                   f"the other nodes, which had not all joined: {self._other_leaders()}")
-        self._break("SyncTimeout")
-        raise _errmap.timed_out(self.rank, self.timeout, f"in {what}", "the leaders of the other nodes "
-                                f"did not all join: {self._other_leaders()}", counter="internode",
-                                epoch=int(st.epoch))
-
     # ------------------------------------------------------------ errors
 
-    def _fail(self, rc, what):
+    def _fail(self, rc, what, local=None):
         """Raise the exception of a C core collective call that returned ``rc`` (the error map:
-        :func:`hybridmpi._native.errmap.collective`), breaking the comm where the map says so."""
+        :func:`hybridmpi._native.errmap.collective`), breaking the comm where the map says so;
+        ``local``, this rank's own argument error, rather than a disagreement's."""
         st = self._st
         exc, why, notify = _errmap.collective(
             rc, st.err, what, rank=self.rank, node_ranks=self.node_ranks, timeout=self.timeout,
-            other_node_invalid=self._leader_multi and self._sig_buf[1] == lib.HM_K_BAD,
+            other_node_invalid=self._leader_multi and self._net.sig[1] == lib.HM_K_BAD,
             leader_note=lambda: self._leader_waits(int(st.epoch)),
             leaders_waited=lambda call: (self._other_leaders()
                                          if self._leader_waits_on_nodes(call) else None),
-            missing=self.not_entered)
+            missing=self.not_entered, other_leaders=self._other_leaders)
         if why is not None:
             self._break(why, notify=notify)
+        if local is not None and rc == lib.HM_EDIFFERS:
+            raise local
         raise exc
 
     def not_entered(self):
@@ -335,68 +298,21 @@ class Collectives:
             return
         # The leaders meet in an allreduce of what their nodes called (a barrier too), so a
         # node that failed or called something else (another method too) makes every node raise.
-        kind = _BARRIER_KINDS[m]
-        if m == lib.HM_DISSEMINATION:
-            m = lib.HM_TREE
-        rc = lib.hm_barrier(st, m, lib.HM_GATHER)
-        what = f"barrier({method})"
-        sig = self._leader_sig(kind, 0, 0, 0, _FAILED if rc else 0, what)
+        rc = lib.hm_net_barrier(st, self._net, lib.HM_TREE if m == lib.HM_DISSEMINATION else m,
+                                _BARRIER_KINDS[m])
         if rc:
-            self._fail(rc, what)
-        self._other_node_failed(sig, what)
-        if self._sig_differs(sig):
-            self._break("ValueError")
-            if sig[1] == lib.HM_K_BAD:  # the largest kind: a rank of another node's call was invalid
-                raise _errmap.peer_invalid(self.rank, f"barrier({method})", None)
-            raise _errmap.other_node_differs(self.rank, f"barrier({method})")
-        lib.hm_barrier(st, m, lib.HM_RELEASE)
+            self._fail(rc, f"barrier({method})")
 
-    def _reduce(self, sptr, rptr, count, dt, opc, total=None):
-        """Reduce ``count`` elements at raw addresses.  Off a leader across nodes it is the
-        node's whole call, any size (the C core chooses the algorithm); at such a leader it is
-        one chunk (fitting in a slot) of ``total`` elements (default ``count``), which the
-        ranks' signatures hold, between the node's gather and release."""
-        st = self._st
-        if not self._leader_multi:
-            rc = lib.hm_allreduce_node(st, sptr, rptr, count, dt, opc, self._rd)
-            if rc:
-                self._fail(rc, "allreduce")
-            return
-        total = count if total is None else total
-        rc = lib.hm_allreduce_chunk(st, sptr, rptr, count, total, dt, opc, lib.HM_GATHER)
-        # The leaders first agree that every node passed the same arguments:
-        # combining buffers of different sizes would be erroneous MPI, and a
-        # node whose ranks disagreed or failed must not leave the others waiting.
-        bad = _FAILED if rc else int(lib.hm_allreduce_verdict(st, 0) != -1)
-        sig = self._leader_sig(lib.HM_K_ALLREDUCE_TREE, total, dt, opc, bad, "allreduce")
+    def _reduce(self, sptr, rptr, count, dt, opc):
+        """Reduce ``count`` elements at raw addresses: the node's whole call, any size (the C
+        core chooses the algorithm and chunks), or at a leader across nodes, the node's call
+        with the leaders' between its gather and release phases."""
+        if self._leader_multi:
+            rc = lib.hm_net_allreduce(self._st, self._net, sptr, rptr, count, dt, opc)
+        else:
+            rc = lib.hm_allreduce_node(self._st, sptr, rptr, count, dt, opc, self._rd)
         if rc:
             self._fail(rc, "allreduce")
-        self._other_node_failed(sig, "allreduce")
-        if self._sig_differs(sig):   # (2: a rank of another node was invalid: every rank breaks)
-            lib.hm_allreduce_verdict(st, 2 if sig[1] == lib.HM_K_BAD else 1)
-        elif count:
-            dtype = _NP_OF_CODE[dt]
-            slot = np.frombuffer(ffi.buffer(lib.hm_coll_slot(st, 0), count * dtype.itemsize),
-                                 dtype=dtype)
-            # a reduce to the first leader and its broadcast, not MPI_Iallreduce: MPICH's gives
-            # the leaders different bits (the sign of a zero min, which NaN) and every rank must
-            # get the same (a solver's convergence test takes the same branch everywhere)
-            lc, MPI = self.leader_comm, self._MPI
-            self._leader_call(lc.Ireduce, (MPI.IN_PLACE if lc.rank == 0 else slot, slot,
-                                           self._mpi_ops[opc], 0), "allreduce")
-            self._leader_call(lc.Ibcast, (slot, 0), "allreduce")
-        rc = lib.hm_allreduce_chunk(st, ffi.NULL, rptr, count, total, dt, opc, lib.HM_RELEASE)
-        if rc:
-            self._fail(rc, "allreduce")
-
-    def _leader_call(self, nonblocking, args, what):
-        """Run an internode collective (under the deadline if there is one); if it fails,
-        the node's ranks waiting for this leader get its error bits."""
-        try:
-            self._leader_wait(nonblocking(*args), what)
-        except BaseException:
-            self._break("PeerError")
-            raise
 
     def _buf(self, arr):
         """A cffi view of a contiguous array, cached for small arrays.
@@ -416,20 +332,9 @@ class Collectives:
         return buf
 
     def _reduce_array(self, send, recv, dt, opc):
-        """Reduce contiguous arrays of equal size (at a leader across nodes, in slot-sized
-        chunks, as the C core chunks the node's part elsewhere)."""
-        n = recv.size
+        """Reduce contiguous arrays of equal size."""
         rbuf = self._buf(recv)
-        sbuf = rbuf if send is None else self._buf(send)
-        if not self._leader_multi:
-            self._reduce(sbuf, rbuf, n, dt, opc)
-            return
-        itemsize = recv.itemsize
-        per = SLOT_BYTES // itemsize
-        for start in range(0, max(n, 1), per):
-            k = min(per, n - start)
-            off = start * itemsize
-            self._reduce(sbuf + off, rbuf + off, k, dt, opc, n)
+        self._reduce(rbuf if send is None else self._buf(send), rbuf, recv.size, dt, opc)
 
     def allreduce(self, x: Any = _NO_ARG, op: Any = "sum", *args: Any, **kwargs: Any) -> Any:
         """Combine ``x`` over all ranks and return the result on every rank.
@@ -604,9 +509,6 @@ class Collectives:
         if self._live is None:   # (after the arguments, as in allreduce)
             raise self._unusable()
         self._reduce_array(sendbuf, recvbuf, dt, opc)
-
-
-_NP_OF_CODE = {code: dt for dt, code in DTYPES.items()} | {_PYINT: np.dtype(np.float64)}
 
 
 def _overlap(a, b):

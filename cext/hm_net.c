@@ -1,0 +1,167 @@
+/* hybridmpi C core: the protocol between the nodes (hm_core.h, "between the nodes"), the one
+ * implementation that the Python library and the PMPI library both run at a node's leader.
+ * It calls the MPI through the entry points of an hm_net only, so the core still builds
+ * without mpi.h; its waits follow the node's wait policy (spin, yield, sleep, deadline) and
+ * end early on a signal or a peer's failure notice. */
+#define _GNU_SOURCE
+#include "hm_wait.h"
+
+#include <string.h>
+
+#if !defined(__x86_64__) && !defined(__aarch64__)
+#error "hm_net passes MPI handles as intptr_t: checked for the x86-64 and AArch64 calling conventions only"
+#endif
+
+_Static_assert(HM_NTYPES == sizeof(((hm_net *)0)->types) / sizeof(intptr_t), "one MPI type per core type");
+_Static_assert(HM_BXOR + 1 == sizeof(((hm_net *)0)->ops) / sizeof(intptr_t), "one MPI op per core op");
+
+/* the status of a node whose own call failed (1: its ranks disagreed) */
+enum { FAILED = 2 };
+/* seconds a wait goes on after a failure notice came */
+static const int64_t NOTICE_GRACE_NS = 200000000;
+
+/* Every word the node's ranks wait on gets the error bits: they fail this call too. */
+static int poisoned(hm_coll *c, int code)
+{
+    hm_coll_poison(c, HM_ERRBIT);
+    c->err.code = code;
+    return code;
+}
+
+/* Complete the request at `req`: HM_OK, or HM_ETIMEOUT (the deadline, or a signal: the caller
+ * tells them apart), HM_ENOTICE (err.peer: the notice's rank) or HM_ENET. */
+static int net_wait(hm_coll *c, hm_net *n, int64_t *req)
+{
+    const hm_wait_policy *pol = &c->policy;
+    /* for a rank of the node that times out waiting for its leader */
+    hm_store(c->seg[0] + HM_OFF_ENTERED + HM_OFF_LEADER_WAIT, c->epoch, pol->order);
+    unsigned char status[64];
+    int flag = 0, notice = -1;
+    int64_t polls = 0, grace = 0;
+    HM_SLOW(w);
+    for (;;) {
+        if (n->test(req, &flag, status) != 0)
+            return HM_ENET;
+        if (flag)
+            return HM_OK;
+        if (polls++ < pol->spin) {
+            cpu_relax();
+            continue;
+        }
+        if (!w.start) {
+            slow_start(&w, pol);
+            w.warn_at = 0;   /* the warning names shared-memory words: none here */
+        }
+        if (n->notice && polls % 64 == 0) {
+            if (notice < 0) {
+                notice = n->notice(n->notice_arg);
+                grace = now_ns() + NOTICE_GRACE_NS;
+            } else if (now_ns() > grace) {
+                c->err.peer = notice;
+                return HM_ENOTICE;
+            }
+        }
+        if (slow_tick(&w, pol, NULL, 0, 0)) {
+            if (!hm_signal && n->notice && notice < 0)
+                notice = n->notice(n->notice_arg);
+            if (!hm_signal && notice >= 0) {   /* the notice says why (not this rank's clock) */
+                c->err.peer = notice;
+                return HM_ENOTICE;
+            }
+            return wait_failed(&c->err, pol, HM_ETIMEOUT, -1, HM_CNT_NET, c->epoch, 0);
+        }
+    }
+}
+
+/* The leaders' agreement on this node's status and call; HM_OK when every node is well and
+ * called the same, else the code of what went wrong (the node is then poisoned). */
+static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t count, int64_t dt,
+                 int64_t op)
+{
+    int64_t *m = n->mine, *s = n->sig;
+    const int64_t sig[9] = {failed, kind, -kind, count, -count, dt, -dt, op, -op};
+    memcpy(m, sig, sizeof sig);
+    n->req[0] = 0;
+    int rc = n->iallreduce(m, s, 9, n->int64, n->max, n->comm, &n->req[0]) != 0 ? HM_ENET
+             : net_wait(c, n, &n->req[0]);
+    if (rc != HM_OK)
+        return poisoned(c, rc);
+    if (failed)   /* the caller reports its own failure */
+        return HM_OK;
+    if (s[0] == FAILED)
+        return poisoned(c, HM_EELSEWHERE);
+    if (s[0] || s[1] != -s[2] || s[3] != -s[4] || s[5] != -s[6] || s[7] != -s[8])
+        return HM_EDIFFERS;
+    return HM_OK;
+}
+
+/* The data step: the leaders' combination of `count` elements in the node's slot. */
+static int combine(hm_coll *c, hm_net *n, uint64_t count, int dt, int op)
+{
+    void *slot = hm_coll_slot(c, 0);
+    intptr_t type = n->types[dt], mop = n->ops[op];
+    if (type == 0 || mop == 0)
+        return poisoned(c, HM_EARG);
+    n->req[0] = n->req[1] = 0;
+    int rc = n->ireduce(n->rank == 0 ? (const void *)n->in_place : slot, slot, (int)count, type, mop,
+                        0, n->comm, &n->req[0]) != 0 ? HM_ENET : net_wait(c, n, &n->req[0]);
+    if (rc == HM_OK)
+        rc = n->ibcast(slot, (int)count, type, 0, n->comm, &n->req[1]) != 0 ? HM_ENET
+             : net_wait(c, n, &n->req[1]);
+    return rc == HM_OK ? HM_OK : poisoned(c, rc);
+}
+
+int hm_net_barrier(hm_coll *c, hm_net *n, int method, int kind)
+{
+    HM_PROFILED;
+    int rc = hm_barrier(c, method, HM_GATHER);
+    int agreed = agree(c, n, rc != HM_OK ? FAILED : 0, kind, 0, 0, 0);
+    if (rc != HM_OK)
+        return rc;
+    if (agreed == HM_EDIFFERS)
+        return poisoned(c, HM_EDIFFERS);
+    if (agreed != HM_OK)
+        return agreed;
+    return hm_barrier(c, method, HM_RELEASE);   /* the agreement was the barrier */
+}
+
+int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64_t count,
+                     int dtype, int op)
+{
+    HM_PROFILED;
+    size_t esz = hm_dtype_size(dtype);
+    if (esz == 0 || !hm_op_valid(dtype, op))
+        return HM_EARG;
+    uint64_t per = c->capacity / esz, start = 0;
+    if (per == 0)
+        return HM_EARG;
+    do {
+        uint64_t k = count - start < per ? count - start : per;
+        const char *sp = (const char *)send + start * esz;
+        char *rp = (char *)recv + start * esz;
+        int rc = hm_allreduce_chunk(c, sp, rp, k, count, dtype, op, HM_GATHER);
+        /* the leaders first agree that every node passed the same arguments: combining
+         * buffers of different sizes would be erroneous MPI, and a node whose ranks disagreed
+         * or failed must not leave the others waiting */
+        int agreed = agree(c, n, rc != HM_OK ? FAILED : hm_allreduce_verdict(c, 0) != -1,
+                           HM_K_ALLREDUCE_TREE, (int64_t)count, dtype, op);
+        if (rc != HM_OK)
+            return rc;
+        if (agreed == HM_EDIFFERS)   /* the release fails on every rank of the node */
+            hm_allreduce_verdict(c, n->sig[1] == HM_K_BAD ? 2 : 1);
+        else if (agreed != HM_OK)
+            return agreed;
+        else if (k && (rc = combine(c, n, k, dtype, op)) != HM_OK)
+            return rc;
+        if ((rc = hm_allreduce_chunk(c, NULL, rp, k, count, dtype, op, HM_RELEASE)) != HM_OK)
+            return rc;
+        start += k;
+    } while (start < count);
+    return HM_OK;
+}
+
+int hm_net_bad(hm_coll *c, hm_net *n)
+{
+    int agreed = agree(c, n, 0, HM_K_BAD, 0, 0, 0);
+    return agreed == HM_EDIFFERS ? poisoned(c, HM_EDIFFERS) : agreed;
+}

@@ -1,0 +1,66 @@
+"""A leader's part of the protocol between the nodes: the C core's (``cext/hm_net.c``, which
+the PMPI library runs too) over the leaders' communicator.
+
+The core is built without ``mpi.h``; :func:`make` gives it mpi4py's MPI: the addresses of that
+MPI's nonblocking collectives and ``MPI_Test`` (looked up from mpi4py's extension module, whose
+dependencies hold them), the handles of the communicator, types and ops (``MPI._handleof``),
+and the comm's failure notices, which the C wait polls through :func:`hm_py_notice`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from .._native.clib import ffi, lib
+from .._native.tables import MPI_OPS, MPI_TYPES
+from ._waits import _held
+
+#: the entry points hm_net calls, by its field
+_ENTRY_POINTS = {"iallreduce": "MPI_Iallreduce", "ireduce": "MPI_Ireduce", "ibcast": "MPI_Ibcast",
+                 "test": "MPI_Test"}
+_ADDRESSES: dict[str, int] = {}
+
+
+def _addresses(MPI: Any) -> dict[str, int]:
+    """The addresses of the entry points in the MPI that mpi4py's MPI module calls."""
+    if not _ADDRESSES:
+        module = ctypes.CDLL(MPI.__file__, mode=ctypes.RTLD_LOCAL)  # (already loaded: found)
+        for field, name in _ENTRY_POINTS.items():
+            _ADDRESSES[field] = ctypes.cast(getattr(module, name), ctypes.c_void_p).value or 0
+    return _ADDRESSES
+
+
+@ffi.def_extern(onerror=_held, error=-1)
+def hm_py_notice(arg: Any) -> int:
+    """The rank whose failure notice came to the comm of an internode wait, else -1."""
+    first = ffi.from_handle(arg).poll()
+    return -1 if first is None else first
+
+
+def _handle(MPI: Any, obj: Any) -> int:
+    """The MPI handle of an mpi4py object, as the C core passes it (an int or a pointer; mpi4py
+    gives MPICH's negative int handles as unsigned 64-bit numbers)."""
+    h = MPI._handleof(obj)  # noqa: SLF001 - mpi4py's documented way to a handle
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+class Net:
+    """The ``hm_net`` of a leader across nodes (kept with what it points to)."""
+
+    __slots__ = ("net", "_handle")
+
+    def __init__(self, leader_comm: Any, notices: Any, MPI: Any) -> None:
+        net = self.net = ffi.new("hm_net *")
+        for field, address in _addresses(MPI).items():
+            setattr(net, field, ffi.cast(f"hm_mpi_{field}", address))
+        net.comm = _handle(MPI, leader_comm)
+        net.rank = leader_comm.Get_rank()
+        net.int64, net.max = _handle(MPI, MPI.INT64_T), _handle(MPI, MPI.MAX)
+        net.in_place = int(MPI.IN_PLACE)
+        for code, name in MPI_TYPES.items():
+            net.types[code] = _handle(MPI, getattr(MPI, name))
+        for code, name in MPI_OPS.items():
+            net.ops[code] = _handle(MPI, getattr(MPI, name))
+        self._handle = ffi.new_handle(notices)
+        net.notice, net.notice_arg = lib.hm_py_notice, self._handle

@@ -86,7 +86,7 @@ static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t co
              : net_wait(c, n, &n->req[0]);
     if (rc != HM_OK)
         return poisoned(c, rc);
-    if (failed)   /* the caller reports its own failure */
+    if (failed == FAILED)   /* the caller reports its own failure */
         return HM_OK;
     if (s[0] == FAILED)
         return poisoned(c, HM_EELSEWHERE);

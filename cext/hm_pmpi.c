@@ -218,6 +218,7 @@ typedef struct state {
     int watch;              /* 1: the node's processes are visible here (dead-peer checks) */
     unsigned char *suspect; /* node ranks whose process was found gone once (checked again) */
     hm_coll c;
+    hm_net net;             /* a leader's calls between the nodes (hm_net.c), over `leaders` */
     struct state *prev, *next;
 } state;
 
@@ -414,6 +415,56 @@ EXPORT int MPI_Finalize(void)
     return ((finalize_fn)find_next("MPI_Finalize", "PMPI_Finalize"))();
 }
 
+/* ------------------------------------------------------------------ between the nodes */
+
+/* The core's protocol between the nodes (hm_net.c) reaches MPI through these: PMPI_* with
+ * the handles converted back from intptr_t. */
+static int net_iallreduce(const void *send, void *recv, int count, intptr_t type, intptr_t op,
+                          intptr_t comm, void *req)
+{
+    return PMPI_Iallreduce(send, recv, count, (MPI_Datatype)type, (MPI_Op)op, (MPI_Comm)comm,
+                           (MPI_Request *)req);
+}
+
+static int net_ireduce(const void *send, void *recv, int count, intptr_t type, intptr_t op, int root,
+                       intptr_t comm, void *req)
+{
+    return PMPI_Ireduce(send, recv, count, (MPI_Datatype)type, (MPI_Op)op, root, (MPI_Comm)comm,
+                        (MPI_Request *)req);
+}
+
+static int net_ibcast(void *buf, int count, intptr_t type, int root, intptr_t comm, void *req)
+{
+    return PMPI_Ibcast(buf, count, (MPI_Datatype)type, root, (MPI_Comm)comm, (MPI_Request *)req);
+}
+
+static int net_test(void *req, int *flag, void *status)
+{
+    (void)status;
+    return PMPI_Test((MPI_Request *)req, flag, MPI_STATUS_IGNORE);
+}
+
+/* A leader's hm_net over its leaders' communicator: each core type and op as the first named
+ * one of this MPI that the tables above give it. */
+static void net_init(state *s)
+{
+    hm_net *n = &s->net;
+    memset(n, 0, sizeof *n);
+    n->iallreduce = net_iallreduce;
+    n->ireduce = net_ireduce;
+    n->ibcast = net_ibcast;
+    n->test = net_test;
+    n->comm = (intptr_t)s->leaders;
+    PMPI_Comm_rank(s->leaders, &n->rank);
+    n->int64 = (intptr_t)MPI_INT64_T;
+    n->max = (intptr_t)MPI_MAX;
+    n->in_place = (intptr_t)MPI_IN_PLACE;
+    for (int i = ntypes - 1; i >= 0; i--)
+        n->types[types[i].code] = (intptr_t)types[i].type;
+    for (int i = (int)(sizeof ops / sizeof ops[0]) - 1; i >= 0; i--)
+        n->ops[ops[i].code] = (intptr_t)ops[i].op;
+}
+
 /* ------------------------------------------------------------------ set-up */
 
 static __thread const char *failure;   /* why this thread's last set-up failed (stats) */
@@ -536,8 +587,10 @@ static void set_up_returning(state *s, int rank, int *local, int *all)
         int bad = PMPI_Comm_split(s->comm, leader ? 0 : MPI_UNDEFINED, rank, &s->leaders) != MPI_SUCCESS;
         if (bad)
             s->leaders = MPI_COMM_NULL, failure = "MPI_Comm_split failed";
-        if (s->leaders != MPI_COMM_NULL)
+        if (s->leaders != MPI_COMM_NULL) {
             PMPI_Comm_set_errhandler(s->leaders, MPI_ERRORS_RETURN);
+            net_init(s);
+        }
         int any = 1;
         if (PMPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, s->comm) != MPI_SUCCESS || any)
             all[1] = 1, local[1] |= bad;
@@ -647,24 +700,29 @@ static void progress(void)
     }
 }
 
-/* HM_* codes of a call that failed between the nodes (not the core's). */
-enum { E_MPI = 100, E_ELSEWHERE = 101 };
-
 /* A failed call: says why on stderr, revokes the communicator (every later call on it fails
  * at once, without communicating: its ranks may have left this call at different points) and
  * reports through the communicator's error handler. */
 static int failed(state *s, const char *call, int rc)
 {
-    static const char *const why[] = {"", "a wait timed out (HYBRIDMPI_PMPI_TIMEOUT)",
-                                      "the ranks passed different arguments or called different collectives",
-                                      "invalid arguments", "", "a rank of the node failed or ended"};
+    static const char *const why[] = {
+        [HM_ETIMEOUT] = "a wait timed out (HYBRIDMPI_PMPI_TIMEOUT)",
+        [HM_EMISMATCH] = "the ranks passed different arguments or called different collectives",
+        [HM_EARG] = "invalid arguments", [HM_EPEER] = "a rank of the node failed or ended",
+        [HM_ENET] = "MPI failed between the nodes", [HM_EELSEWHERE] = "the call failed on another node",
+        [HM_EDIFFERS] = "the ranks of another node passed different arguments or called a different "
+                        "collective"};
     int rank;
     PMPI_Comm_rank(s->comm, &rank);
-    const char *text = rc > 0 && rc <= HM_EPEER ? why[rc]
-                       : rc == E_ELSEWHERE ? "the call failed on another node"
-                                           : "MPI failed between the nodes";
-    fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s (node rank %d, call %llu); the communicator is "
-            "revoked\n", rank, call, text, s->c.err.peer, (unsigned long long)s->c.err.epoch);
+    const char *text = rc > 0 && rc < (int)(sizeof why / sizeof why[0]) && why[rc] ? why[rc]
+                                                                                : "the call failed";
+    if (rc == HM_ETIMEOUT && s->c.err.counter == HM_CNT_NET)
+        text = "a wait between the nodes timed out (HYBRIDMPI_PMPI_TIMEOUT)";
+    char peer[32] = "";
+    if (s->c.err.peer >= 0)
+        snprintf(peer, sizeof peer, "node rank %d, ", s->c.err.peer);
+    fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s (%scall %llu); the communicator is revoked\n",
+            rank, call, text, peer, (unsigned long long)s->c.err.epoch);
     s->phase = S_BROKEN;
     COUNT(C_FAILED);
     PMPI_Comm_call_errhandler(s->comm, MPI_ERR_OTHER);
@@ -677,25 +735,6 @@ static int revoked(state *s)
     COUNT(C_FAILED);
     PMPI_Comm_call_errhandler(s->comm, MPI_ERR_OTHER);
     return MPI_ERR_OTHER;
-}
-
-/* A leader's part between the nodes, after its node's gather ended with `rc`.  Every leader
- * takes part whatever its node's outcome: first the leaders agree on a status and on what
- * they were called for (`sig`: 0 for a barrier, the count, type and operation of an
- * allreduce), then, only when all is well, the data step of an allreduce.  A failure or a
- * disagreement anywhere poisons every node, so that all ranks of all nodes fail this same
- * call. */
-static int between(state *s, int rc, long sig, void *data, int count, MPI_Datatype type, MPI_Op op)
-{
-    long mine[3] = {rc != HM_OK, sig, -sig}, all[3] = {1, 0, 0};
-    int err = PMPI_Allreduce(mine, all, 3, MPI_LONG, MPI_MAX, s->leaders) != MPI_SUCCESS;
-    if (!err && all[0] == 0 && all[1] == -all[2]) {
-        if (data == NULL || PMPI_Allreduce(MPI_IN_PLACE, data, count, type, op, s->leaders) == MPI_SUCCESS)
-            return HM_OK;
-        err = 1;
-    }
-    hm_coll_poison(&s->c, HM_ERRBIT);
-    return rc != HM_OK ? rc : err ? E_MPI : all[1] != -all[2] ? HM_EMISMATCH : E_ELSEWHERE;
 }
 
 /* One turn of MPI's progress engine. */
@@ -718,8 +757,8 @@ static int run_barrier(state *s)
         rc = hm_barrier_dissemination(&s->c);
     else if (s->leaders == MPI_COMM_NULL)
         rc = hm_barrier(&s->c, HM_TREE, HM_BOTH);
-    else if ((rc = between(s, hm_barrier(&s->c, HM_TREE, HM_GATHER), 0, NULL, 0, MPI_INT, MPI_MAX)) == HM_OK)
-        rc = hm_barrier(&s->c, HM_TREE, HM_RELEASE);   /* the status allreduce was the barrier */
+    else
+        rc = hm_net_barrier(&s->c, &s->net, HM_TREE, HM_K_BARRIER_TREE);
     waiting = NULL;
     poke(s);
     COUNT(C_FAST_BARRIER);
@@ -727,8 +766,7 @@ static int run_barrier(state *s)
     return rc == HM_OK ? MPI_SUCCESS : failed(s, "MPI_Barrier", rc);
 }
 
-static int run_allreduce(state *s, const void *send, void *recv, uint64_t count, int dt, int op,
-                         MPI_Datatype type, MPI_Op mop)
+static int run_allreduce(state *s, const void *send, void *recv, uint64_t count, int dt, int op)
 {
     int rc;
     if (s->phase == S_BROKEN)
@@ -738,10 +776,8 @@ static int run_allreduce(state *s, const void *send, void *recv, uint64_t count,
     waiting = s;
     if (s->leaders == MPI_COMM_NULL)   /* the node's whole call: the core chooses how */
         rc = hm_allreduce_node(&s->c, send, recv, count, dt, op, !s->multi);
-    else if ((rc = between(s, hm_allreduce(&s->c, send, recv, count, dt, op, HM_GATHER),
-                           (long)((count << 12) | ((uint64_t)dt << 4) | (uint64_t)op) + 1,
-                           hm_coll_slot(&s->c, 0), (int)count, type, mop)) == HM_OK)
-        rc = hm_allreduce(&s->c, NULL, recv, count, dt, op, HM_RELEASE);
+    else
+        rc = hm_net_allreduce(&s->c, &s->net, send, recv, count, dt, op);
     waiting = NULL;
     COUNT(C_FAST_ALLREDUCE);
     s->fast++;
@@ -773,7 +809,7 @@ EXPORT int MPI_Allreduce(const void *send, void *recv, int count, MPI_Datatype t
     int dt, hop;
     state *s = allreduce_fast(send, recv, count, type, op, comm, &dt, &hop);
     if (s != NULL)
-        return run_allreduce(s, send, recv, (uint64_t)count, dt, hop, type, op);
+        return run_allreduce(s, send, recv, (uint64_t)count, dt, hop);
     COUNT(C_NEXT_ALLREDUCE);
     return next.allreduce(send, recv, count, type, op, comm);
 }
@@ -795,7 +831,7 @@ EXPORT int MPI_Allreduce_c(const void *send, void *recv, MPI_Count count, MPI_Da
     int dt, hop;
     state *s = allreduce_fast(send, recv, count, type, op, comm, &dt, &hop);
     if (s != NULL)
-        return run_allreduce(s, send, recv, (uint64_t)count, dt, hop, type, op);
+        return run_allreduce(s, send, recv, (uint64_t)count, dt, hop);
     COUNT(C_NEXT_ALLREDUCE);
     return ((allreduce_c_fn)next.allreduce_c)(send, recv, count, type, op, comm);
 }
@@ -818,8 +854,7 @@ EXPORT void mpi_allreduce_(void *send, void *recv, MPI_Fint *count, MPI_Fint *ty
     void *in = send == next.f_in_place ? MPI_IN_PLACE : send;
     state *s = allreduce_fast(in, recv, *count, t, o, PMPI_Comm_f2c(*comm), &dt, &hop);
     if (s != NULL) {
-        *ierr = run_allreduce(s, in, recv,
-                              (uint64_t)*count, dt, hop, t, o);
+        *ierr = run_allreduce(s, in, recv, (uint64_t)*count, dt, hop);
         return;
     }
     COUNT(C_NEXT_ALLREDUCE);

@@ -165,6 +165,21 @@ def test_mismatched_calls_report(built, ranks, node_size):
     assert "the communicator is revoked" in err
 
 
+@pytest.mark.parametrize("ranks,node_size", [(3, 1), (4, 2)])
+def test_late_node_times_out(built, ranks, node_size):
+    """A rank that comes 3 s late to an allreduce across (virtual) nodes, HYBRIDMPI_PMPI_TIMEOUT=1:
+    the leaders' wait on each other (hm_net.c) ends at the timeout too, so every rank gets an
+    error through the handler (a timeout, or its node's failure) and the job ends."""
+    lib, progs = built
+    env = {"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size), "HYBRIDMPI_PMPI_TIMEOUT": "1"}
+    rc, out, err = run(ranks, lib, [progs["cases"], "late"], env=env, timeout=60)
+    assert rc == 0 and "late ok" in out, f"rc={rc}\n{out}\n{err}"
+    assert len(re.findall(r"rank \d: returned", err)) == ranks, err
+    assert "a wait between the nodes timed out (HYBRIDMPI_PMPI_TIMEOUT)" in err, err
+    for took in re.findall(r"returned \d+ after ([0-9.]+) s", err):
+        assert float(took) < 8, err
+
+
 def test_stacks_on_another_tool(built):
     """With another PMPI tool below it, what the library passes on reaches that tool."""
     lib, progs = built

@@ -236,7 +236,8 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
                other_node_invalid: bool, leader_note: Callable[[], str],
                leaders_waited: Callable[[int], str | None],
                missing: Callable[[], list[int]],
-               other_leaders: Callable[[], str]) -> tuple[BaseException, str | None, bool]:
+               other_leaders: Callable[[], str],
+               local: BaseException | None = None) -> tuple[BaseException, str | None, bool]:
     """The exception of a collective call of the C core that returned ``rc`` with ``err`` (its
     ``hm_error``), and why the comm breaks (None: it stays usable) and whether it notifies.
 
@@ -249,9 +250,10 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
     leader waits on them in ``call``, else None) and ``missing()`` (the node's ranks that have
     not entered the call); and at a leader across nodes, the codes of the calls between the
     nodes (``cext/hm_net.c``), which ``other_leaders()`` (the other nodes' leaders, in words)
-    and ``other_node_invalid`` explain."""
+    and ``other_node_invalid`` explain (``local``: this rank's own argument error, which it
+    raises when another node's call was valid)."""
     if rc in _NET_CODES:
-        return _between_nodes(rc, err, what, rank, other_node_invalid, other_leaders)
+        return _between_nodes(rc, err, what, rank, other_node_invalid, other_leaders, local)
     if rc == _EMISMATCH and err.bad_rank in (lib.HM_BAD_ELSEWHERE, lib.HM_BAD_INVALID_ELSEWHERE):
         # the ranks of this node agree; another node's passed other arguments (every rank
         # raises, the comm stays usable) or invalid ones: that node's comm broke, so this
@@ -297,11 +299,11 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
 _NET_CODES = (lib.HM_ENET, lib.HM_EELSEWHERE, lib.HM_EDIFFERS, lib.HM_ENOTICE)
 
 
-def _between_nodes(rc, err, what, rank, other_node_invalid, other_leaders):
+def _between_nodes(rc, err, what, rank, other_node_invalid, other_leaders, local):
     """:func:`collective` of a leader whose call between the nodes failed (``HM_ETIMEOUT`` there
-    is :func:`_collective_timeout`'s)."""
+    is :func:`collective`'s)."""
     if rc == lib.HM_EDIFFERS:
-        return ((peer_invalid(rank, what, None) if other_node_invalid
+        return ((local if local is not None else peer_invalid(rank, what, None) if other_node_invalid
                  else other_node_differs(rank, what)), "ValueError", True)
     if rc == lib.HM_EELSEWHERE:
         exc = peer_error(rank, f"{what} (on another node)", None)

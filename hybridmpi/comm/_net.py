@@ -12,9 +12,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from .._native.clib import ffi, lib
+from .._native.clib import ffi
 from .._native.tables import MPI_OPS, MPI_TYPES
-from ._waits import _held
+from ._waits import notice_hook
 
 #: the entry points hm_net calls, by its field
 _ENTRY_POINTS = {"iallreduce": "MPI_Iallreduce", "ireduce": "MPI_Ireduce", "ibcast": "MPI_Ibcast",
@@ -31,18 +31,14 @@ def _addresses(MPI: Any) -> dict[str, int]:
     return _ADDRESSES
 
 
-@ffi.def_extern(onerror=_held, error=-1)
-def hm_py_notice(arg: Any) -> int:
-    """The rank whose failure notice came to the comm of an internode wait, else -1."""
-    first = ffi.from_handle(arg).poll()
-    return -1 if first is None else first
-
-
 def _handle(MPI: Any, obj: Any) -> int:
     """The MPI handle of an mpi4py object, as the C core passes it (an int or a pointer; mpi4py
-    gives MPICH's negative int handles as unsigned 64-bit numbers)."""
-    h = MPI._handleof(obj)  # noqa: SLF001 - mpi4py's documented way to a handle
-    return h - (1 << 64) if h >= 1 << 63 else h
+    gives MPICH's negative int handles as unsigned 64-bit numbers): ``obj.handle`` (mpi4py 4),
+    else ``MPI._handleof(obj)`` (mpi4py 3's way, Debian's)."""
+    h = getattr(obj, "handle", None)
+    if h is None:
+        h = getattr(MPI, "_handleof")(obj)  # noqa: B009 - mpi4py 3 has no public name for it
+    return ctypes.c_int64(h).value
 
 
 class Net:
@@ -62,5 +58,5 @@ class Net:
             net.types[code] = _handle(MPI, getattr(MPI, name))
         for code, name in MPI_OPS.items():
             net.ops[code] = _handle(MPI, getattr(MPI, name))
-        self._handle = ffi.new_handle(notices)
-        net.notice, net.notice_arg = lib.hm_py_notice, self._handle
+        net.notice, self._handle = notice_hook(notices)
+        net.notice_arg = self._handle

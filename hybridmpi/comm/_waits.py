@@ -39,6 +39,19 @@ def hm_py_progress() -> None:
         _PROGRESS[0].Iprobe()
 
 
+@ffi.def_extern(onerror=_held, error=-1)
+def hm_py_notice(arg: Any) -> int:
+    """The rank whose failure notice came (``arg``: a handle of the comm's Notices), else -1:
+    the C core's waits between the nodes poll it (``hm_net.notice``)."""
+    first = ffi.from_handle(arg).poll()
+    return -1 if first is None else first
+
+
+def notice_hook(notices: Any) -> tuple[Any, Any]:
+    """The C function that polls ``notices`` and its argument (keep it alive while it is used)."""
+    return lib.hm_py_notice, ffi.new_handle(notices)
+
+
 def progress_on(comm: Any) -> None:
     """Let the C core's slow waits drive progress through ``comm`` (until progress_off)."""
     _PROGRESS.append(comm)

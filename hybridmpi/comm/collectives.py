@@ -216,11 +216,9 @@ class Collectives:
             leader_note=lambda: self._leader_waits(int(st.epoch)),
             leaders_waited=lambda call: (self._other_leaders()
                                          if self._leader_waits_on_nodes(call) else None),
-            missing=self.not_entered, other_leaders=self._other_leaders)
+            missing=self.not_entered, other_leaders=self._other_leaders, local=local)
         if why is not None:
             self._break(why, notify=notify)
-        if local is not None and rc == lib.HM_EDIFFERS:
-            raise local
         raise exc
 
     def not_entered(self):

@@ -11,6 +11,9 @@
  *             communicator's error handler);
  *   mismatch  rank 0 calls MPI_Barrier where the others call MPI_Allreduce (an erroneous
  *             program): the library reports it instead of hanging or returning garbage;
+ *   late      (with HYBRIDMPI_PMPI_TIMEOUT) the last rank calls MPI_Allreduce seconds after the
+ *             others: each rank's call fails at the timeout (between the nodes too, where a
+ *             leader waits on another node's), through the error handler, and nothing hangs;
  *   fallback  (with HYBRIDMPI_PMPI_FAIL_RANK) one rank's set-up fails: all ranks go on with
  *             MPI, with correct results.
  *   errhandlers  MPI_ERRORS_RETURN on MPI_COMM_WORLD, the library set up: errors with no
@@ -167,6 +170,19 @@ static void mismatch(void)
           MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS, "a call after the failure succeeded");
 }
 
+static void late(void)
+{
+    warm(MPI_COMM_WORLD);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    double x = 1, y;
+    if (rank == size - 1)
+        sleep(3);
+    double t0 = MPI_Wtime();
+    int rc = MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(rc != MPI_SUCCESS, "an allreduce whose last rank came 3 s late (timeout 1 s) succeeded");
+    fprintf(stderr, "rank %d: returned %d after %.1f s\n", rank, rc, MPI_Wtime() - t0);
+}
+
 static void fallback(void)
 {
     warm(MPI_COMM_WORLD);
@@ -314,6 +330,8 @@ int main(int argc, char **argv)
         kill_one();
     else if (!strcmp(which, "mismatch"))
         mismatch();
+    else if (!strcmp(which, "late"))
+        late();
     else if (!strcmp(which, "fallback"))
         fallback();
     else if (!strcmp(which, "errhandlers"))

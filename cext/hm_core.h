@@ -580,5 +580,9 @@ int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64
  * its arguments invalid): HM_OK when every node's did, else HM_EDIFFERS (and the node is
  * poisoned) or the agreement's failure. */
 int hm_net_bad(hm_coll *c, hm_net *n);
+/* 1 while a request of n's is incomplete (a wait that failed left it): MPI may still write
+ * into n's buffers and the node's slot, and use the leaders' communicator, so none of these
+ * may be freed (MPI offers no cancel for a collective). */
+int hm_net_pending(const hm_net *n);
 
 #endif

@@ -24,6 +24,10 @@ static const int64_t NOTICE_GRACE_NS = 200000000;
 static int poisoned(hm_coll *c, int code)
 {
     hm_coll_poison(c, HM_ERRBIT);
+    if (code != HM_ETIMEOUT && code != HM_ENOTICE) {   /* (those two set err themselves) */
+        c->err.peer = -1;
+        c->err.epoch = c->epoch;
+    }
     c->err.code = code;
     return code;
 }
@@ -42,8 +46,10 @@ static int net_wait(hm_coll *c, hm_net *n, int64_t *req)
     for (;;) {
         if (n->test(req, &flag, status) != 0)
             return HM_ENET;
-        if (flag)
+        if (flag) {
+            *req = 0;   /* (hm_net_pending) */
             return HM_OK;
+        }
         if (polls++ < pol->spin) {
             cpu_relax();
             continue;
@@ -158,6 +164,11 @@ int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64
         start += k;
     } while (start < count);
     return HM_OK;
+}
+
+int hm_net_pending(const hm_net *n)
+{
+    return n->req[0] != 0 || n->req[1] != 0;
 }
 
 int hm_net_bad(hm_coll *c, hm_net *n)

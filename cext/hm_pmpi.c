@@ -267,8 +267,13 @@ static __thread struct {
 static __thread state *waiting;
 static __thread int64_t idle_polls;
 
-static void release(state *s)
+/* Frees what `s` holds; 0 when it must be kept instead: a call between the nodes failed and
+ * left a request that MPI may still complete into the state, the segment and the leaders'
+ * communicator (a revoked communicator's, once: it is kept whole, never freed). */
+static int release(state *s)
 {
+    if (s->leaders != MPI_COMM_NULL && hm_net_pending(&s->net))
+        return 0;
     if (s->base != NULL)
         munmap(s->base, s->bytes);
     s->base = NULL;
@@ -280,6 +285,7 @@ static void release(state *s)
         PMPI_Comm_free(&s->leaders);
     if (s->node != MPI_COMM_NULL)
         PMPI_Comm_free(&s->node);
+    return 1;
 }
 
 static int delete_state(MPI_Comm comm, int key, void *value, void *extra)
@@ -297,8 +303,8 @@ static int delete_state(MPI_Comm comm, int key, void *value, void *extra)
         s->next->prev = s->prev;
     atomic_fetch_add(&generation, 1);
     pthread_mutex_unlock(&lock);
-    release(s);
-    free(s);
+    if (release(s))
+        free(s);
     return MPI_SUCCESS;
 }
 

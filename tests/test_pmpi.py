@@ -175,7 +175,10 @@ def test_late_node_times_out(built, ranks, node_size):
     rc, out, err = run(ranks, lib, [progs["cases"], "late"], env=env, timeout=60)
     assert rc == 0 and "late ok" in out, f"rc={rc}\n{out}\n{err}"
     assert len(re.findall(r"rank \d: returned", err)) == ranks, err
-    assert "a wait between the nodes timed out (HYBRIDMPI_PMPI_TIMEOUT)" in err, err
+    # a leader waits on the others between the nodes; with two ranks a node, the late rank's
+    # leader may time out on it first and tell the other leaders so before their own timeout
+    assert "a wait between the nodes timed out (HYBRIDMPI_PMPI_TIMEOUT)" in err or (
+        node_size > 1 and "the call failed on another node (call 4)" in err), err
     for took in re.findall(r"returned \d+ after ([0-9.]+) s", err):
         assert float(took) < 8, err
 

@@ -178,6 +178,12 @@ class Collectives:
         elif self._broken is None:
             self._broken = why
 
+    def pending_between_nodes(self) -> Any:
+        """The leaders' ``Net`` while a request of it is incomplete (a wait between the nodes
+        failed: MPI may still write into its buffers), else None."""
+        keep = self._net_keep
+        return keep if keep is not None and lib.hm_net_pending(keep.net) else None
+
     def _bad_call(self, exc):
         """Raise ``exc``, a local argument error, after telling the peers: the call is made
         as a barrier with an 'invalid arguments' signature, which completes when every rank

@@ -149,8 +149,28 @@ def peer_invalid(rank: int, what: str, peer: int | None, call: str = "this call"
 
 def ranks_differ(where: str, what: str, values: Any, hint: str = "") -> ValueError:
     """Ranks that passed different ``what`` to the collective constructor ``where`` (every rank
-    raises it: the agreement gathered ``values``)."""
-    return ValueError(f"hybridmpi: {where}: ranks passed different {what}: {values}{hint}")
+    raises it: the agreement gathered ``values``, by rank): each value with the ranks that
+    passed it, the value of the fewest ranks first ("rank 2 passed float32, ranks 0-1 float64")."""
+    by_value: dict[str, list[int]] = {}
+    for rank, value in enumerate(values):
+        by_value.setdefault(repr(value), []).append(rank)
+    parts = [f"{_ranks_in_words(ranks)} passed {value}"
+             for value, ranks in sorted(by_value.items(), key=lambda kv: (len(kv[1]), kv[1][0]))]
+    return ValueError(f"hybridmpi: {where}: ranks passed different {what}: {'; '.join(parts)}{hint}")
+
+
+def _ranks_in_words(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-2, 5' (sorted ranks)."""
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(runs)}"
 
 
 def _each_other(rank: int, views: Any, prefix: str = "") -> str:

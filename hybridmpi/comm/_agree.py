@@ -202,7 +202,8 @@ def agree(comm: Any, problem: Problem, where: str, *, data: Any = None,
         Every rank's ``data``, in rank order.
 
     Raises:
-        The first rank's problem (ValueError unless a class was given), on every rank.
+        The first rank's problem (ValueError unless a class was given), on every rank, which
+        names that rank when some rank found none.
         SyncTimeout: not every rank joined within the deadline.
         PeerError: a peer's HybridComm broke (its failure notice came).
     """
@@ -214,9 +215,12 @@ def agree(comm: Any, problem: Problem, where: str, *, data: Any = None,
     if len(set(calls)) > 1:   # ranks in different constructors or frees: none goes on
         raise agreed(_errmap.calls_differ(comm.Get_rank(), where, calls))
     views = [(p, d) for (_, p), d in views]
-    bad = [p for p, _ in views if p]
+    bad = [(r, p) for r, (p, _) in enumerate(views) if p]
     if bad:
-        exc, text = bad[0] if isinstance(bad[0], tuple) else (ValueError, bad[0])
+        first, problem = bad[0]
+        exc, text = problem if isinstance(problem, tuple) else (ValueError, problem)
+        if len(bad) < len(views) and not text.startswith("rank "):   # one rank's: name it
+            text = f"rank {first}: {text}"
         if more and len(bad) > 1:
             text += f" (and {len(bad) - 1} more rank(s) found problems)"
         raise agreed(exc(f"hybridmpi: {where}: {text}"))

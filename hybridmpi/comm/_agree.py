@@ -140,7 +140,7 @@ def _usable(ctx: Any, where: str) -> None:
         # this rank already told every peer (its notice): none waits for it here
         ctx.notices.progress()
         raise unusable(ctx.rank, f"{where}: its HybridComm is unusable after an earlier error "
-                                 f"({ctx.broken()}); free it", ctx.broken())
+                                 f"{ctx.earlier_error()}; free it", ctx.broken())
 
 
 def unusable(rank: int, message: str, why: str) -> RuntimeError:

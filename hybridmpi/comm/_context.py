@@ -61,7 +61,7 @@ class Context:
                  "coll", "spin", "notices", "arena", "serial", "children", "profile",
                  "env_profile", "clock_offset", "hooks", "take_id", "release_id", "break_comm",
                  "peer_error", "describe_word", "calls", "agree_free", "agree_views", "_service",
-                 "_free_comm", "_broken")
+                 "_free_comm", "_broken", "_broken_by")
 
     def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, serial: int,
                  children: dict[int, Any], hooks: dict[str, Callable[..., Any]]) -> None:
@@ -85,7 +85,7 @@ class Context:
         self.agree_free = hooks["agree_free"]
         self.agree_views = hooks["agree_views"]
         self._service, self._free_comm = hooks["service"], hooks["free_comm"]
-        self._broken = hooks["broken"]
+        self._broken, self._broken_by = hooks["broken"], hooks["broken_by"]
 
     @property
     def policy(self) -> Any:
@@ -95,6 +95,11 @@ class Context:
     def broken(self) -> str | None:
         """Why the HybridComm broke (an earlier error), else None."""
         return self._broken()
+
+    def earlier_error(self) -> str:
+        """The earlier error that broke the HybridComm, in words (its kind, and the peer whose
+        failure it was when known)."""
+        return earlier_error(self._broken(), self._broken_by())
 
     def service(self, name: str, make: Callable[[Context], Any]) -> Any:
         """The state that a lower layer keeps once per HybridComm, made by ``make(context)`` on
@@ -123,3 +128,9 @@ class Context:
         """Take ``obj`` out of the children (it was freed, or is freed by its owner)."""
         self.children.pop(id(obj), None)
         self.hooks.pop(id(obj), None)
+
+
+def earlier_error(why: str | None, by: int | None) -> str:
+    """The earlier error that broke a HybridComm, as its later errors name it: ``(PeerError)``,
+    or ``(PeerError, from rank 2)`` when the peer whose failure it was is known."""
+    return f"({why})" if by is None else f"({why}, from rank {by})"

@@ -23,6 +23,7 @@ from .._native.clib import Coll, ffi, lib
 from .._native.tables import DTYPES, OPS, op_code
 from ..errors import FreedError, agreed
 from ._agree import exchange, unusable
+from ._context import earlier_error
 from ._net import Net
 
 _F64, _C128 = lib.HM_F64, lib.HM_C128
@@ -102,7 +103,8 @@ class Collectives:
                  "comm", "leader_comm", "timeout", "context", "_MPI", "_st", "_live", "_segs",
                  "_leaders", "plan", "_leader_multi", "_rd", "_node_barrier", "_node_allreduce",
                  "_f64", "_scalar", "_net", "_net_keep",
-                 "_bufs", "_mpi_ops", "_int_bounds", "_broken", "_break", "_peer_error")
+                 "_bufs", "_mpi_ops", "_int_bounds", "_broken", "_broken_words", "_break",
+                 "_peer_error")
 
     rank: int
     size: int
@@ -142,6 +144,7 @@ class Collectives:
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         self._int_bounds: tuple[int, ...] | None = None  # set on the first allreduce of a Python int
         self._broken: str | None = None
+        self._broken_words = ""
         self._break = break_comm
         self._peer_error = peer_error
 
@@ -169,14 +172,15 @@ class Collectives:
             calls.serve(name, Coll(kind, address, fn_address,
                                    functools.partial(self._fail, what=what), OPS, arrays))
 
-    def stop(self, why: str | None) -> None:
-        """Every later call raises: the comm broke (``why``) or was freed (None)."""
+    def stop(self, why: str | None, by: int | None = None) -> None:
+        """Every later call raises: the comm broke (``why``; ``by``: the peer whose failure it
+        was, when known) or was freed (None)."""
         self._live = None
         if why is None:
             self._st = None
             self._bufs = {}
         elif self._broken is None:
-            self._broken = why
+            self._broken, self._broken_words = why, earlier_error(why, by)
 
     def pending_between_nodes(self) -> Any:
         """The leaders' ``Net`` while a request of it is incomplete (a wait between the nodes
@@ -224,7 +228,7 @@ class Collectives:
                                          if self._leader_waits_on_nodes(call) else None),
             missing=self.not_entered, other_leaders=self._other_leaders, local=local)
         if why is not None:
-            self._break(why, notify=notify)
+            self._break(why, notify=notify, by=getattr(exc, "peer", None))
         raise exc
 
     def not_entered(self):
@@ -256,7 +260,7 @@ class Collectives:
         if self._broken is not None and self._st is not None:  # broken, not yet freed
             self.context.notices.progress()
             return unusable(self.rank, "this HybridComm is unusable after an earlier error "
-                            f"({self._broken}); free it", self._broken)
+                            f"{self._broken_words}; free it", self._broken)
         return FreedError(f"hybridmpi: rank {self.rank}: HybridComm used after free()")
 
     # ------------------------------------------------------------ the calls

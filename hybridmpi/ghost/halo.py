@@ -163,7 +163,8 @@ class Halo(Freed):
             source = ""
         broken = hc.context.broken()
         if broken is not None:   # agreed: ranks whose comm is fine raise too, none waits
-            problem = f"its HybridComm is unusable after an earlier error ({broken}); free it"
+            problem = (f"its HybridComm is unusable after an earlier error "
+                       f"{hc.context.earlier_error()}; free it")
         elif dt not in DTYPES:
             problem = f"unsupported dtype {safe_repr(dtype)}; use one of {sorted(d.name for d in DTYPES)}"
         elif (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))

@@ -190,6 +190,7 @@ static int other_call(hm_coll *c, int peer)
     if (theirs[0] == mine[0])
         return 0;
     c->err.bad_rank = peer;
+    c->err.epoch = c->epoch;
     c->err.bad_kind = theirs[0];
     c->err.bad_count = theirs[1];
     c->err.bad_dtype = theirs[2];
@@ -248,7 +249,14 @@ got:
 
 static inline int wait_counter(hm_coll *c, int peer, int cnt, uint64_t value)
 {
-    return coll_wait(c, counter(c, peer, HM_OFF_SYNC), value, peer, cnt);
+    int rc = coll_wait(c, counter(c, peer, HM_OFF_SYNC), value, peer, cnt);
+    /* A child's arrival at this call from another collective that arrives on the same word
+     * (a tree barrier's beside a tree allreduce's): its signature, stored before it arrived,
+     * says so.  Checked at every arrival, not only once a wait stops spinning: in the fast
+     * path the allreduce would read the child's stale slot as its value. */
+    if (rc == HM_OK && cnt == HM_CNT_ARRIVE && other_call(c, peer))
+        return fail(c, HM_EMISMATCH, HM_ERRBIT | HM_MISBIT);
+    return rc;
 }
 
 /* Tree barrier (paper Algorithm 2, with epochs): arrivals go up the tree,

@@ -725,8 +725,9 @@ static int failed(state *s, const char *call, int rc)
     if (rc == HM_ETIMEOUT && s->c.err.counter == HM_CNT_NET)
         text = "a wait between the nodes timed out (HYBRIDMPI_PMPI_TIMEOUT)";
     char peer[32] = "";
-    if (s->c.err.peer >= 0)
-        snprintf(peer, sizeof peer, "node rank %d, ", s->c.err.peer);
+    int who = rc == HM_EMISMATCH ? s->c.err.bad_rank : s->c.err.peer;   /* the other rank */
+    if (who >= 0)
+        snprintf(peer, sizeof peer, "node rank %d, ", who);
     fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s (%scall %llu); the communicator is revoked\n",
             rank, call, text, peer, (unsigned long long)s->c.err.epoch);
     s->phase = S_BROKEN;

@@ -615,11 +615,46 @@ def case_argument_code_that_frees_the_comm(comm, rng, **cfg):
                 raise AssertionError(f"{type(obj).__name__} copied")
 
 
+def case_one_rank_in_another_collective(comm, rng, **cfg):
+    """One rank calls a barrier where every other rank calls an allreduce (and the other way
+    round), in its fast path: every rank raises, none returns a sum that lacks that rank's
+    value (a tree barrier's arrival on the words a tree allreduce waits on read as that
+    rank's contribution: stale data, no error; reviewer's finding, across virtual nodes and
+    for the tree on one node).  Each rank in turn is the odd one, several times, with warm
+    calls before so that no wait stops spinning."""
+    if comm.size < 2:
+        return skip("needs 2 or more ranks")
+    n, wrong = comm.size, []
+    big = 8192   # float64s: past the direct allreduce's 32 KiB on one node: the tree
+    forms = [("barrier vs allreduce", lambda hc: hc.barrier(), lambda hc: hc.allreduce(1000.0 * (comm.rank + 1))),
+             ("tree barrier vs array", lambda hc: hc.barrier(method="tree"),
+              lambda hc: hc.allreduce(np.full(big, 1000.0 * (comm.rank + 1)))),
+             ("allreduce vs barrier", lambda hc: hc.allreduce(1.0), lambda hc: hc.barrier()),
+             ("array vs tree barrier", lambda hc: hc.allreduce(np.ones(big)),
+              lambda hc: hc.barrier(method="tree"))]
+    for name, odd, others in forms:
+        for who in range(n):
+            for _ in range(3):
+                with hc_of(comm, cfg) as hc:
+                    for _ in range(5):
+                        hc.allreduce(1.0)
+                        hc.barrier()
+                    try:
+                        got = odd(hc) if comm.rank == who else others(hc)
+                    except (ValueError, hybridmpi.PeerError):
+                        continue
+                    wrong.append(f"{name}, rank {who} odd: rank {comm.rank} returned "
+                                 f"{np.ravel(got)[:1] if got is not None else got}")
+    wrong = [w for ws in comm.allgather(wrong) for w in ws]
+    assert not wrong, wrong[:8]
+
+
 CASES = [case_layout, case_values_match_mpi4py, case_array_calls, case_python_scalars, case_python_ints_exact,
          case_stress_interleaved,
          case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_waits_let_other_threads_run,
          case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank,
-         case_internode_timeout_names_the_call, case_argument_code_that_frees_the_comm]
+         case_internode_timeout_names_the_call, case_argument_code_that_frees_the_comm,
+         case_one_rank_in_another_collective]
 
 
 if __name__ == "__main__":

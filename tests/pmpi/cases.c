@@ -9,8 +9,9 @@
  *   kill      the last rank ends (SIGKILL) inside the run of allreduces; the others must not
  *             hang (the launcher ends the job, or the library reports it through the
  *             communicator's error handler);
- *   mismatch  rank 0 calls MPI_Barrier where the others call MPI_Allreduce (an erroneous
- *             program): the library reports it instead of hanging or returning garbage;
+ *   mismatch [R]  rank R (default 0) calls MPI_Barrier where the others call MPI_Allreduce
+ *             (an erroneous program): the library reports it on every rank instead of hanging
+ *             or returning garbage (a rank that is not its node's leader too);
  *   late      (with HYBRIDMPI_PMPI_TIMEOUT) the last rank calls MPI_Allreduce seconds after the
  *             others: each rank's call fails at the timeout (between the nodes too, where a
  *             leader waits on another node's), through the error handler, and nothing hangs;
@@ -153,21 +154,32 @@ static void kill_one(void)
     CHECK(0, "the allreduces went on without the killed rank");
 }
 
-static void mismatch(void)
+static void mismatch(int odd)
 {
-    warm(MPI_COMM_WORLD);
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    double x = 1, y;
-    int rc = rank == 0 ? MPI_Barrier(MPI_COMM_WORLD)
-                       : MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    CHECK(rc != MPI_SUCCESS, "a barrier met an allreduce and both returned MPI_SUCCESS");
-    int len;
-    char text[MPI_MAX_ERROR_STRING];
-    MPI_Error_string(rc, text, &len);
-    fprintf(stderr, "rank %d: returned %d (%s)\n", rank, rc, text);
-    /* the communicator is revoked: later calls fail at once on every rank, none waits */
-    CHECK(MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS &&
-          MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS, "a call after the failure succeeded");
+    /* ten times, each on a communicator of its own (a failed call revokes it): the mismatch
+     * is caught whatever the timing */
+    for (int rep = 0; rep < 10; rep++) {
+        MPI_Comm comm;
+        MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+        MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+        warm(comm);
+        double x = rank + 1, y = 0;
+        for (int i = 0; i < 4; i++)   /* a stale value in every slot */
+            MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, comm);
+        int rc = rank == odd ? MPI_Barrier(comm) : MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, comm);
+        CHECK(rc != MPI_SUCCESS, "rep %d: a barrier met an allreduce and both returned MPI_SUCCESS "
+              "(y = %g)", rep, y);
+        if (rep == 0) {
+            int len;
+            char text[MPI_MAX_ERROR_STRING];
+            MPI_Error_string(rc, text, &len);
+            fprintf(stderr, "rank %d: returned %d (%s)\n", rank, rc, text);
+        }
+        /* the communicator is revoked: later calls fail at once on every rank, none waits */
+        CHECK(MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, comm) != MPI_SUCCESS &&
+              MPI_Barrier(comm) != MPI_SUCCESS, "a call after the failure succeeded");
+        MPI_Comm_free(&comm);
+    }
 }
 
 static void late(void)
@@ -329,7 +341,7 @@ int main(int argc, char **argv)
     else if (!strcmp(which, "kill"))
         kill_one();
     else if (!strcmp(which, "mismatch"))
-        mismatch();
+        mismatch(argc > 2 ? atoi(argv[2]) : 0);
     else if (!strcmp(which, "late"))
         late();
     else if (!strcmp(which, "fallback"))

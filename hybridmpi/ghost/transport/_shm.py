@@ -7,17 +7,14 @@ Each segment starts with a region holding the last epoch this rank entered
 per direction, read after a timeout to name the ranks that never came, and
 (methods synchronized by MPI: fence, pscw, lock) the last call per direction in
 which this rank's arguments were invalid, which its readers check before they copy,
-and the gates of fence and pscw: the words that say which MPI synchronization this rank
-has committed to (:meth:`ShmTransport.commit`), so that no rank enters a blocking MPI call
-that a peer whose comm broke would never join.
+and the gates of the baselines fence and pscw (``hybridmpi.tools.baselines._gates``).
 """
 
 from ..._native.clib import ffi, lib
-from ..._native.errmap import broke_before
 from ...comm._agree import allgather, barrier
 from ...comm.arena import KeptWindow, allocate_shared, check_room, commit, hold_ids
 from ...comm.arena import round_up as _round
-from ._base import FWD, REV, Chan, Fault, Messages, Transport, Xchg, check, wait_until
+from ._base import FWD, REV, Chan, Messages, Transport, Xchg, check
 
 _R = lib.HM_REGION
 _ACQ_REL = lib.HM_ACQ_REL
@@ -26,9 +23,9 @@ _ACQ_REL = lib.HM_ACQ_REL
 COUNTER, BUF0, BUF1 = 0, 1, 2
 #: the 8-byte slots of the first region: 0, 1 the epochs entered (by direction); 2-5 the last
 #: invalid call by direction and epoch parity (MARKS + 2 * d + e % 2: a sender may be one call
-#: ahead of a reader, never two); the gates: fence's count of fences, pscw's last call posted
-#: and last call closed, by direction
-MARKS, FENCES, POSTED, CLOSED = 2, 6, 7, 9
+#: ahead of a reader, never two); from GATES on, the words of the baselines synchronized by
+#: MPI (``hybridmpi.tools.baselines._gates``)
+MARKS, GATES = 2, 6
 
 
 _HINT = " (method 'flat' needs no shared memory; method 'auto' falls back to it)"
@@ -215,7 +212,6 @@ class ShmTransport(Transport):
     def __init__(self, ex, *, lock_all, counters, persistent):
         self.ex = ex
         self.shm = SharedWindow(ex, lock_all=lock_all, kind=type(self).__name__)
-        self._gates = {}   # (rank, slot): its gate word's pointer (_gate)
         self.dirs = [Direction(ex, self.shm, d, counters=counters, persistent=persistent)
                      for d in (FWD, REV)]
 
@@ -227,56 +223,6 @@ class ShmTransport(Transport):
 
     def missing(self, d, epoch):
         return self.shm.missing(d, epoch)
-
-    def _gate(self, p, k):
-        """Rank ``p``'s gate word ``k`` as a cffi pointer (made once)."""
-        key = (p, k)
-        w = self._gates.get(key)
-        if w is None:
-            w = self._gates[key] = ffi.cast("void *", self.shm.slot(p, k))
-        return w
-
-    def commit(self, k, n):
-        """Store ``n`` in this rank's gate word ``k``: it is about to make the blocking MPI
-        call that ``n`` stands for (nothing between can fail)."""
-        lib.hm_store(self._gate(self.shm.me, k), n, _ACQ_REL)
-
-    def await_gates(self, k, n, peers, counter, d, e):
-        """Wait (under the deadline; error bits raise Fault "peer") until each of ``peers`` has
-        stored at least ``n`` in its gate word ``k``.  A rank whose comm broke poisons its gate
-        words instead (:meth:`words`), so the blocking MPI call that follows never waits for a
-        rank that will not come.  A word already there (the common case) costs one load."""
-        what = "reverse" if d == REV else "update"
-        for p in peers:
-            w = self._gate(p, k)
-            seen = lib.hm_load(w, _ACQ_REL)
-            if seen >= n and not broke_before(seen, n):
-                continue
-            wait_until(self.ex, lambda w=w: lib.hm_load(w, _ACQ_REL), n, p, counter, what, e)
-
-    def gate_words(self, *slots):
-        """The addresses of this rank's gate words ``slots`` (its :meth:`words`)."""
-        return [self.shm.slot(self.shm.me, k) for k in slots]
-
-    def bad_senders(self, d, e):
-        """The node peers sending to this rank in call ``e`` of direction ``d`` whose arguments
-        were invalid (methods fence, pscw and lock: after the call's synchronization)."""
-        return self.shm.bad_among(d, e, [c.peer for c in self.dirs[d].recv_chans])
-
-    def finish_checked(self, d, xbuf, e, op):
-        """Finish call ``e`` (the intranode data already synchronized), unless a node peer
-        marked it invalid: then only the messages complete, and Fault "invalid"."""
-        bad = self.bad_senders(d, e)
-        if not bad:
-            self.dirs[d].finish(d, xbuf, e, op)
-            return
-        msgs = self.dirs[d].msgs
-        try:
-            msgs.wait("reverse" if d == REV else "update", e)
-        except Fault as f:
-            if f.kind != "invalid":
-                raise
-        raise Fault("invalid", peer=bad[0])
 
     def describe_word(self, addr):
         for s in self.dirs:

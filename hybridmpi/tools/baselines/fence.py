@@ -11,10 +11,10 @@ enters MPI_Win_fence before every node rank has committed to the same fence
 so the others raise PeerError rather than wait inside MPI for ever.
 """
 
-from ...ghost.transport._shm import FENCES, ShmTransport
+from ._gates import FENCES, GatedTransport
 
 
-class Fence(ShmTransport):
+class Fence(GatedTransport):
     #: every rank of the node takes part in every call, neighbor or not
     node_collective = True
 

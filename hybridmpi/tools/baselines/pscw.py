@@ -16,10 +16,10 @@ than wait inside MPI for ever.
 """
 
 from ...ghost.transport._base import Fault
-from ...ghost.transport._shm import CLOSED, POSTED, ShmTransport
+from ._gates import CLOSED, POSTED, GatedTransport
 
 
-class PSCW(ShmTransport):
+class PSCW(GatedTransport):
     def __init__(self, ex):
         super().__init__(ex, lock_all=False, counters=False, persistent=False)
         group = ex.ctx.node_comm.Get_group()

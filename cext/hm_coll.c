@@ -85,7 +85,8 @@ typedef struct header {
     int32_t dtype, op;
     int32_t bad_rank, bad_dtype;
     int64_t bad_count;
-    int64_t bad_op;
+    int32_t bad_op;
+    uint32_t epoch;   /* the allreduce call that wrote it (low half): other_collective */
 } header;
 
 _Static_assert(HM_OFF_HEADER + sizeof(header) <= HM_OFF_DATA, "header overlaps data");
@@ -249,14 +250,20 @@ got:
 
 static inline int wait_counter(hm_coll *c, int peer, int cnt, uint64_t value)
 {
-    int rc = coll_wait(c, counter(c, peer, HM_OFF_SYNC), value, peer, cnt);
-    /* A child's arrival at this call from another collective that arrives on the same word
-     * (a tree barrier's beside a tree allreduce's): its signature, stored before it arrived,
-     * says so.  Checked at every arrival, not only once a wait stops spinning: in the fast
-     * path the allreduce would read the child's stale slot as its value. */
-    if (rc == HM_OK && cnt == HM_CNT_ARRIVE && other_call(c, peer))
-        return fail(c, HM_EMISMATCH, HM_ERRBIT | HM_MISBIT);
-    return rc;
+    return coll_wait(c, counter(c, peer, HM_OFF_SYNC), value, peer, cnt);
+}
+
+/* A tree barrier and a tree allreduce arrive on the same word (SYNC): a child's arrival at
+ * call e may come from the other collective.  The child's header, in SYNC's cache line, tells:
+ * an allreduce stamps it with its call before it arrives, a barrier never does.  Checked at
+ * every arrival (a wait that stops spinning compares signatures too, but in the fast path the
+ * allreduce would take the barrier child's stale slot as its value). */
+static int other_collective(hm_coll *c, int child, uint64_t e, int in_allreduce)
+{
+    if ((hdr(c, child)->epoch == (uint32_t)e) == in_allreduce)
+        return HM_OK;
+    other_call(c, child);   /* its signature, for the error (err.bad_*) */
+    return fail(c, HM_EMISMATCH, HM_ERRBIT | HM_MISBIT);
 }
 
 /* Tree barrier (paper Algorithm 2, with epochs): arrivals go up the tree,
@@ -267,7 +274,8 @@ static int barrier_tree(hm_coll *c, int part, uint64_t e)
     hm_counter *mine = counter(c, c->rank, HM_OFF_SYNC);
     if (part & HM_GATHER) {
         for (int i = 0; i < c->nchildren; i++)
-            if ((rc = wait_counter(c, c->children[i], HM_CNT_ARRIVE, 2 * e - 1)))
+            if ((rc = wait_counter(c, c->children[i], HM_CNT_ARRIVE, 2 * e - 1)) ||
+                (rc = other_collective(c, c->children[i], e, 0)))
                 return rc;
         if (c->parent >= 0) {
             store_rel(mine, 2 * e - 1, ord);
@@ -541,17 +549,20 @@ int hm_allreduce_chunk(hm_coll *c, const void *send, void *recv, uint64_t count,
         int root = c->rank == 0;
         /* the root writes its slot only once every child arrived (see above) */
         for (int i = 0; root && i < c->nchildren; i++)
-            if ((rc = wait_counter(c, c->children[i], HM_CNT_ARRIVE, 2 * e - 1)))
+            if ((rc = wait_counter(c, c->children[i], HM_CNT_ARRIVE, 2 * e - 1)) ||
+                (rc = other_collective(c, c->children[i], e, 1)))
                 return rc;
         mine->count = (int64_t)total;
         mine->dtype = dtype;
         mine->op = op;
         mine->bad_rank = -1;
+        mine->epoch = (uint32_t)e;
         if (slot != (const char *)send)
             memcpy(slot, send, nbytes);
         for (int i = 0; i < c->nchildren; i++) {
             int ch = c->children[i];
-            if (!root && (rc = wait_counter(c, ch, HM_CNT_ARRIVE, 2 * e - 1)))
+            if (!root && ((rc = wait_counter(c, ch, HM_CNT_ARRIVE, 2 * e - 1)) ||
+                          (rc = other_collective(c, ch, e, 1))))
                 return rc;
             check_child(mine, hdr(c, ch), ch);
             if (mine->bad_rank < 0)

@@ -2,6 +2,7 @@
 alternating (old, new, old, new, ...), and the median over runs of each series' median time.
 
     python scripts/ab_bench.py --old /tmp/old [--new .] [--runs 5] [--ranks 2] [--json ab.json]
+                               [--extra "--node-size 1"]
 
 ``--old`` and ``--new`` are source trees with their compiled modules built in place (``python
 setup.py build_ext --inplace``); each run puts one first on ``PYTHONPATH``.  Prints one row per
@@ -48,6 +49,8 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--json", default="ab.json")
+    ap.add_argument("--extra", default="", help="arguments added to every benchmark's command "
+                    "(e.g. '--node-size 1': virtual nodes of one rank, every call across nodes)")
     ap.add_argument("--mpiexec", default=shutil.which("mpiexec", path=os.path.dirname(sys.executable)
                                                       + os.pathsep + os.environ["PATH"]))
     a = ap.parse_args()
@@ -55,11 +58,12 @@ def main():
     for kind in a.kinds.split(","):
         for i in range(a.runs):
             for name, tree in (("old", a.old), ("new", a.new)):
-                for series, t in run(tree, kind, KINDS[kind], a.ranks, a.mpiexec).items():
+                for series, t in run(tree, kind, KINDS[kind] + a.extra.split(), a.ranks,
+                                     a.mpiexec).items():
                     got.setdefault((kind, series), {"old": [], "new": []})[name].append(t)
             print(f"# {kind}: run {i + 1} of {a.runs}", file=sys.stderr, flush=True)
-    print(f"# A/B, {a.ranks} ranks, {a.runs} alternating runs per tree; median over runs of each "
-          "run's median (us)")
+    print(f"# A/B, {a.ranks} ranks {a.extra}, {a.runs} alternating runs per tree; median over runs "
+          "of each run's median (us)")
     print(f"# {'benchmark':<10} {'series':<44} {'old':>10} {'new':>10} {'new/old':>8}")
     rows = []
     for (kind, series), v in got.items():
@@ -71,7 +75,7 @@ def main():
                      "ratio": new / old if old else None, "old_runs": v["old"], "new_runs": v["new"]})
         print(f"  {kind:<10} {series[:44]:<44} {old:>10.3f} {new:>10.3f} {new / old if old else 0:>8.3f}")
     with open(a.json, "w") as f:
-        json.dump({"ranks": a.ranks, "runs": a.runs, "rows": rows}, f, indent=1)
+        json.dump({"ranks": a.ranks, "runs": a.runs, "extra": a.extra, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

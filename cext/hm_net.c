@@ -79,6 +79,13 @@ static int net_wait(hm_coll *c, hm_net *n, int64_t *req)
     }
 }
 
+/* Whether the calls may block in MPI: n has blocking entry points, and nothing would end a
+ * wait early (no deadline, no notices). */
+static inline int blocking(const hm_coll *c, const hm_net *n)
+{
+    return n->allreduce != NULL && c->policy.timeout_ns <= 0 && n->notice == NULL;
+}
+
 /* The leaders' agreement on this node's status and call; HM_OK when every node is well and
  * called the same, else the code of what went wrong (the node is then poisoned). */
 static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t count, int64_t dt,
@@ -88,7 +95,9 @@ static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t co
     const int64_t sig[9] = {failed, kind, -kind, count, -count, dt, -dt, op, -op};
     memcpy(m, sig, sizeof sig);
     n->req[0] = 0;
-    int rc = n->iallreduce(m, s, 9, n->int64, n->max, n->comm, &n->req[0]) != 0 ? HM_ENET
+    int rc = blocking(c, n) ? (n->allreduce(m, s, 9, n->int64, n->max, n->comm) != 0 ? HM_ENET
+                                                                                   : HM_OK)
+             : n->iallreduce(m, s, 9, n->int64, n->max, n->comm, &n->req[0]) != 0 ? HM_ENET
              : net_wait(c, n, &n->req[0]);
     if (rc != HM_OK)
         return poisoned(c, rc);
@@ -108,9 +117,16 @@ static int combine(hm_coll *c, hm_net *n, uint64_t count, int dt, int op)
     intptr_t type = n->types[dt], mop = n->ops[op];
     if (type == 0 || mop == 0)
         return poisoned(c, HM_EARG);
+    const void *send = n->rank == 0 ? (const void *)n->in_place : slot;
+    if (blocking(c, n)) {
+        if (n->reduce(send, slot, (int)count, type, mop, 0, n->comm) != 0 ||
+            n->bcast(slot, (int)count, type, 0, n->comm) != 0)
+            return poisoned(c, HM_ENET);
+        return HM_OK;
+    }
     n->req[0] = n->req[1] = 0;
-    int rc = n->ireduce(n->rank == 0 ? (const void *)n->in_place : slot, slot, (int)count, type, mop,
-                        0, n->comm, &n->req[0]) != 0 ? HM_ENET : net_wait(c, n, &n->req[0]);
+    int rc = n->ireduce(send, slot, (int)count, type, mop, 0, n->comm, &n->req[0]) != 0 ? HM_ENET
+             : net_wait(c, n, &n->req[0]);
     if (rc == HM_OK)
         rc = n->ibcast(slot, (int)count, type, 0, n->comm, &n->req[1]) != 0 ? HM_ENET
              : net_wait(c, n, &n->req[1]);

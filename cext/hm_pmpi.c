@@ -444,6 +444,23 @@ static int net_ibcast(void *buf, int count, intptr_t type, int root, intptr_t co
     return PMPI_Ibcast(buf, count, (MPI_Datatype)type, root, (MPI_Comm)comm, (MPI_Request *)req);
 }
 
+static int net_allreduce(const void *send, void *recv, int count, intptr_t type, intptr_t op,
+                         intptr_t comm)
+{
+    return PMPI_Allreduce(send, recv, count, (MPI_Datatype)type, (MPI_Op)op, (MPI_Comm)comm);
+}
+
+static int net_reduce(const void *send, void *recv, int count, intptr_t type, intptr_t op, int root,
+                      intptr_t comm)
+{
+    return PMPI_Reduce(send, recv, count, (MPI_Datatype)type, (MPI_Op)op, root, (MPI_Comm)comm);
+}
+
+static int net_bcast(void *buf, int count, intptr_t type, int root, intptr_t comm)
+{
+    return PMPI_Bcast(buf, count, (MPI_Datatype)type, root, (MPI_Comm)comm);
+}
+
 static int net_test(void *req, int *flag, void *status)
 {
     (void)status;
@@ -460,6 +477,9 @@ static void net_init(state *s)
     n->ireduce = net_ireduce;
     n->ibcast = net_ibcast;
     n->test = net_test;
+    n->allreduce = net_allreduce;
+    n->reduce = net_reduce;
+    n->bcast = net_bcast;
     n->comm = (intptr_t)s->leaders;
     PMPI_Comm_rank(s->leaders, &n->rank);
     n->int64 = (intptr_t)MPI_INT64_T;

@@ -800,6 +800,9 @@ static int run_allreduce(state *s, const void *send, void *recv, uint64_t count,
         return revoked(s);
     if (send == MPI_IN_PLACE)
         send = recv;
+    static char none[16];   /* count 0: buffers MPI allows to be anything */
+    if (count == 0)
+        send = recv = none;
     waiting = s;
     if (s->leaders == MPI_COMM_NULL)   /* the node's whole call: the core chooses how */
         rc = hm_allreduce_node(&s->c, send, recv, count, dt, op, !s->multi);
@@ -822,7 +825,9 @@ static state *allreduce_fast(const void *send, const void *recv, MPI_Count count
     state *s = fast_state(comm);
     if (s != NULL && s->phase == S_BROKEN)
         return s;
-    if (s == NULL || count <= 0 || (*dt = type_code(type)) < 0 || (*hop = op_code(op, *dt)) < 0 ||
+    /* count 0 goes to the core too: a rank with none where the others reduce some (or are in a
+     * barrier) is a mismatch there, which MPI would let pass on that rank */
+    if (s == NULL || count < 0 || (*dt = type_code(type)) < 0 || (*hop = op_code(op, *dt)) < 0 ||
         (uint64_t)count > cfg.max_bytes / hm_dtype_size(*dt))
         return NULL;
     return s;

@@ -152,19 +152,23 @@ def test_rank_killed_mid_call(built):
     assert took < 20, f"{took:.1f} s:\n{err}"
 
 
-@pytest.mark.parametrize("ranks,node_size,odd", [(3, None, 0), (4, 2, 0), (3, 1, 0), (4, 2, 3),
-                                                 (3, 2, 1), (3, None, 2)])
-def test_mismatched_calls_report(built, ranks, node_size, odd):
+@pytest.mark.parametrize("ranks,node_size,odd,form", [
+    (3, None, 0, 0), (4, 2, 0, 0), (3, 1, 0, 0), (4, 2, 3, 0), (3, 2, 1, 0), (3, None, 2, 0),
+    (3, 2, 1, 1), (2, None, 0, 1), (3, 2, 2, 2), (2, None, 1, 2)])
+def test_mismatched_calls_report(built, ranks, node_size, odd, form):
     """An erroneous program (a barrier on rank ``odd`` where the others reduce) gets an error
     from the library through the communicator's error handler, on every rank, on one node and
     across nodes, instead of a hang or a sum without that rank's value (a rank that is not its
-    node's leader: its barrier's arrival was read as its contribution); the communicator is then
+    node's leader: its barrier's arrival was read as its contribution; ``form`` 1 and 2: an
+    allreduce of no element on rank ``odd``, which MPI let pass there); the communicator is then
     revoked: later calls fail at once."""
     lib, progs = built
     env = {"HYBRIDMPI_PMPI_ADAPTIVE": "0"}   # ten short-lived communicators, each set up
     if node_size:
         env["HYBRIDMPI_PMPI_NODE_SIZE"] = str(node_size)
-    rc, out, err = run(ranks, lib, [progs["cases"], "mismatch", str(odd)], env=env, timeout=60)
+    env["HYBRIDMPI_PMPI_TIMEOUT"] = "20"   # a regression fails in the test's time, never hangs
+    rc, out, err = run(ranks, lib, [progs["cases"], "mismatch", str(odd), str(form)], env=env,
+                       timeout=60)
     assert rc == 0 and "mismatch ok" in out, f"rc={rc}\n{out}\n{err}"
     assert len(re.findall(r"rank \d: returned", err)) == ranks, err
     assert "the communicator is revoked" in err

@@ -132,5 +132,6 @@ class Context:
 
 def earlier_error(why: str | None, by: int | None) -> str:
     """The earlier error that broke a HybridComm, as its later errors name it: ``(PeerError)``,
-    or ``(PeerError, from rank 2)`` when the peer whose failure it was is known."""
-    return f"({why})" if by is None else f"({why}, from rank {by})"
+    or ``(PeerError, seen from rank 2)``: the peer whose error bits or failure notice this rank
+    met (the failure may have begun at another rank, which that peer passed on)."""
+    return f"({why})" if by is None else f"({why}, seen from rank {by})"

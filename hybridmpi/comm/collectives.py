@@ -173,8 +173,8 @@ class Collectives:
                                    functools.partial(self._fail, what=what), OPS, arrays))
 
     def stop(self, why: str | None, by: int | None = None) -> None:
-        """Every later call raises: the comm broke (``why``; ``by``: the peer whose failure it
-        was, when known) or was freed (None)."""
+        """Every later call raises: the comm broke (``why``; ``by``: the peer whose error this
+        rank met, when known) or was freed (None)."""
         self._live = None
         if why is None:
             self._st = None

@@ -346,7 +346,7 @@ class HybridComm:
         self.closed = False
         self.allreduce_method = allreduce
         self._broken = None
-        self._broken_by: int | None = None   # the peer whose failure broke it, when known
+        self._broken_by: int | None = None   # the peer whose error broke it here, when known
         self._children: dict[int, Any] = {}  # Halos and global memory built on this comm, freed with it
         self._tags = np.zeros(TAG_SLOTS // 64 + 1, dtype=np.uint64)  # bit i: identifier i taken
         self._notices = Notices(self.comm, self._nonce, MPI)  # this rank's and the peers' (_break)
@@ -568,8 +568,8 @@ class HybridComm:
         waiting: error bits in every word this rank writes on its node (collectives, every
         Halo, sync_images) and, with ``notify`` (this rank's own failure rather than one passed
         on from a peer, whose notice every rank already has), a failure notice to every other
-        rank, which the waits on MPI requests poll.  ``by``: the peer whose failure broke it,
-        when known (the comm's later errors name it)."""
+        rank, which the waits on MPI requests poll.  ``by``: the peer whose error this rank met,
+        when known (the comm's later errors name it; it may have passed on another's)."""
         first = self._broken is None
         self._broken = self._broken or why
         if first:

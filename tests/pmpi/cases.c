@@ -9,9 +9,11 @@
  *   kill      the last rank ends (SIGKILL) inside the run of allreduces; the others must not
  *             hang (the launcher ends the job, or the library reports it through the
  *             communicator's error handler);
- *   mismatch [R]  rank R (default 0) calls MPI_Barrier where the others call MPI_Allreduce
- *             (an erroneous program): the library reports it on every rank instead of hanging
- *             or returning garbage (a rank that is not its node's leader too);
+ *   mismatch [R [F]]  rank R (default 0) calls MPI_Barrier where the others call MPI_Allreduce
+ *             (an erroneous program; F = 1: an allreduce of no element where the others reduce
+ *             one; F = 2: of no element where the others are in MPI_Barrier): the library
+ *             reports it on every rank instead of hanging or returning garbage (a rank that is
+ *             not its node's leader too);
  *   late      (with HYBRIDMPI_PMPI_TIMEOUT) the last rank calls MPI_Allreduce seconds after the
  *             others: each rank's call fails at the timeout (between the nodes too, where a
  *             leader waits on another node's), through the error handler, and nothing hangs;
@@ -154,7 +156,7 @@ static void kill_one(void)
     CHECK(0, "the allreduces went on without the killed rank");
 }
 
-static void mismatch(int odd)
+static void mismatch(int odd, int form)
 {
     /* ten times, each on a communicator of its own (a failed call revokes it): the mismatch
      * is caught whatever the timing */
@@ -166,7 +168,13 @@ static void mismatch(int odd)
         double x = rank + 1, y = 0;
         for (int i = 0; i < 4; i++)   /* a stale value in every slot */
             MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, comm);
-        int rc = rank == odd ? MPI_Barrier(comm) : MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, comm);
+        int rc;
+        if (form == 0)
+            rc = rank == odd ? MPI_Barrier(comm) : MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, comm);
+        else if (form == 1)
+            rc = MPI_Allreduce(&x, &y, rank == odd ? 0 : 1, MPI_DOUBLE, MPI_SUM, comm);
+        else
+            rc = rank == odd ? MPI_Allreduce(&x, &y, 0, MPI_DOUBLE, MPI_SUM, comm) : MPI_Barrier(comm);
         CHECK(rc != MPI_SUCCESS, "rep %d: a barrier met an allreduce and both returned MPI_SUCCESS "
               "(y = %g)", rep, y);
         if (rep == 0) {
@@ -341,7 +349,7 @@ int main(int argc, char **argv)
     else if (!strcmp(which, "kill"))
         kill_one();
     else if (!strcmp(which, "mismatch"))
-        mismatch(argc > 2 ? atoi(argv[2]) : 0);
+        mismatch(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 0);
     else if (!strcmp(which, "late"))
         late();
     else if (!strcmp(which, "fallback"))

@@ -19,6 +19,7 @@ in a ``with``: it guards the rest of the program, and the uncaught exception abo
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -90,9 +91,11 @@ try:
             halo.update(x)
 except SyncTimeout as e:
     print(f"rank {r}: SyncTimeout peer={e.peer} missing={list(e.missing)}: {e}", flush=True)
-    os._exit(3)   # not MPI_Finalize: with a rank dead it would wait for it
+    time.sleep(1)   # the other survivor's line comes out before the launcher, seeing this
+    os._exit(3)     # rank end, ends the job (not MPI_Finalize: it would wait for the dead rank)
 except PeerError as e:
     print(f"rank {r}: PeerError peer={e.peer}: {e}", flush=True)
+    time.sleep(1)
     os._exit(3)
 print(f"rank {r}: no timeout", flush=True)
 sys.exit(4)

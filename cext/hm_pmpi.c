@@ -472,19 +472,12 @@ static int net_test(void *req, int *flag, void *status)
 static void net_init(state *s)
 {
     hm_net *n = &s->net;
-    memset(n, 0, sizeof *n);
-    n->iallreduce = net_iallreduce;
-    n->ireduce = net_ireduce;
-    n->ibcast = net_ibcast;
-    n->test = net_test;
-    n->allreduce = net_allreduce;
-    n->reduce = net_reduce;
-    n->bcast = net_bcast;
-    n->comm = (intptr_t)s->leaders;
+    *n = (hm_net){.iallreduce = net_iallreduce, .ireduce = net_ireduce, .ibcast = net_ibcast,
+                  .test = net_test, .allreduce = net_allreduce, .reduce = net_reduce,
+                  .bcast = net_bcast, .comm = (intptr_t)s->leaders,
+                  .int64 = (intptr_t)MPI_INT64_T, .max = (intptr_t)MPI_MAX,
+                  .in_place = (intptr_t)MPI_IN_PLACE};
     PMPI_Comm_rank(s->leaders, &n->rank);
-    n->int64 = (intptr_t)MPI_INT64_T;
-    n->max = (intptr_t)MPI_MAX;
-    n->in_place = (intptr_t)MPI_IN_PLACE;
     for (int i = ntypes - 1; i >= 0; i--)
         n->types[types[i].code] = (intptr_t)types[i].type;
     for (int i = (int)(sizeof ops / sizeof ops[0]) - 1; i >= 0; i--)

@@ -626,7 +626,8 @@ def case_one_rank_in_another_collective(comm, rng, **cfg):
         return skip("needs 2 or more ranks")
     n, wrong = comm.size, []
     big = 8192   # float64s: past the direct allreduce's 32 KiB on one node: the tree
-    forms = [("barrier vs allreduce", lambda hc: hc.barrier(), lambda hc: hc.allreduce(1000.0 * (comm.rank + 1))),
+    forms = [("barrier vs allreduce", lambda hc: hc.barrier(),
+              lambda hc: hc.allreduce(1000.0 * (comm.rank + 1))),
              ("tree barrier vs array", lambda hc: hc.barrier(method="tree"),
               lambda hc: hc.allreduce(np.full(big, 1000.0 * (comm.rank + 1)))),
              ("allreduce vs barrier", lambda hc: hc.allreduce(1.0), lambda hc: hc.barrier()),

@@ -42,10 +42,10 @@ def test_summary_rules():
 
 
 def test_register_refuses_taken_names():
-    """``hybridmpi.ghost.transport.register`` (how the baselines join the Halo) refuses "auto"
+    """``hybridmpi.ghost.exchange.register`` (how the baselines join the Halo) refuses "auto"
     and a name another transport holds; the baselines' import registers the four methods."""
     code = ("import hybridmpi.tools.baselines\n"
-            "from hybridmpi.ghost.transport import METHODS, register\n"
+            "from hybridmpi.ghost.exchange import METHODS, register\n"
             "assert list(METHODS) == ['atomic', 'flat', 'neighbor', 'fence', 'pscw', 'lock'], METHODS\n"
             "M = METHODS\n"
             "for name, t in (('auto', M['flat']), ('flat', M['atomic']), ('fence', M['lock'])):\n"

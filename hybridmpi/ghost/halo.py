@@ -16,10 +16,8 @@ from ..comm._agree import agree, barrier, safe_repr, unusable
 from ..comm._resource import Freed
 from ..comm.hybridcomm import TAG_SLOTS
 from ..errors import FreedError, PeerArgumentError, PeerError, agreed
+from .exchange import CMA_BYTES, CMA_MIN_RUN, FWD, METHODS, REV, ZERO_COPY_BYTES, Fault, Paths, Spec
 from .pattern import GhostPattern
-from .transport import METHODS
-from .transport._base import FWD, REV, Exchange, Fault, Paths
-from .transport.atomic import CMA_BYTES, CMA_MIN_RUN, ZERO_COPY_BYTES
 
 __all__ = ["CMA_BYTES", "CMA_MIN_RUN", "ZERO_COPY_BYTES", "Halo"]
 
@@ -123,14 +121,14 @@ class Halo(Freed):
         for d in (FWD, REV):
             sends, recvs = (pattern.send, pattern.recv) if d == FWD else (pattern.recv, pattern.send)
             plans.append((list(sends.items()), list(recvs.items())))
-        #: what the transport is given (frozen): plans, sizes, tag, wait policy, communicators
+        #: what the method is given (frozen): plans, sizes, tag, wait policy, communicators
         paths = Paths(biggest=biggest, zero_copy_bytes=_setting(hc, "zero_copy_bytes", ZERO_COPY_BYTES),
                       cma_bytes=_setting(hc, "cma_bytes", CMA_BYTES), cma=hc.env["cma"])
         ctx = hc.context
-        self.exchange = Exchange(ctx=ctx, MPI=mpi(), plans=tuple(plans), esz=self.esz,
-                                 dtype=self.dtype_code, tag=self.tag, timeout=self.timeout,
-                                 policy=ctx.policy, neighbors=tuple(pattern.neighbors),
-                                 pattern=pattern, paths=paths)
+        self.spec = Spec(ctx=ctx, MPI=mpi(), plans=tuple(plans), esz=self.esz,
+                         dtype=self.dtype_code, tag=self.tag, timeout=self.timeout,
+                         policy=ctx.policy, neighbors=tuple(pattern.neighbors),
+                         pattern=pattern, paths=paths)
         try:
             self._transport = self._make_transport(method)
         except BaseException:
@@ -197,13 +195,13 @@ class Halo(Freed):
         """The transport of ``method`` ("auto": atomic, else flat with a warning)."""
         if method == "auto":
             try:
-                t = METHODS["atomic"](self.exchange)
+                t = METHODS["atomic"](self.spec)
                 self.method = "atomic"
                 return t
             except MemoryError as e:
                 warnings.warn(f"{e}; using method 'flat'", RuntimeWarning, stacklevel=3)
                 self.method = "flat"
-        return METHODS[self.method](self.exchange)
+        return METHODS[self.method](self.spec)
 
     def vector(self) -> np.ndarray:
         """A zeroed vector of this Halo's shape and dtype in shared memory (collective: every
@@ -614,8 +612,7 @@ class Halo(Freed):
         # frees this Halo now (else RuntimeError everywhere), or its comm broke (then nothing
         # below waits on a peer).  The others free nothing collective here (their arena blocks
         # agree in the arena, when a chunk goes), in any order.
-        t = self._transport
-        own = getattr(getattr(t, "shm", None), "block", False) is None
+        own = self._transport.own_window
         together = not mpi().Is_finalized() and (ctx.agree_free(f"Halo {self._ident}") if own
                                                  else ctx.broken() is None)
         pending = self._state.pending

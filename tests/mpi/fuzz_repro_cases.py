@@ -379,11 +379,11 @@ def case_invalid_mark_survives_the_senders_next_call(comm, rng, node_size):
     e at once and stored call e + 1's mark over call e's; rank 1 then took rank 0 for valid in
     call e, broke its comm and raised RuntimeError in call e + 1 instead of PeerError or
     ValueError.  The mark is now kept per epoch parity."""
-    from hybridmpi.ghost.transport._shm import SharedWindow
+    from hybridmpi.tools.baselines._window import OwnWindow
 
     if comm.size < 2:
         return skip("needs 2 or more ranks")
-    slow_among = SharedWindow.bad_among
+    slow_among = OwnWindow.bad_among
 
     def late(self, d, e, peers):
         time.sleep(0.05)
@@ -397,12 +397,12 @@ def case_invalid_mark_survives_the_senders_next_call(comm, rng, node_size):
             ro = x.copy()
             ro.flags.writeable = False
             if hc.rank == 1:
-                SharedWindow.bad_among = late
+                OwnWindow.bad_among = late
             try:
                 first = outcome(lambda h=h, ro=ro: h.update(ro))
                 second = outcome(lambda h=h, ro=ro, x=x, hc=hc: h.update(ro if hc.rank == 0 else x))
             finally:
-                SharedWindow.bad_among = slow_among
+                OwnWindow.bad_among = slow_among
             views = comm.allgather((first[0], second[0]))
             assert all(v[0] == "ValueError" for v in views), (method, views)
             assert views[0][1] == "ValueError", (method, views)

@@ -18,7 +18,7 @@ from _harness import agree, main, skip
 
 import hybridmpi
 from hybridmpi import FreedError, GhostPattern, Halo, PatternError, SyncTimeout
-from hybridmpi.ghost.transport.atomic import cma_pids
+from hybridmpi.ghost.exchange import cma_pids
 from hybridmpi.tools.baselines import METHODS as _METHODS
 
 #: every Halo method (a new one in hybridmpi/ghost/transport/ is tested with no edit here)

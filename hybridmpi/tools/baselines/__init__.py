@@ -1,5 +1,5 @@
 """The paper's baseline methods of the Halo (seed 003's Table 2), outside the library: importing
-this package registers them (:func:`hybridmpi.ghost.transport.register`), so that
+this package registers them (:func:`hybridmpi.ghost.exchange.register`), so that
 ``Halo(pattern, method=...)`` takes them besides the library's "atomic" and "flat":
 
 - ``"neighbor"``: ``MPI_Ineighbor_alltoallv`` on a distributed-graph communicator;
@@ -12,7 +12,7 @@ loads them.  Every rank must import it before a Halo of these methods is made (a
 a rank does not know is an invalid argument there, raised on every rank).
 """
 
-from ...ghost.transport import METHODS, register
+from ...ghost.exchange import METHODS, register
 from .fence import Fence
 from .lock import Lock
 from .neighbor import Neighbor

@@ -6,9 +6,9 @@ and the check, after the call's synchronization, of the senders whose arguments 
 """
 
 from ..._native.clib import ffi, lib
-from ..._native.errmap import broke_before
-from ...ghost.transport._base import REV, Fault, wait_until
-from ...ghost.transport._shm import GATES, ShmTransport
+from ..._native.errmap import Fault, broke_before
+from ...ghost.exchange import REV
+from ._window import GATES, WindowTransport, wait_until
 
 _ACQ_REL = lib.HM_ACQ_REL
 #: the gate words: fence's count of fences; pscw's last call posted and last call closed, by
@@ -16,11 +16,11 @@ _ACQ_REL = lib.HM_ACQ_REL
 FENCES, POSTED, CLOSED = GATES, GATES + 1, GATES + 3
 
 
-class GatedTransport(ShmTransport):
+class GatedTransport(WindowTransport):
     """A shared-window method whose calls synchronize by MPI's RMA calls, behind gates."""
 
-    def __init__(self, ex, **kw):
-        super().__init__(ex, **kw)
+    def __init__(self, ex):
+        super().__init__(ex)
         self._gates = {}   # (rank, slot): its gate word's pointer (_gate)
 
     def _gate(self, p, k):

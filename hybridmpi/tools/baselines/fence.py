@@ -19,7 +19,7 @@ class Fence(GatedTransport):
     node_collective = True
 
     def __init__(self, ex):
-        super().__init__(ex, lock_all=False, counters=False, persistent=False)
+        super().__init__(ex)
         self._fences = 0   # the fences of calls made (the gate's count)
         self._node = [r for r in self.shm.node_rank if r != self.shm.me]
         self.shm.win.Fence()

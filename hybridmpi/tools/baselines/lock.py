@@ -16,13 +16,14 @@ marks its call invalid and sets the counters as for a call that moves nothing
 import numpy as np
 
 from ..._native.clib import lib
-from ...ghost.transport._base import FWD, REV, Fault, Xchg, check, wait_until
-from ...ghost.transport._shm import COUNTER, ShmTransport
+from ..._native.errmap import Fault
+from ...ghost.exchange import COUNTER, FWD, REV, Xchg, check
+from ._window import WindowTransport, wait_until
 
 
-class Lock(ShmTransport):
+class Lock(WindowTransport):
     def __init__(self, ex):
-        super().__init__(ex, lock_all=False, counters=False, persistent=False)
+        super().__init__(ex)
         # One single-channel Xchg per channel: every copy sits in its own lock epoch.
         self.single = [([Xchg(ex, [c]) for c in s.send_chans], {c.peer: Xchg(ex, [c]) for c in s.recv_chans})
                        for s in self.dirs]

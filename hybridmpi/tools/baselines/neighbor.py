@@ -14,8 +14,9 @@ import weakref
 import numpy as np
 
 from ..._native.clib import lib
+from ..._native.errmap import Fault
 from ...comm._agree import create_agreed
-from ...ghost.transport._base import FWD, REV, Chan, Fault, Transport, Xchg, check, complete, release
+from ...ghost.exchange import FWD, REV, Chan, Transport, Xchg, check, complete, release
 
 _HDR = 16  # bytes of header before each neighbor's data: int64 (Halo tag, 2 * call + direction)
 

@@ -15,13 +15,13 @@ comm broke poisons its gate words instead, so its peers raise PeerError rather
 than wait inside MPI for ever.
 """
 
-from ...ghost.transport._base import Fault
+from ..._native.errmap import Fault
 from ._gates import CLOSED, POSTED, GatedTransport
 
 
 class PSCW(GatedTransport):
     def __init__(self, ex):
-        super().__init__(ex, lock_all=False, counters=False, persistent=False)
+        super().__init__(ex)
         group = ex.ctx.node_comm.Get_group()
         near = self.shm.node_rank
         self.groups = []

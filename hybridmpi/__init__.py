@@ -79,7 +79,7 @@ def __dir__() -> list[str]:
 #: the module at its new home, with a DeprecationWarning (``hybridmpi.profile``, the class, never
 #: was the profile's module's only name: that module is ``hybridmpi.profiling.profile``)
 MOVED = {"halo": "ghost.halo", "pattern": "ghost.pattern", "interop": "ghost.interop",
-         "transport": "ghost.exchange", "ghost.transport": "ghost.exchange", "arena": "comm.arena",
+         "ghost.transport": "ghost.exchange", "transport": "ghost.transport", "arena": "comm.arena",
          "collectives": "comm.collectives",
          "dropin": "comm.dropin", "cli": "tools.cli", "demo": "tools.demo", "plot": "tools.plot",
          "bench": "tools.bench", "apps": "tools.apps", "fem": "tools.fem", "mesh": "tools.mesh",

@@ -23,6 +23,10 @@ by cross-memory attach.
 A failure raises :class:`~hybridmpi._native.errmap.Fault`, which the Halo turns into the
 exception users see.  The paper's baselines (:mod:`hybridmpi.tools.baselines`) implement the
 same :class:`Transport` interface and join :data:`METHODS` through :func:`register`.
+
+(A package of one module: ``hybridmpi.ghost.transport``, its old name, was a package, and the
+old names of the baselines under it, ``hybridmpi.ghost.transport.neighbor`` and the others, still
+resolve through it to :mod:`hybridmpi.tools.baselines`, with a DeprecationWarning.)
 """
 
 import functools
@@ -35,14 +39,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import settings
-from .._native.clib import copy_policy, ffi, lib
-from .._native.errmap import TAG_INVALID, Fault, ok
-from .._native.errmap import check as check_rc
-from .._native.tables import mpi
-from ..comm._agree import allgather, alltoall, barrier
-from ..comm._waits import wait_requests
-from ..comm.arena import round_up as _round
+from ... import settings
+from ..._native.clib import copy_policy, ffi, lib
+from ..._native.errmap import TAG_INVALID, Fault, ok
+from ..._native.errmap import check as check_rc
+from ..._native.tables import mpi
+from ...comm._agree import allgather, alltoall, barrier
+from ...comm._waits import wait_requests
+from ...comm.arena import round_up as _round
 
 FWD, REV = 0, 1
 #: channel size (bytes) from which shared vectors are updated without staging buffers

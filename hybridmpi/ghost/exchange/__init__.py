@@ -495,6 +495,8 @@ class Direction:
 
     def __init__(self, ex, shm, d, counters, persistent):
         sends, recvs = ex.plans[d]
+        #: whether the node's part runs (flat has none: no C call for it)
+        self.near = shm is not None
         near = shm.node_rank if shm is not None else {}
         self.send_chans = [shm.send_chan(d, p, ids, counters) for p, ids in sends if p in near]
         self.recv_chans = [shm.recv_chan(d, p, ids, counters) for p, ids in recvs if p in near]
@@ -510,14 +512,16 @@ class Direction:
         """Steps 1-3: the messages (receives posted, sends packed and started), then the
         channels inside the node packed (READY published where counted)."""
         self.msgs.start(xbuf, e)
-        check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
+        if self.near:
+            check(lib.hm_xchg_send(self.send.x, xbuf, e), self.send)
 
     def finish(self, d, xbuf, e, op):
         """Step 4: receive everything.  Forward: inside the node first, whichever is ready,
         then the messages.  Reverse: the messages, then every channel in peer rank order, so
         the combination order is fixed."""
         if d == FWD:
-            check(lib.hm_xchg_recv(self.recv.x, xbuf, e, op, 0), self.recv)
+            if self.near:
+                check(lib.hm_xchg_recv(self.recv.x, xbuf, e, op, 0), self.recv)
             if not self.msgs.empty:
                 self.msgs.wait("update", e)
                 check(lib.hm_xchg_recv(self.msgs.recv.x, xbuf, e, op, 0), self.msgs.recv)
@@ -541,6 +545,7 @@ class Exchange(Transport):
         #: the node's part synchronized by the C core's counters (atomic; the baselines over a
         #: window of their own are synchronized by MPI, flat has no node part)
         self.counted = counters and self.shm is not None
+        self._whole = [self.packed(FWD), self.packed(REV)]
         self._bad = None
         self._theirs = None
 
@@ -551,9 +556,11 @@ class Exchange(Transport):
         self.dirs[d].finish(d, xbuf, e, op)
 
     def run(self, d, xbuf, e, op):
-        whole = self.packed(d)
-        if whole is None:
-            super().run(d, xbuf, e, op)
+        whole = self._whole[d]
+        if whole is None:   # steps 1-4 with no frame between (flat's blocking call)
+            s = self.dirs[d]
+            s.start(xbuf, e)
+            s.finish(d, xbuf, e, op)
             return
         rc = lib.hm_xchg_both(*whole, xbuf, e, op, d)
         if rc:

@@ -82,6 +82,11 @@ class WindowTransport(Exchange):
     def __init__(self, ex):
         super().__init__(ex, OwnWindow, counters=False, persistent=False)
 
+    def run(self, d, xbuf, e, op):
+        """A whole call: the method's begin, then its end (synchronized by MPI)."""
+        self.begin(d, xbuf, e)
+        self.end(d, xbuf, e, op)
+
     def free(self):
         for s in self.dirs:
             s.msgs.free()

@@ -79,12 +79,13 @@ def __dir__() -> list[str]:
 #: the module at its new home, with a DeprecationWarning (``hybridmpi.profile``, the class, never
 #: was the profile's module's only name: that module is ``hybridmpi.profiling.profile``)
 MOVED = {"halo": "ghost.halo", "pattern": "ghost.pattern", "interop": "ghost.interop",
-         "ghost.transport": "ghost.exchange", "transport": "ghost.transport", "arena": "comm.arena",
+         "ghost.transport": "ghost.exchange", "transport": "ghost.exchange", "arena": "comm.arena",
          "collectives": "comm.collectives",
          "dropin": "comm.dropin", "cli": "tools.cli", "demo": "tools.demo", "plot": "tools.plot",
          "bench": "tools.bench", "apps": "tools.apps", "fem": "tools.fem", "mesh": "tools.mesh",
          # the paper's baseline methods of the Halo, out of the library
-         **{f"ghost.transport.{m}": f"tools.baselines.{m}" for m in ("neighbor", "fence", "pscw", "lock")}}
+         **{f"{pkg}.{m}": f"tools.baselines.{m}" for pkg in ("ghost.transport", "transport")
+            for m in ("neighbor", "fence", "pscw", "lock")}}
 
 
 #: the old names, the longest first (a moved module inside a moved package wins)

@@ -472,7 +472,12 @@ class Halo(Freed):
         self._begin(FWD, x, buf, lib.HM_INSERT, "update_begin")
 
     def update_end(self, x: np.ndarray) -> None:
-        """Finish :meth:`update_begin`; the ghosts of ``x`` then hold the owners' values."""
+        """Finish :meth:`update_begin`; the ghosts of ``x`` then hold the owners' values.
+
+        Raises:
+            RuntimeError: no update_begin pending (made as an invalid call: the peers in
+                this call raise as for invalid arguments), or a reverse_begin pending.
+        """
         self._finish(FWD, x, "update_end")
 
     def reverse(self, x: np.ndarray, op: str = "add") -> None:
@@ -485,7 +490,8 @@ class Halo(Freed):
         Args:
             x: the vector.
             op: ``"add"``, ``"insert"`` (the highest sending rank's value
-                wins), ``"min"`` or ``"max"``.
+                wins), ``"min"`` or ``"max"`` (C's comparison, as MPI_MIN: a NaN ghost
+                value is not taken, an owned one stays).
 
         Raises:
             TypeError, ValueError: bad ``x`` or ``op`` (nothing was sent; with method
@@ -565,7 +571,12 @@ class Halo(Freed):
         self._begin(REV, x, buf, code, "reverse_begin")
 
     def reverse_end(self, x: np.ndarray) -> None:
-        """Finish :meth:`reverse_begin`, combining into the owned entries of ``x``."""
+        """Finish :meth:`reverse_begin`, combining into the owned entries of ``x``.
+
+        Raises:
+            RuntimeError: no reverse_begin pending (made as an invalid call, as for
+                :meth:`update_end`), or an update_begin pending.
+        """
         self._finish(REV, x, "reverse_end")
 
     def _begin(self, d, x, buf, code, what):
@@ -584,7 +595,10 @@ class Halo(Freed):
         pending = self._state.pending
         if pending is None or pending[0] != d:
             start = "update_begin" if d == FWD else "reverse_begin"
-            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() without {start}()")
+            exc = RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() without {start}()")
+            if pending is None:   # nothing begun: the peers may be in this call (a blocking one,
+                self._bad_call(exc, d)   # or their end): it is made as an invalid call, so they raise
+            raise exc
         if pending[1] is not x:
             raise ValueError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() got another array "
                              f"than {'update' if d == FWD else 'reverse'}_begin()")

@@ -424,6 +424,58 @@ def case_one_rank_bad_arguments(comm, rng, **cfg):
                 h.free()
 
 
+def case_end_without_begin_on_one_rank(comm, rng, **cfg):
+    """One rank calls update_end (or reverse_end) with nothing begun while its peers call the
+    blocking update (reverse), every method, no timeout: the odd rank raises RuntimeError and
+    every peer that receives from it raises too (the end is made as an invalid call), within
+    seconds, never waiting for ever (found by an outside review: the peers waited until the
+    timeout, or for ever).  Then every rank does it at once: each raises RuntimeError and the
+    Halo stays usable, the next update giving the right values."""
+    if comm.size < 2:
+        return skip("needs 2 or more ranks")
+    lay = Layout(comm, 5, empty_prob=0.0)
+    odd = comm.size - 1
+    for method in METHODS:
+        for d in ("update", "reverse"):
+            with hc_of(comm, cfg) as hc:
+                pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+                # the ranks that receive from the odd one in this direction
+                takes = comm.allgather(odd in (pat.recv if d == "update" else pat.send))
+                h = Halo(pat, method=method)
+                x = rand(rng, np.float64, pat.size)
+                t0 = time.monotonic()
+                err = None
+                try:
+                    if hc.rank == odd:
+                        getattr(h, d + "_end")(x)
+                    else:
+                        getattr(h, d)(x)
+                except (RuntimeError, ValueError) as e:
+                    err = type(e).__name__
+                got = comm.allgather((err, round(time.monotonic() - t0, 3)))
+                errs = [g[0] for g in got]
+                assert errs[odd] == "RuntimeError", (method, d, got)
+                assert all(errs[r] in ("PeerArgumentError", "ValueError", "PeerError")
+                           for r in range(comm.size) if r != odd and takes[r]), (method, d, got)
+                assert max(g[1] for g in got) < 10, (method, d, got)
+                h.free()
+        # every rank at once: all raise, the Halo stays usable
+        with hc_of(comm, cfg) as hc:
+            pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+            h = Halo(pat, method=method)
+            x = rand(rng, np.float64, pat.size)
+            try:
+                h.update_end(x)
+            except RuntimeError as e:
+                assert "without update_begin" in str(e), e
+            else:
+                raise AssertionError(f"{method}: update_end without begin returned")
+            want = ref_forward(comm, lay, x)
+            h.update(x)
+            assert same(x, want), f"{method}: the update after every rank's bad end differs"
+            h.free()
+
+
 def case_consecutive_updates(comm, rng, iters, **cfg):
     """Many calls in a row, fresh data each time, two Halos interleaved."""
     with hc_of(comm, cfg) as hc:
@@ -768,7 +820,8 @@ def case_timeout_names_peer(comm, rng, **cfg):
 
 CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_vectors,
          case_cross_memory_attach, case_cross_memory_attach_failure, case_mismatched_vectors,
-         case_neighbor_order, case_one_rank_bad_arguments, case_consecutive_updates, case_hot_path_edges,
+         case_neighbor_order, case_one_rank_bad_arguments, case_end_without_begin_on_one_rank,
+         case_consecutive_updates, case_hot_path_edges,
          case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
          case_timeout_names_peer, case_waits_let_other_threads_run]
 

@@ -193,7 +193,8 @@ def private_chans(specs, esz):
 
 def complete(ex, reqs, peers, what, e, statuses=None):
     """Complete MPI requests, under the Halo's deadline if it has one; a failure notice from
-    a peer ends the wait (Fault "notice").  ``statuses`` (a list as long as ``reqs``)
+    a peer ends the wait (Fault "notice").  ``peers``: each request's peer rank, or None for
+    a collective over the pattern's neighbors.  ``statuses`` (a list as long as ``reqs``)
     receive the requests' statuses."""
     stop = wait_requests(ex.ctx, reqs, ex.timeout, statuses=statuses)
     if stop is None:
@@ -201,8 +202,10 @@ def complete(ex, reqs, peers, what, e, statuses=None):
     if stop.notice is not None:
         raise Fault("notice", peer=stop.notice)
     late = [peers[i] for i in stop.late]
-    raise Fault("timeout", detail=f"{what}: the messages with ranks {late} of call {e} did not "
-                "complete", peer=late[0] if len(late) == 1 else None, counter="message", epoch=e)
+    who = (f"the neighborhood collective with ranks {list(ex.neighbors)}" if None in late
+           else f"the messages with ranks {late}")
+    raise Fault("timeout", detail=f"{what}: {who} of call {e} did not complete",
+                peer=late[0] if len(late) == 1 else None, counter="message", epoch=e)
 
 
 

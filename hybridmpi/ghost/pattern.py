@@ -15,7 +15,6 @@ import numpy as np
 
 from .._native.tables import as_int, mpi
 from ..comm._agree import complete, context_of, safe_repr
-from . import interop
 from ._lists import agree_pattern as _agree
 from ._lists import alltoallv as _alltoallv
 from ._lists import comm_of
@@ -348,7 +347,9 @@ class GhostPattern:
                 ranks (made on another communicator), or ghosts outside their owner's range
                 (every rank).
         """
-        return cls._from_lists(hc, *interop.index_map_lists(hc, index_map))
+        from .interop import index_map_lists  # loaded by DOLFINx users only
+
+        return cls._from_lists(hc, *index_map_lists(hc, index_map))
 
     @classmethod
     def from_sf(cls, hc: HybridComm, sf: Any, size: int | None = None) -> GhostPattern:
@@ -366,7 +367,9 @@ class GhostPattern:
                 a self-leaf that references another entry, or a leaf whose root is a ghost on
                 its owner (every rank).
         """
-        return cls._from_lists(hc, *interop.sf_lists(hc, sf, size))
+        from .interop import sf_lists  # loaded by PETSc users only
+
+        return cls._from_lists(hc, *sf_lists(hc, sf, size))
 
     def to_sf(self) -> Any:
         """This pattern as a petsc4py ``PETSc.SF`` (collective): roots and leaves index the
@@ -374,7 +377,9 @@ class GhostPattern:
         ``MPI.REPLACE`` does what :meth:`Halo.update` does, ``reduce`` what
         :meth:`Halo.reverse` does, so PETSc and Firedrake tools can use a pattern made here.
         Needs petsc4py built on the same MPI as mpi4py."""
-        return interop.to_sf(self)
+        from .interop import to_sf
+
+        return to_sf(self)
 
     def __repr__(self):
         return (f"<GhostPattern rank {self.hc.rank}: {self.n_owned} owned, {self.n_ghosts} ghosts, "

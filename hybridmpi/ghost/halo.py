@@ -475,8 +475,9 @@ class Halo(Freed):
         """Finish :meth:`update_begin`; the ghosts of ``x`` then hold the owners' values.
 
         Raises:
-            RuntimeError: no update_begin pending (made as an invalid call: the peers in
-                this call raise as for invalid arguments), or a reverse_begin pending.
+            RuntimeError: no update_begin pending (on this rank only, before anything is
+                sent: the rank may go on with the right call; peers in another call wait for
+                it, until their timeout).
         """
         self._finish(FWD, x, "update_end")
 
@@ -574,8 +575,8 @@ class Halo(Freed):
         """Finish :meth:`reverse_begin`, combining into the owned entries of ``x``.
 
         Raises:
-            RuntimeError: no reverse_begin pending (made as an invalid call, as for
-                :meth:`update_end`), or an update_begin pending.
+            RuntimeError: no reverse_begin pending (on this rank only, as for
+                :meth:`update_end`).
         """
         self._finish(REV, x, "reverse_end")
 
@@ -595,10 +596,7 @@ class Halo(Freed):
         pending = self._state.pending
         if pending is None or pending[0] != d:
             start = "update_begin" if d == FWD else "reverse_begin"
-            exc = RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() without {start}()")
-            if pending is None:   # nothing begun: the peers may be in this call (a blocking one,
-                self._bad_call(exc, d)   # or their end): it is made as an invalid call, so they raise
-            raise exc
+            raise RuntimeError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() without {start}()")
         if pending[1] is not x:
             raise ValueError(f"hybridmpi: rank {self.hc.rank}: Halo.{what}() got another array "
                              f"than {'update' if d == FWD else 'reverse'}_begin()")

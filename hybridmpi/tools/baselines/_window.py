@@ -13,7 +13,7 @@ from ..._native.marks import mark as prof_mark
 from ..._native.marks import mark_end as prof_mark_end
 from ...comm._waits import NOTICE_GRACE_S
 from ...comm.arena import KeptWindow, allocate_shared, check_room, commit, hold_ids
-from ...ghost.exchange import NO_ROOM_HINT, Exchange, SharedWindow
+from ...ghost.exchange import NO_ROOM_HINT, Exchange, SharedWindow, Transport
 
 _WORD = (1 << 64) - 1   # a counter as the unsigned 64-bit word it is
 #: the 8-byte slots of a segment's first region after the two entered words: MARKS.. the last
@@ -35,7 +35,7 @@ class OwnWindow(SharedWindow):
         if kept is None:
             kept = KeptWindow(*allocate_shared(hc, nbytes), node)
             hold_ids(1)
-        self.kept, self.win = kept, kept.win
+        self.kept, self.win, self.ctx = kept, kept.win, hc
         # every page committed now (MemoryError on every rank if /dev/shm cannot hold it), not
         # at the first pack into a buffer (SIGBUS)
         commit(hc, kept.bases[hc.node_rank], nbytes, "Halo", NO_ROOM_HINT, undo=kept.free)
@@ -68,8 +68,11 @@ class OwnWindow(SharedWindow):
 
     def free(self):
         """Keep the window for the next Halo of its method (:meth:`Arena.keep_window`), or free
-        it (collective where every rank frees its Halo, agreed)."""
-        if not self.arena.keep_window(self.kind, self.kept):
+        it (collective where every rank frees its Halo, agreed); after the HybridComm broke,
+        keep it for good (:meth:`WindowTransport.abandoned`)."""
+        if self.ctx.broken() is not None:
+            _KEPT.append(self.win)
+        elif not self.arena.keep_window(self.kind, self.kept):
             self.kept.free()
 
 
@@ -82,18 +85,8 @@ class WindowTransport(Exchange):
     def __init__(self, ex):
         super().__init__(ex, OwnWindow, counters=False, persistent=False)
 
-    def run(self, d, xbuf, e, op):
-        """A whole call: the method's begin, then its end (synchronized by MPI)."""
-        self.begin(d, xbuf, e)
-        self.end(d, xbuf, e, op)
-
-    def free(self):
-        for s in self.dirs:
-            s.msgs.free()
-        if self.abandoned():
-            _KEPT.append(self.shm.win)
-            return
-        self.shm.free()
+    #: a whole call: the method's begin, then its end (not the Exchange's one C call)
+    run = Transport.run
 
     def abandoned(self):
         """Whether this transport's window must be kept rather than freed: its HybridComm

@@ -20,8 +20,7 @@
  * hm_wait.c, all hidden but the MPI entry points: the core inside does not clash with the one
  * that a Python program using hybridmpi loads too. */
 #define _GNU_SOURCE
-#include <mpi.h>
-#include "hm_core.h"
+#include "hm_pmpi.h"
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,31 +37,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EXPORT __attribute__((visibility("default")))
-
 void hm_set_progress(void (*fn)(void));   /* hm_wait.c */
 
 /* ------------------------------------------------------------------ settings and counters */
 
-static struct {
-    int after;           /* calls on a communicator before it is set up */
-    uint64_t max_bytes;  /* the largest payload the core reduces */
-    int node_size;       /* > 0: virtual nodes of this many ranks (tests) */
-    int stats;           /* print the counters at MPI_Finalize */
-    int off;             /* 1: every call goes to what comes next */
-    double timeout_s;    /* > 0: a wait that lasts this long fails */
-    int fail_rank;       /* tests: this rank of each communicator fails its set-up (-1: none) */
-    int adaptive;        /* defer set-ups where communicators die young (a vote per decision) */
-} cfg;
+struct pmpi_cfg cfg;
 
-enum { C_FAST_ALLREDUCE, C_FAST_BARRIER, C_NEXT_ALLREDUCE, C_NEXT_BARRIER, C_SETUP, C_FELL_BACK,
-       C_FAILED, C_NUM };
 static const char *const counter_names[C_NUM] = {
     "allreduce fast", "barrier fast", "allreduce passed on", "barrier passed on",
-    "communicators set up", "set-ups that fell back", "calls that failed"};
-static _Atomic long counters[C_NUM];
+    "communicators set up", "set-ups that fell back", "calls that failed", "neighbor fast",
+    "neighbor passed on"};
+_Atomic long counters[C_NUM];
 static int started;   /* start() ran */
-#define COUNT(k) atomic_fetch_add_explicit(&counters[k], 1, memory_order_relaxed)
 
 /* Settings are parsed strictly: a value that is not what the variable takes is named on
  * stderr, and the safe value is used (the default for a number; for HYBRIDMPI_PMPI_OFF, off:
@@ -147,7 +133,7 @@ static struct {
     void *f_in_place;        /* Open MPI's Fortran MPI_IN_PLACE (a common block) */
 } next;
 
-static void *find_next(const char *name, const char *pname)
+void *pmpi_next(const char *name, const char *pname)
 {
     void *f = dlsym(RTLD_NEXT, name);
     return f != NULL ? f : dlsym(RTLD_DEFAULT, pname);
@@ -199,28 +185,7 @@ static int op_code(MPI_Op op, int dtype)
 
 /* ------------------------------------------------------------------ per-communicator state */
 
-enum { S_COUNTING, S_FAST, S_NEXT, S_BROKEN };
 
-typedef struct state {
-    int phase;
-    int calls;
-    int set_up_at;          /* the call at which its ranks next consider setting it up */
-    long fast;              /* calls that went to the core (its lifetime's worth) */
-    MPI_Comm comm;          /* the user's communicator */
-    MPI_Comm node;          /* its ranks on this node (MPI_COMM_NULL before set-up) */
-    MPI_Comm leaders;       /* the nodes' leaders, on leaders across nodes; else MPI_COMM_NULL */
-    int multi;              /* more than one node */
-    char *base;             /* the node's shared segment */
-    size_t bytes;
-    char **seg;
-    pid_t *pids;            /* each node rank's process, in the segment */
-    char name[64];          /* the segment's name, at node rank 0 until every rank mapped it */
-    int watch;              /* 1: the node's processes are visible here (dead-peer checks) */
-    unsigned char *suspect; /* node ranks whose process was found gone once (checked again) */
-    hm_coll c;
-    hm_net net;             /* a leader's calls between the nodes (hm_net.c), over `leaders` */
-    struct state *prev, *next;
-} state;
 
 static int keyval = MPI_KEYVAL_INVALID;
 static int self_keyval = MPI_KEYVAL_INVALID;
@@ -272,7 +237,7 @@ static __thread int64_t idle_polls;
  * communicator (a revoked communicator's, once: it is kept whole, never freed). */
 static int release(state *s)
 {
-    if (s->leaders != MPI_COMM_NULL && hm_net_pending(&s->net))
+    if ((s->leaders != MPI_COMM_NULL && hm_net_pending(&s->net)) || !pmpi_ngh_release(s))
         return 0;
     if (s->base != NULL)
         munmap(s->base, s->bytes);
@@ -376,11 +341,12 @@ static void start(void)
     cfg.timeout_s = env_seconds("HYBRIDMPI_PMPI_TIMEOUT");
     cfg.fail_rank = (int)env_long("HYBRIDMPI_PMPI_FAIL_RANK", -1, -1, INT_MAX);
     cfg.adaptive = env_bool("HYBRIDMPI_PMPI_ADAPTIVE", 1, 1);
-    next.allreduce = (allreduce_fn)find_next("MPI_Allreduce", "PMPI_Allreduce");
-    next.barrier = (barrier_fn)find_next("MPI_Barrier", "PMPI_Barrier");
-    next.allreduce_c = find_next("MPI_Allreduce_c", "PMPI_Allreduce_c");
-    next.f_allreduce = find_next("mpi_allreduce_", "pmpi_allreduce_");
-    next.f_barrier = find_next("mpi_barrier_", "pmpi_barrier_");
+    cfg.ngh_bytes = (uint64_t)env_long("HYBRIDMPI_PMPI_NEIGHBOR_BYTES", 1 << 20, 0, 1L << 30);
+    next.allreduce = (allreduce_fn)pmpi_next("MPI_Allreduce", "PMPI_Allreduce");
+    next.barrier = (barrier_fn)pmpi_next("MPI_Barrier", "PMPI_Barrier");
+    next.allreduce_c = pmpi_next("MPI_Allreduce_c", "PMPI_Allreduce_c");
+    next.f_allreduce = pmpi_next("mpi_allreduce_", "pmpi_allreduce_");
+    next.f_barrier = pmpi_next("mpi_barrier_", "pmpi_barrier_");
     next.f_in_place = dlsym(RTLD_DEFAULT, "mpi_fortran_in_place_");
     /* keep the named types this MPI has at the size the core expects (a type it lacks is
      * MPI_DATATYPE_NULL: no call is made that could reach an error handler) */
@@ -418,7 +384,7 @@ EXPORT int MPI_Finalize(void)
     }
     if (!started)
         finalizing = 1;   /* a first call from inside MPI_Finalize goes to MPI */
-    return ((finalize_fn)find_next("MPI_Finalize", "PMPI_Finalize"))();
+    return ((finalize_fn)pmpi_next("MPI_Finalize", "PMPI_Finalize"))();
 }
 
 /* ------------------------------------------------------------------ between the nodes */
@@ -488,71 +454,88 @@ static void net_init(state *s)
 
 static __thread const char *failure;   /* why this thread's last set-up failed (stats) */
 
-/* This rank's part of a set-up: the node, its segment, the core; 0 on success. */
-static int map_node(state *s, int rank)
+/* The node of `comm` (virtual nodes of cfg.node_size ranks when set), reporting to the library
+ * only; 0 on success. */
+int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node)
 {
     MPI_Comm shared;
-    if (PMPI_Comm_split_type(s->comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared))
-        return failure = "MPI_Comm_split_type failed", 1;
+    if (PMPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared))
+        return 1;
     if (cfg.node_size > 0) {
         int r;
         PMPI_Comm_rank(shared, &r);
-        PMPI_Comm_split(shared, r / cfg.node_size, rank, &s->node);
+        PMPI_Comm_split(shared, r / cfg.node_size, rank, node);
         PMPI_Comm_free(&shared);
     } else {
-        s->node = shared;
+        *node = shared;
     }
     /* the library's own communicators report to it, never to the program's handler */
-    PMPI_Comm_set_errhandler(s->node, MPI_ERRORS_RETURN);
+    PMPI_Comm_set_errhandler(*node, MPI_ERRORS_RETURN);
+    return 0;
+}
+
+/* A shared segment of `bytes` mapped by every rank of `node`, collectively: NULL and *why set
+ * when one rank could not.  POSIX shared memory, its room reserved before use (a full /dev/shm
+ * fails here, not in the program), its name unlinked once every rank tried to map it (a job
+ * killed later leaves nothing in /dev/shm).  `inject`: as if this rank had no room (tests). */
+char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why)
+{
+    int nr;
+    PMPI_Comm_rank(node, &nr);
+    char name[64] = "", *base = NULL;
+    if (nr == 0 && !inject) {
+        static _Atomic unsigned serial;
+        snprintf(name, sizeof name, "/hybridmpi-pmpi-%d-%u-%lx", (int)getpid(),
+                 atomic_fetch_add(&serial, 1), (unsigned long)time(NULL));
+        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        int err = fd < 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+        if (fd >= 0) {
+            if (err == 0)
+                base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+            if (err != 0 || base == MAP_FAILED)
+                base = NULL;
+        }
+        if (base == NULL) {
+            if (fd >= 0)
+                shm_unlink(name);
+            name[0] = '\0';
+        }
+    }
+    if (PMPI_Bcast(name, sizeof name, MPI_CHAR, 0, node) != MPI_SUCCESS)
+        name[0] = '\0';
+    if (name[0] == '\0')   /* every node rank sees it: none goes on to the barrier below */
+        return *why = "no room for the node's shared segment", NULL;
+    if (nr != 0 && !inject) {
+        int fd = shm_open(name, O_RDWR, 0);
+        if (fd >= 0) {
+            base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+        }
+        if (fd < 0 || base == MAP_FAILED)
+            base = NULL;
+    }
+    PMPI_Barrier(node);
+    if (nr == 0)
+        shm_unlink(name);
+    if (base == NULL)
+        *why = "could not map the node's shared segment";
+    return base;
+}
+
+/* This rank's part of a set-up: the node, its segment, the core; 0 on success. */
+static int map_node(state *s, int rank)
+{
+    if (pmpi_split_node(s->comm, rank, &s->node))
+        return failure = "MPI_Comm_split_type failed", 1;
     int nr, nn;
     PMPI_Comm_rank(s->node, &nr);
     PMPI_Comm_size(s->node, &nn);
     size_t per = (hm_coll_segment_bytes(cfg.max_bytes) + 4095) & ~(size_t)4095;
     s->bytes = per * (size_t)nn + (((size_t)nn * sizeof(pid_t) + 4095) & ~(size_t)4095);
-    char *name = s->name;
-    int inject = rank == cfg.fail_rank;   /* as if its shared memory had no room */
-    if (nr == 0 && !inject) {
-        static _Atomic unsigned serial;
-        snprintf(name, sizeof s->name, "/hybridmpi-pmpi-%d-%u-%lx", (int)getpid(),
-                 atomic_fetch_add(&serial, 1), (unsigned long)time(NULL));
-        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-        /* reserve the room now: a /dev/shm that fills later cannot fault the program */
-        int err = fd < 0 ? errno : posix_fallocate(fd, 0, (off_t)s->bytes);
-        if (fd >= 0) {
-            if (err == 0)
-                s->base = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            close(fd);
-            if (err != 0 || s->base == MAP_FAILED)
-                s->base = NULL;
-        }
-        if (s->base == NULL) {
-            if (fd >= 0)
-                shm_unlink(name);
-            failure = "no room for the node's shared segment";
-            name[0] = '\0';
-        }
-    }
-    if (PMPI_Bcast(name, sizeof s->name, MPI_CHAR, 0, s->node) != MPI_SUCCESS)
-        name[0] = '\0';
-    if (name[0] == '\0')   /* every node rank sees it: none goes on to the barrier below */
-        return failure = "no room for the node's shared segment", 1;
-    if (nr != 0 && !inject) {
-        int fd = shm_open(name, O_RDWR, 0);
-        if (fd >= 0) {
-            s->base = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            close(fd);
-        }
-        if (fd < 0 || s->base == MAP_FAILED)
-            s->base = NULL;
-    }
-    /* every node rank tried to map it: the name goes now, not after the slower agreement over
-     * the whole communicator (a job killed in between leaves nothing in /dev/shm) */
-    PMPI_Barrier(s->node);
-    if (nr == 0)
-        shm_unlink(name);
-    name[0] = '\0';
+    s->base = pmpi_map_segment(s->node, s->bytes, rank == cfg.fail_rank, &failure);
     if (s->base == NULL)
-        return failure = "could not map the node's shared segment", 1;
+        return 1;
     s->seg = malloc((size_t)nn * sizeof(char *));
     if (s->seg == NULL)
         return failure = "out of memory", 1;
@@ -637,7 +620,7 @@ static void set_up_returning(state *s, int rank, int *local, int *all)
 }
 
 /* The state of `comm` when its calls go to the core, else NULL (counting the call). */
-static state *fast_state(MPI_Comm comm)
+state *pmpi_fast_state(MPI_Comm comm)
 {
     if (cache.comm == comm && cache.gen == atomic_load_explicit(&generation, memory_order_relaxed) &&
         cache.st != NULL && cache.st->phase == S_FAST)
@@ -693,36 +676,44 @@ static state *fast_state(MPI_Comm comm)
 /* Called by the core between polls once a wait stopped spinning: drives MPI's progress (a peer
  * may wait for this rank's point-to-point traffic) and, now and then, looks for node peers
  * whose process ended: their words get the error bits, so the wait ends. */
-static void poke(state *s);
 
 static void progress(void)
 {
     state *s = waiting;
     if (s == NULL)
         return;
-    poke(s);
+    pmpi_poke(s);
     if (++idle_polls % 256 || !s->watch)
         return;
-    /* A process found gone is suspect first: its last words are final, and the polls until the
-     * next check read them (a peer that finished its part and exited is no failure).  Gone
-     * at the next check too, while this rank still waits: its words get the error bits. */
+    /* gone at two checks in a row, while this rank still waits: its words get the error bits */
     for (int r = 0; r < s->c.size; r++) {
-        if (r == s->c.rank || kill(s->pids[r], 0) == 0 || errno != ESRCH)
+        if (r == s->c.rank || !pmpi_gone(s, r))
             continue;
-        if (!s->suspect[r]) {
-            s->suspect[r] = 1;
-            continue;
-        }
         hm_coll dead = s->c;
         dead.rank = r;
         hm_coll_poison(&dead, HM_ERRBIT);
     }
 }
 
+/* Whether node rank r's process ended, seen at two checks in a row: a process found gone is
+ * suspect first, so that the polls until the next check read its last words, which are final
+ * (a peer that finished its part and exited is no failure).  0 where processes are not
+ * visible (s->watch). */
+int pmpi_gone(state *s, int r)
+{
+    if (!s->watch || kill(s->pids[r], 0) == 0 || errno != ESRCH)
+        return 0;
+    if (!s->suspect[r]) {
+        s->suspect[r] = 1;
+        return 0;
+    }
+    return 1;
+}
+
 /* A failed call: says why on stderr, revokes the communicator (every later call on it fails
  * at once, without communicating: its ranks may have left this call at different points) and
  * reports through the communicator's error handler. */
-static int failed(state *s, const char *call, int rc)
+int pmpi_failed(state *s, const char *call, int rc)
 {
     static const char *const why[] = {
         [HM_ETIMEOUT] = "a wait timed out (HYBRIDMPI_PMPI_TIMEOUT)",
@@ -750,7 +741,7 @@ static int failed(state *s, const char *call, int rc)
 }
 
 /* A call on a revoked communicator. */
-static int revoked(state *s)
+int pmpi_revoked(state *s)
 {
     COUNT(C_FAILED);
     PMPI_Comm_call_errhandler(s->comm, MPI_ERR_OTHER);
@@ -758,7 +749,7 @@ static int revoked(state *s)
 }
 
 /* One turn of MPI's progress engine. */
-static void poke(state *s)
+void pmpi_poke(state *s)
 {
     int flag;
     PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, s->comm, &flag, MPI_STATUS_IGNORE);
@@ -771,7 +762,7 @@ static int run_barrier(state *s)
 {
     int rc;
     if (s->phase == S_BROKEN)
-        return revoked(s);
+        return pmpi_revoked(s);
     waiting = s;
     if (!s->multi)
         rc = hm_barrier_dissemination(&s->c);
@@ -780,17 +771,17 @@ static int run_barrier(state *s)
     else
         rc = hm_net_barrier(&s->c, &s->net, HM_TREE, HM_K_BARRIER_TREE);
     waiting = NULL;
-    poke(s);
+    pmpi_poke(s);
     COUNT(C_FAST_BARRIER);
     s->fast++;
-    return rc == HM_OK ? MPI_SUCCESS : failed(s, "MPI_Barrier", rc);
+    return rc == HM_OK ? MPI_SUCCESS : pmpi_failed(s, "MPI_Barrier", rc);
 }
 
 static int run_allreduce(state *s, const void *send, void *recv, uint64_t count, int dt, int op)
 {
     int rc;
     if (s->phase == S_BROKEN)
-        return revoked(s);
+        return pmpi_revoked(s);
     if (send == MPI_IN_PLACE)
         send = recv;
     static char none[16];   /* count 0: buffers MPI allows to be anything */
@@ -804,7 +795,7 @@ static int run_allreduce(state *s, const void *send, void *recv, uint64_t count,
     waiting = NULL;
     COUNT(C_FAST_ALLREDUCE);
     s->fast++;
-    return rc == HM_OK ? MPI_SUCCESS : failed(s, "MPI_Allreduce", rc);
+    return rc == HM_OK ? MPI_SUCCESS : pmpi_failed(s, "MPI_Allreduce", rc);
 }
 
 /* The state and the core's codes when this allreduce goes to the core (or the communicator
@@ -815,7 +806,7 @@ static state *allreduce_fast(const void *send, const void *recv, MPI_Count count
     /* buffers the MPI refuses (none, or the same without MPI_IN_PLACE): it says so, as ever */
     if (count > 0 && (recv == NULL || send == NULL || send == recv))
         return NULL;
-    state *s = fast_state(comm);
+    state *s = pmpi_fast_state(comm);
     if (s != NULL && s->phase == S_BROKEN)
         return s;
     /* count 0 goes to the core too: a rank with none where the others reduce some (or are in a
@@ -841,7 +832,7 @@ EXPORT int MPI_Allreduce(const void *send, void *recv, int count, MPI_Datatype t
 
 EXPORT int MPI_Barrier(MPI_Comm comm)
 {
-    state *s = fast_state(comm);
+    state *s = pmpi_fast_state(comm);
     if (s != NULL)
         return run_barrier(s);
     COUNT(C_NEXT_BARRIER);
@@ -888,7 +879,7 @@ EXPORT void mpi_allreduce_(void *send, void *recv, MPI_Fint *count, MPI_Fint *ty
 
 EXPORT void mpi_barrier_(MPI_Fint *comm, MPI_Fint *ierr)
 {
-    state *s = fast_state(PMPI_Comm_f2c(*comm));
+    state *s = pmpi_fast_state(PMPI_Comm_f2c(*comm));
     if (s != NULL) {
         *ierr = run_barrier(s);
         return;

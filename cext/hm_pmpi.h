@@ -1,0 +1,73 @@
+/* hybridmpi's PMPI library, internal: what its two files share.  hm_pmpi.c holds the
+ * settings, the per-communicator state and its set-up, the barrier and the allreduce;
+ * hm_pmpi_ngh.c the neighbourhood collectives and the completion calls of their requests. */
+#ifndef HM_PMPI_H
+#define HM_PMPI_H
+
+#include <mpi.h>
+#include "hm_core.h"
+
+#include <stdatomic.h>
+#include <sys/types.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+struct pmpi_cfg {
+    int after;           /* calls on a communicator before it is set up */
+    uint64_t max_bytes;  /* the largest payload the core reduces */
+    int node_size;       /* > 0: virtual nodes of this many ranks (tests) */
+    int stats;           /* print the counters at MPI_Finalize */
+    int off;             /* 1: every call goes to what comes next */
+    double timeout_s;    /* > 0: a wait that lasts this long fails */
+    int fail_rank;       /* tests: this rank of each communicator fails its set-up (-1: none) */
+    int adaptive;        /* defer set-ups where communicators die young (a vote per decision) */
+    uint64_t ngh_bytes;  /* the most a rank stages in shared memory per neighbourhood call */
+};
+extern struct pmpi_cfg cfg;
+
+enum { C_FAST_ALLREDUCE, C_FAST_BARRIER, C_NEXT_ALLREDUCE, C_NEXT_BARRIER, C_SETUP, C_FELL_BACK,
+       C_FAILED, C_FAST_NEIGHBOR, C_NEXT_NEIGHBOR, C_NUM };
+extern _Atomic long counters[C_NUM];
+#define COUNT(k) atomic_fetch_add_explicit(&counters[k], 1, memory_order_relaxed)
+
+enum { S_COUNTING, S_FAST, S_NEXT, S_BROKEN };
+
+struct ngh;
+
+typedef struct state {
+    int phase;
+    int calls;
+    int set_up_at;          /* the call at which its ranks next consider setting it up */
+    long fast;              /* calls that went to the core (its lifetime's worth) */
+    MPI_Comm comm;          /* the user's communicator */
+    MPI_Comm node;          /* its ranks on this node (MPI_COMM_NULL before set-up) */
+    MPI_Comm leaders;       /* the nodes' leaders, on leaders across nodes; else MPI_COMM_NULL */
+    int multi;              /* more than one node */
+    char *base;             /* the node's shared segment */
+    size_t bytes;
+    char **seg;
+    pid_t *pids;            /* each node rank's process, in the segment */
+    int watch;              /* 1: the node's processes are visible here (dead-peer checks) */
+    unsigned char *suspect; /* node ranks whose process was found gone once (checked again) */
+    hm_coll c;
+    hm_net net;             /* a leader's calls between the nodes (hm_net.c), over `leaders` */
+    struct ngh *ngh;        /* the neighbourhood collectives' part (hm_pmpi_ngh.c), or NULL */
+    struct state *prev, *next;
+} state;
+
+/* hm_pmpi.c */
+state *pmpi_fast_state(MPI_Comm comm);
+void *pmpi_next(const char *name, const char *pname);   /* what comes next: RTLD_NEXT, else PMPI */
+int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node);
+char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why);
+int pmpi_failed(state *s, const char *call, int rc);
+int pmpi_revoked(state *s);
+void pmpi_poke(state *s);
+int pmpi_gone(state *s, int node_rank);
+
+/* hm_pmpi_ngh.c: frees the neighbourhood part of a state whose communicator is freed (its
+ * calls still pending are completed first); 0 when it must be kept (a request MPI may still
+ * complete into it). */
+int pmpi_ngh_release(state *s);
+
+#endif

@@ -1,0 +1,1369 @@
+/* hybridmpi's PMPI library: the neighbourhood collectives on the core (docs/pmpi.md,
+ * "Neighbourhood collectives").
+ *
+ * MPI_Neighbor_alltoallv, _alltoall, _allgather and _allgatherv, blocking and non-blocking,
+ * on distributed-graph and Cartesian communicators.  An edge between two ranks of one node
+ * goes through shared memory: the sender packs every edge to that peer into its own area of
+ * the node's segment, as one channel of the core's ghost exchange (hm_halo.c: two buffers by
+ * call parity, READY and DONE counters), and the receiver unpacks it.  An edge across nodes,
+ * or one that does not fit the area, goes as a message (PMPI_Isend/Irecv on a duplicate of the
+ * communicator) in the same call.  Any datatype: contiguous ones move as bytes, the others are
+ * packed with PMPI_Pack (messages carry them as MPI does).
+ *
+ * A non-blocking call returns a generalized request (MPI_Grequest_start); the completion calls
+ * (MPI_Wait, Waitall, Waitany, Waitsome, the Test family, MPI_Request_get_status,
+ * MPI_Request_free) are defined here too: they drive this library's calls, then hand the
+ * request to the MPI's own.  Posting never waits for a peer, so a program may post, do
+ * blocking point-to-point, and only then wait.  A communicator's calls complete in order.
+ *
+ * Whether a call goes to the core depends only on the communicator (set up, collectively, as
+ * for the allreduce, then over its graph once), never on a call's arguments: every rank
+ * chooses alike. */
+#define _GNU_SOURCE
+#include "hm_pmpi.h"
+#include "hm_wait.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+enum { N_FAST, N_NEXT, N_REFUSED };
+enum { F_ALLTOALLV, F_ALLTOALL, F_ALLGATHER, F_ALLGATHERV };
+static const char *const call_names[2][4] = {
+    {"MPI_Neighbor_alltoallv", "MPI_Neighbor_alltoall", "MPI_Neighbor_allgather",
+     "MPI_Neighbor_allgatherv"},
+    {"MPI_Ineighbor_alltoallv", "MPI_Ineighbor_alltoall", "MPI_Ineighbor_allgather",
+     "MPI_Ineighbor_allgatherv"}};
+
+/* One edge seen from this rank: its peer (MPI_PROC_NULL: none), the peer's node rank (-1:
+ * another node) and its key, the same at both ends: the tag of its messages and its place
+ * among the edges between the two (Cartesian: the sender's index of the edge, as the -1
+ * neighbour receives in its +1 slot; a graph: its rank among the edges to, or from, that
+ * peer, as MPI matches repeated edges in order). */
+typedef struct {
+    int peer, node, key;
+} edge;
+
+/* Where rank q's call e to rank r stands: in q's area, hdr(q)[r]; every word is q's but
+ * `done`, which r writes once it took call e. */
+typedef struct {
+    hm_counter ready;
+    hm_counter done;
+    _Atomic int64_t off[2];   /* by parity: where q's packed edges to r start, -1: as messages */
+    _Atomic uint64_t sig[2];  /* by parity: the edges' keys and sizes, hashed (both ends) */
+    char pad[16];
+} pairhdr;
+
+/* A peer on this node and the edges to (or from) it, in key order: one channel of the core's
+ * exchange, whose runs are the edges' bytes in the buffer (or in its packed copy). */
+typedef struct {
+    int node, n;
+    int *edge;               /* the edges' indices in the call's arrays */
+    int64_t *start, *len;
+    uint64_t bytes, sig;
+    hm_chan chan;
+} pair;
+
+/* How one call moves: its arguments (the key of the cache) and what they give. */
+typedef struct plan {
+    int refs, form;
+    int64_t *sc, *sd, *rc, *rd;  /* per edge: counts and displacements, in elements */
+    MPI_Datatype st, rt;
+    MPI_Aint sext, rext;
+    int ssz, rsz, scontig, rcontig;
+    int nsp, nrp;
+    pair *sp, *rp;           /* on-node peers: sent to, received from */
+    uint64_t spacked, rpacked; /* bytes of the packed copies (types that are not contiguous) */
+} plan;
+
+struct ngh;
+
+/* One call in flight. */
+typedef struct op {
+    struct ngh *g;
+    state *s;
+    plan *p;
+    uint64_t e;
+    const char *sb;
+    char *rb, *spack, *rpack;
+    int sent, left, done, rc, form;
+    unsigned char *taken;    /* per receive pair */
+    MPI_Request *req;        /* messages */
+    MPI_Status *st;
+    int64_t *expect;         /* per message: bytes it must carry (-1: a send) */
+    int nreq, maxreq;
+    MPI_Request greq;        /* the program's request (MPI_REQUEST_NULL: a blocking call) */
+    _Atomic int refs;        /* the communicator's list, and MPI's request */
+    struct op *next, *reg_next;
+} op;
+
+typedef struct ngh {
+    int phase;
+    int nin, nout, nn, me;
+    edge *in, *out;
+    char *base;
+    size_t bytes, per, hdr;
+    uint64_t cap;            /* bytes of each parity's area */
+    MPI_Comm msgs;
+    uint64_t epoch;
+    op *head, *tail;
+    plan *last;
+    char why[224];           /* N_REFUSED: what is wrong with the graph */
+} ngh;
+
+#define HDR(g, q, r) ((pairhdr *)((g)->base + (g)->per * (size_t)(q)) + (r))
+#define AREA(g, q, par) ((g)->base + (g)->per * (size_t)(q) + (g)->hdr + (size_t)(par) * (g)->cap)
+
+/* ------------------------------------------------------------------ the graph, once */
+
+/* The communicator's edges (0), or 1 when it has no graph the library serves. */
+static int read_graph(ngh *g, MPI_Comm comm)
+{
+    int topo = MPI_UNDEFINED;
+    PMPI_Topo_test(comm, &topo);
+    int *src = NULL, *dst = NULL, nin = 0, nout = 0, cart = topo == MPI_CART;
+    if (topo == MPI_DIST_GRAPH) {
+        int weighted = 0;
+        PMPI_Dist_graph_neighbors_count(comm, &nin, &nout, &weighted);
+        src = malloc(sizeof(int) * (size_t)(nin + 1));
+        dst = malloc(sizeof(int) * (size_t)(nout + 1));
+        int *sw = weighted ? malloc(sizeof(int) * (size_t)(nin + 1)) : NULL;
+        int *dw = weighted ? malloc(sizeof(int) * (size_t)(nout + 1)) : NULL;
+        if (src && dst && (!weighted || (sw && dw)))
+            PMPI_Dist_graph_neighbors(comm, nin, src, weighted ? sw : MPI_UNWEIGHTED, nout, dst,
+                                      weighted ? dw : MPI_UNWEIGHTED);
+        free(sw);
+        free(dw);
+    } else if (cart) {
+        int nd = 0;
+        PMPI_Cartdim_get(comm, &nd);
+        nin = nout = 2 * nd;
+        src = malloc(sizeof(int) * (size_t)(nin + 1));
+        dst = malloc(sizeof(int) * (size_t)(nout + 1));
+        for (int d = 0; src && dst && d < nd; d++) {
+            PMPI_Cart_shift(comm, d, 1, &src[2 * d], &src[2 * d + 1]);
+            dst[2 * d] = src[2 * d], dst[2 * d + 1] = src[2 * d + 1];
+        }
+    } else {
+        return 1;
+    }
+    g->in = calloc((size_t)nin + 1, sizeof(edge));
+    g->out = calloc((size_t)nout + 1, sizeof(edge));
+    int bad = !src || !dst || !g->in || !g->out;
+    for (int j = 0; !bad && j < nin; j++) {
+        g->in[j].peer = src[j];
+        g->in[j].key = cart ? j ^ 1 : 0;
+        for (int k = 0; !cart && k < j; k++)
+            g->in[j].key += src[k] == src[j];
+    }
+    for (int i = 0; !bad && i < nout; i++) {
+        g->out[i].peer = dst[i];
+        g->out[i].key = cart ? i : 0;
+        for (int k = 0; !cart && k < i; k++)
+            g->out[i].key += dst[k] == dst[i];
+    }
+    g->nin = nin, g->nout = nout;
+    free(src);
+    free(dst);
+    return bad ? -1 : 0;
+}
+
+/* Each edge's node rank; 0, or -1 when MPI could not say. */
+static int find_nodes(ngh *g, MPI_Comm comm, MPI_Comm node)
+{
+    MPI_Group cg, ng;
+    if (PMPI_Comm_group(comm, &cg) != MPI_SUCCESS || PMPI_Comm_group(node, &ng) != MPI_SUCCESS)
+        return -1;
+    int rc = 0;
+    for (int side = 0; side < 2; side++) {
+        int n = side ? g->nout : g->nin;
+        edge *e = side ? g->out : g->in;
+        for (int i = 0; i < n && rc == 0; i++) {
+            int r = e[i].peer, t = MPI_UNDEFINED;
+            if (r != MPI_PROC_NULL && PMPI_Group_translate_ranks(cg, 1, &r, ng, &t) != MPI_SUCCESS)
+                rc = -1;
+            e[i].node = r == MPI_PROC_NULL || t == MPI_UNDEFINED ? -1 : t;
+        }
+    }
+    PMPI_Group_free(&cg);
+    PMPI_Group_free(&ng);
+    return rc;
+}
+
+/* Whether every edge is in both ranks' lists, as MPI requires: 0, else 1 with g->why set
+ * (the first rank whose count of edges from this rank differs from this rank's count). */
+static int asymmetric(ngh *g, MPI_Comm comm, int size, int rank, int *failed)
+{
+    int *mine = calloc((size_t)size, sizeof(int)), *theirs = calloc((size_t)size, sizeof(int));
+    int *from = calloc((size_t)size, sizeof(int)), bad = 0;
+    if (!mine || !theirs || !from)
+        *failed = 1;
+    for (int i = 0; !*failed && i < g->nout; i++)
+        if (g->out[i].peer != MPI_PROC_NULL)
+            mine[g->out[i].peer]++;
+    for (int j = 0; !*failed && j < g->nin; j++)
+        if (g->in[j].peer != MPI_PROC_NULL)
+            from[g->in[j].peer]++;
+    /* theirs[q]: how many edges rank q lists to this rank */
+    if (PMPI_Alltoall(mine ? mine : from, 1, MPI_INT, theirs ? theirs : from, 1, MPI_INT, comm) !=
+        MPI_SUCCESS)
+        *failed = 1;
+    for (int q = 0; !*failed && q < size && !bad; q++)
+        if (theirs[q] != from[q]) {
+            snprintf(g->why, sizeof g->why,
+                     "the graph's edges do not match: rank %d lists rank %d as a destination %d "
+                     "time(s), and rank %d lists rank %d as a source %d time(s) (MPI requires "
+                     "every edge in both lists)", q, rank, theirs[q], rank, q, from[q]);
+            bad = 1;
+        }
+    free(mine);
+    free(theirs);
+    free(from);
+    return bad;
+}
+
+static void plan_unref(plan *p);
+
+/* Frees what set_up made (the shared segment, the messages' communicator, the edges). */
+static void drop(ngh *g)
+{
+    if (g->base != NULL)
+        munmap(g->base, g->bytes);
+    g->base = NULL;
+    if (g->msgs != MPI_COMM_NULL)
+        PMPI_Comm_free(&g->msgs);
+    free(g->in);
+    free(g->out);
+    g->in = g->out = NULL;
+    g->nin = g->nout = 0;
+    if (g->last)
+        plan_unref(g->last);
+    g->last = NULL;
+}
+
+static uint64_t onnode_bytes(const ngh *g, int form, int big, const void *sc, int64_t scount,
+                             MPI_Datatype st);
+
+/* Sets up s->ngh, collectively over the communicator (every rank is in the same call):
+ * N_FAST, N_NEXT (every rank's calls go to MPI: a communicator without a graph, or one whose
+ * set-up failed on some rank), or N_REFUSED (the graph's edges do not match: every call
+ * fails).  `form`, `sc`, `scount` and `st` are the call's: the areas are sized for it. */
+static void set_up(state *s, int form, int big, const void *sc, int64_t scount, MPI_Datatype st)
+{
+    ngh *g = calloc(1, sizeof *g);
+    if (g == NULL)   /* (every rank reads its graph alike: a rank without memory is a failure
+                        the others meet below only if it gets that far; it stays on MPI) */
+        return;
+    s->ngh = g;
+    g->phase = N_NEXT;
+    g->msgs = MPI_COMM_NULL;
+    MPI_Comm comm = s->comm, node = MPI_COMM_NULL;
+    int rank, size, failed = 0;
+    PMPI_Comm_rank(comm, &rank);
+    PMPI_Comm_size(comm, &size);
+    int r = read_graph(g, comm);
+    if (r == 1)   /* no graph on any rank: nothing collective happens */
+        return;
+    MPI_Errhandler was;
+    PMPI_Comm_get_errhandler(comm, &was);
+    PMPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    failed = r != 0 || pmpi_split_node(comm, rank, &node) != 0;
+    if (!failed) {
+        PMPI_Comm_rank(node, &g->me);
+        PMPI_Comm_size(node, &g->nn);
+        failed = find_nodes(g, comm, node) != 0 || g->nn != s->c.size || g->me != s->c.rank;
+    }
+    int asym = asymmetric(g, comm, size, rank, &failed);
+    int *ub = NULL, found = 0;
+    PMPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &found);
+    for (int i = 0; i < g->nout; i++)   /* keys are tags */
+        failed |= found && g->out[i].key > *ub;
+    /* the areas: this call's bytes to the node (the most of any node rank), 64 KiB at least,
+     * cfg.ngh_bytes at most; larger calls send what does not fit as messages */
+    uint64_t need = failed ? 0 : onnode_bytes(g, form, big, sc, scount, st), most = 0;
+    if (node != MPI_COMM_NULL && PMPI_Allreduce(&need, &most, 1, MPI_UINT64_T, MPI_MAX, node) != MPI_SUCCESS)
+        failed = 1;
+    g->cap = most < 65536 ? 65536 : (most + 4095) & ~(uint64_t)4095;
+    if (g->cap > cfg.ngh_bytes)
+        g->cap = cfg.ngh_bytes & ~(uint64_t)63;
+    g->hdr = ((size_t)g->nn * sizeof(pairhdr) + 4095) & ~(size_t)4095;
+    g->per = (g->hdr + 2 * g->cap + 4095) & ~(size_t)4095;
+    g->bytes = g->per * (size_t)g->nn;
+    const char *why = NULL;
+    if (node != MPI_COMM_NULL) {
+        int fail_here = failed;   /* every node rank maps, or none goes on: one agreement */
+        int any = 0;
+        PMPI_Allreduce(&fail_here, &any, 1, MPI_INT, MPI_MAX, node);
+        if (!any) {
+            g->base = pmpi_map_segment(node, g->bytes, 0, &why);
+            failed |= g->base == NULL;
+        }
+        PMPI_Comm_free(&node);
+    }
+    if (PMPI_Comm_dup(comm, &g->msgs) != MPI_SUCCESS)
+        g->msgs = MPI_COMM_NULL, failed = 1;
+    else
+        PMPI_Comm_set_errhandler(g->msgs, MPI_ERRORS_RETURN);
+    int local[2] = {failed, asym}, all[2] = {1, 0};
+    if (PMPI_Allreduce(local, all, 2, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS)
+        all[0] = 1;
+    PMPI_Comm_set_errhandler(comm, was);
+    PMPI_Errhandler_free(&was);
+    if (all[0] == 0 && all[1] == 0) {
+        g->phase = N_FAST;
+        return;
+    }
+    drop(g);
+    if (all[0] == 0) {   /* every rank could have: the graph is wrong */
+        g->phase = N_REFUSED;
+        if (!asym)
+            snprintf(g->why, sizeof g->why, "the graph's edges do not match on another rank (MPI "
+                     "requires every edge in both ranks' lists)");
+    } else if (cfg.stats && failed) {
+        fprintf(stderr, "hybridmpi pmpi: rank %d: neighbourhood collectives stay on MPI: %s\n", rank,
+                why ? why : "the set-up failed");
+    }
+}
+
+/* ------------------------------------------------------------------ plans */
+
+/* A datatype's size and extent; whether its elements lie back to back (moved as bytes). */
+static int type_info(MPI_Datatype t, int *size, MPI_Aint *ext, int *contig)
+{
+    MPI_Aint lb, tlb, text;
+    if (PMPI_Type_size(t, size) != MPI_SUCCESS || PMPI_Type_get_extent(t, &lb, ext) != MPI_SUCCESS ||
+        PMPI_Type_get_true_extent(t, &tlb, &text) != MPI_SUCCESS)
+        return -1;
+    *contig = lb == 0 && tlb == 0 && *ext == *size && text == *size;
+    return 0;
+}
+
+/* The count and displacement of edge i for a call's form: uniform forms have one count, and
+ * allgathers send the same block along every edge. */
+static void edge_args(int form, int big, int send, int i, const void *c, const void *d, int64_t n,
+                      int64_t *cnt, int64_t *dsp)
+{
+    int uniform = form == F_ALLTOALL || form == F_ALLGATHER || (send && form == F_ALLGATHERV);
+    *cnt = uniform ? n : big ? ((const MPI_Count *)c)[i] : ((const int *)c)[i];
+    *dsp = send && (form == F_ALLGATHER || form == F_ALLGATHERV) ? 0
+           : uniform ? i * n
+           : big ? ((const MPI_Aint *)d)[i] : ((const int *)d)[i];
+}
+
+static uint64_t onnode_bytes(const ngh *g, int form, int big, const void *sc, int64_t scount,
+                             MPI_Datatype st)
+{
+    int size, contig;
+    int64_t cnt, dsp;
+    MPI_Aint ext;
+    if (type_info(st, &size, &ext, &contig))
+        return 0;
+    uint64_t b = 0;
+    for (int i = 0; i < g->nout; i++)
+        if (g->out[i].node >= 0) {
+            edge_args(form, big, 1, i, sc, NULL, scount, &cnt, &dsp);
+            b += ((uint64_t)(cnt > 0 ? cnt : 0) * (uint64_t)size + 63) & ~(uint64_t)63;
+        }
+    return b;
+}
+
+static void plan_unref(plan *p)
+{
+    if (p == NULL || --p->refs > 0)
+        return;
+    for (int k = 0; k < p->nsp + p->nrp; k++) {
+        pair *q = k < p->nsp ? &p->sp[k] : &p->rp[k - p->nsp];
+        free(q->edge);
+        free(q->start);
+        free(q->len);
+    }
+    free(p->sp);
+    free(p->rp);
+    free(p->sc);
+    free(p->sd);
+    free(p->rc);
+    free(p->rd);
+    free(p);
+}
+
+/* The hash of a pair's edges (key, bytes) in key order: equal at both ends when their counts
+ * match edge by edge. */
+static uint64_t sig_add(uint64_t h, int key, uint64_t bytes)
+{
+    return (h ^ ((uint64_t)key << 48 ^ bytes)) * 0x100000001b3ULL;
+}
+
+/* The on-node peers of one side: pairs in order of first edge, edges in key order. */
+static int make_pairs(const ngh *g, plan *p, int send)
+{
+    int n = send ? g->nout : g->nin;
+    const edge *e = send ? g->out : g->in;
+    const int64_t *c = send ? p->sc : p->rc, *d = send ? p->sd : p->rd;
+    int contig = send ? p->scontig : p->rcontig, esz = send ? p->ssz : p->rsz;
+    MPI_Aint ext = send ? p->sext : p->rext;
+    pair *pr = calloc((size_t)n + 1, sizeof(pair));
+    int *order = malloc(sizeof(int) * ((size_t)n + 1));
+    if (pr == NULL || order == NULL) {
+        free(pr);
+        free(order);
+        return -1;
+    }
+    int np = 0;
+    uint64_t packed = 0;
+    for (int i = 0; i < n; i++) {   /* packed copies: every on-node edge in index order */
+        if (e[i].node < 0)
+            continue;
+        int k = 0;
+        while (k < np && pr[k].node != e[i].node)
+            k++;
+        if (k == np)
+            pr[np++].node = e[i].node;
+        pr[k].n++;
+    }
+    int rc = 0;
+    for (int k = 0; k < np && rc == 0; k++) {
+        pair *q = &pr[k];
+        q->edge = malloc(sizeof(int) * (size_t)q->n);
+        q->start = malloc(sizeof(int64_t) * (size_t)q->n);
+        q->len = malloc(sizeof(int64_t) * (size_t)q->n);
+        if (!q->edge || !q->start || !q->len) {
+            rc = -1;
+            break;
+        }
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (e[i].node == q->node)
+                order[m++] = i;
+        for (int a = 1; a < m; a++)   /* by key (insertion sort: a handful of edges) */
+            for (int b = a; b > 0 && e[order[b]].key < e[order[b - 1]].key; b--) {
+                int t = order[b];
+                order[b] = order[b - 1], order[b - 1] = t;
+            }
+        for (int a = 0; a < m; a++)
+            q->edge[a] = order[a];
+    }
+    /* runs: bytes in the buffer, or in the packed copy (edges in index order) */
+    for (int i = 0; rc == 0 && i < n; i++) {
+        if (e[i].node < 0)
+            continue;
+        int k = 0, a = 0;
+        while (pr[k].node != e[i].node)
+            k++;
+        while (pr[k].edge[a] != i)
+            a++;
+        int64_t bytes = (int64_t)(c[i] > 0 ? c[i] : 0) * esz;
+        pr[k].len[a] = bytes;
+        pr[k].start[a] = contig ? (int64_t)d[i] * ext : (int64_t)packed;
+        packed += (uint64_t)bytes;
+    }
+    for (int k = 0; rc == 0 && k < np; k++) {
+        pair *q = &pr[k];
+        q->sig = 0xcbf29ce484222325ULL;
+        for (int a = 0; a < q->n; a++) {
+            q->bytes += (uint64_t)q->len[a];
+            q->sig = sig_add(q->sig, e[q->edge[a]].key, (uint64_t)q->len[a]);
+        }
+        q->chan.peer = q->node;
+        q->chan.nruns = q->n;
+        q->chan.count = (int64_t)q->bytes;
+        q->chan.run_start = q->start;
+        q->chan.run_len = q->len;
+        q->chan.ready = send ? &HDR(g, g->me, q->node)->ready : &HDR(g, q->node, g->me)->ready;
+        q->chan.done = send ? &HDR(g, g->me, q->node)->done : &HDR(g, q->node, g->me)->done;
+    }
+    free(order);
+    if (send)
+        p->sp = pr, p->nsp = np, p->spacked = contig ? 0 : packed;
+    else
+        p->rp = pr, p->nrp = np, p->rpacked = contig ? 0 : packed;
+    return rc;
+}
+
+/* The plan of a call: the last one when its arguments are the same, else a new one. */
+static plan *plan_for(ngh *g, int form, int big, const void *sc, const void *sd, int64_t scount,
+                      MPI_Datatype st, const void *rc, const void *rd, int64_t rcount, MPI_Datatype rt)
+{
+    int no = g->nout, ni = g->nin;
+    int64_t *a = malloc(sizeof(int64_t) * (size_t)(2 * (no + ni) + 4));
+    if (a == NULL)
+        return NULL;
+    for (int i = 0; i < no; i++)
+        edge_args(form, big, 1, i, sc, sd, scount, &a[i], &a[no + i]);
+    for (int j = 0; j < ni; j++)
+        edge_args(form, big, 0, j, rc, rd, rcount, &a[2 * no + j], &a[2 * no + ni + j]);
+    plan *p = g->last;
+    if (p && p->st == st && p->rt == rt && memcmp(p->sc, a, sizeof(int64_t) * (size_t)no) == 0 &&
+        memcmp(p->sd, a + no, sizeof(int64_t) * (size_t)no) == 0 &&
+        memcmp(p->rc, a + 2 * no, sizeof(int64_t) * (size_t)ni) == 0 &&
+        memcmp(p->rd, a + 2 * no + ni, sizeof(int64_t) * (size_t)ni) == 0) {
+        free(a);
+        p->refs++;
+        return p;
+    }
+    p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        free(a);
+        return NULL;
+    }
+    p->refs = 1;
+    p->form = form;
+    p->st = st, p->rt = rt;
+    p->sc = malloc(sizeof(int64_t) * ((size_t)no + 1));
+    p->sd = malloc(sizeof(int64_t) * ((size_t)no + 1));
+    p->rc = malloc(sizeof(int64_t) * ((size_t)ni + 1));
+    p->rd = malloc(sizeof(int64_t) * ((size_t)ni + 1));
+    int bad = !p->sc || !p->sd || !p->rc || !p->rd ||
+              type_info(st, &p->ssz, &p->sext, &p->scontig) || type_info(rt, &p->rsz, &p->rext, &p->rcontig);
+    if (!bad) {
+        memcpy(p->sc, a, sizeof(int64_t) * (size_t)no);
+        memcpy(p->sd, a + no, sizeof(int64_t) * (size_t)no);
+        memcpy(p->rc, a + 2 * no, sizeof(int64_t) * (size_t)ni);
+        memcpy(p->rd, a + 2 * no + ni, sizeof(int64_t) * (size_t)ni);
+        bad = make_pairs(g, p, 1) || make_pairs(g, p, 0);
+    }
+    free(a);
+    if (bad) {
+        plan_unref(p);
+        return NULL;
+    }
+    if (g->last)
+        plan_unref(g->last);
+    g->last = p;
+    p->refs++;
+    return p;
+}
+
+/* ------------------------------------------------------------------ calls in flight */
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static op *registry;            /* every call whose request MPI has not freed */
+static _Atomic int registered;
+
+static void op_unref(op *o)
+{
+    if (atomic_fetch_sub(&o->refs, 1) != 1)
+        return;
+    free(o->spack);
+    free(o->rpack);
+    free(o->taken);
+    free(o->req);   /* (the handles of a failed call's messages are dropped, never freed) */
+    free(o->st);
+    free(o->expect);
+    free(o);
+}
+
+/* The pairs' words of a failed call get the error bits: its peers on the node fail too. */
+static void poison(op *o)
+{
+    plan *p = o->p;
+    void *words[2 * (p->nsp + p->nrp) + 1];
+    int n = 0;
+    for (int k = 0; k < p->nsp; k++)
+        words[n++] = p->sp[k].chan.ready;
+    for (int k = 0; k < p->nrp; k++)
+        words[n++] = p->rp[k].chan.done;
+    hm_poison(n, words, HM_ERRBIT);
+}
+
+/* A failed call: says why, revokes the communicator and reports through its error handler.
+ * `peer`: the other rank, or -1. */
+static int fail(op *o, int code, int peer)
+{
+    static const char *const why[] = {
+        [HM_ETIMEOUT] = "a wait timed out (HYBRIDMPI_PMPI_TIMEOUT)",
+        [HM_EMISMATCH] = "the ranks passed different counts for an edge, or called different "
+                         "collectives",
+        [HM_EPEER] = "a rank of the node failed or ended", [HM_ENET] = "MPI failed on a message",
+        [HM_EELSEWHERE] = "an earlier call on the communicator failed"};
+    state *s = o->s;
+    o->rc = code;
+    o->done = 1;
+    poison(o);
+    if (s->phase == S_BROKEN)   /* said once, by the call that failed first */
+        return code;
+    int rank;
+    PMPI_Comm_rank(s->comm, &rank);
+    char with[40] = "";
+    if (peer >= 0)
+        snprintf(with, sizeof with, "with rank %d, ", peer);
+    fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s (%scall %llu); the communicator is revoked\n",
+            rank, call_names[o->greq != MPI_REQUEST_NULL][o->form], why[code] ? why[code] : "failed",
+            with, (unsigned long long)o->e);
+    s->phase = S_BROKEN;
+    pmpi_revoked(s);
+    return code;
+}
+
+/* A message of call o along edge e: a send from buf, or a receive into it that must carry
+ * `expect` bytes. */
+static int message(op *o, int send, const char *buf, int count, MPI_Datatype t, const edge *e,
+                   int64_t expect)
+{
+    MPI_Request *r = &o->req[o->nreq];
+    int rc = send ? PMPI_Isend(buf, count, t, e->peer, e->key, o->g->msgs, r)
+                  : PMPI_Irecv((void *)buf, count, t, e->peer, e->key, o->g->msgs, r);
+    if (rc != MPI_SUCCESS)
+        return fail(o, HM_ENET, e->peer);
+    o->expect[o->nreq++] = send ? -1 : expect;
+    return HM_OK;
+}
+
+/* The edges of an on-node pair that go as messages (they did not fit the sender's area). */
+static int pair_messages(op *o, const pair *q, int send)
+{
+    plan *p = o->p;
+    for (int a = 0; a < q->n; a++) {
+        int i = q->edge[a];
+        int rc = send ? message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, &o->g->out[i], -1)
+                      : message(o, 0, o->rb + (MPI_Aint)p->rd[i] * p->rext, p->rc[i], p->rt, &o->g->in[i],
+                                (int64_t)p->rc[i] * p->rsz);
+        if (rc)
+            return rc;
+    }
+    return HM_OK;
+}
+
+/* The send side, once every peer on the node took call e - 2 (this parity is free): each
+ * pair packed into this rank's area, or, past its end, as messages; then READY. */
+static int publish(op *o)
+{
+    ngh *g = o->g;
+    plan *p = o->p;
+    uint64_t e = o->e;
+    int par = (int)(e & 1);
+    for (int k = 0; k < p->nsp; k++) {
+        uint64_t v = load_acq((hm_counter *)p->sp[k].chan.done, HM_ACQ_REL);
+        if (v & HM_FLAGS)
+            return fail(o, HM_EPEER, g->out[p->sp[k].edge[0]].peer);
+        if (e > 2 && v < e - 2)
+            return HM_OK;   /* not yet */
+    }
+    const char *x = p->scontig ? o->sb : o->spack;
+    uint64_t off = 0;
+    for (int k = 0; k < p->nsp; k++) {
+        pair *q = &p->sp[k];
+        pairhdr *h = HDR(g, g->me, q->node);
+        atomic_store_explicit(&h->sig[par], q->sig, memory_order_relaxed);
+        if (off + q->bytes <= g->cap) {
+            atomic_store_explicit(&h->off[par], (int64_t)off, memory_order_relaxed);
+            q->chan.buf[par] = AREA(g, g->me, par) + off;
+            hm_xchg one = {.n = 1, .chan = &q->chan, .esz = 1, .dtype = HM_U8, .policy = o->s->c.policy};
+            if (hm_xchg_send(&one, x, e) != HM_OK)   /* (it waits for nothing: DONE was read) */
+                return fail(o, HM_EPEER, g->out[q->edge[0]].peer);
+            off += (q->bytes + 63) & ~(uint64_t)63;
+        } else {
+            atomic_store_explicit(&h->off[par], -1, memory_order_relaxed);
+            if (pair_messages(o, q, 1))
+                return o->rc;
+            store_rel((hm_counter *)q->chan.ready, e, HM_ACQ_REL);
+        }
+    }
+    o->sent = 1;
+    return HM_OK;
+}
+
+/* The receive side: each pair whose READY shows call e is unpacked (or its messages posted),
+ * then DONE. */
+static int take(op *o)
+{
+    ngh *g = o->g;
+    plan *p = o->p;
+    uint64_t e = o->e;
+    int par = (int)(e & 1);
+    for (int k = 0; k < p->nrp; k++) {
+        if (o->taken[k])
+            continue;
+        pair *q = &p->rp[k];
+        int peer = g->in[q->edge[0]].peer;
+        pairhdr *h = HDR(g, q->node, g->me);
+        uint64_t v = load_acq(&h->ready, HM_ACQ_REL);
+        if ((v & HM_FLAGS) && (v & ~HM_FLAGS) < e)
+            return fail(o, HM_EPEER, peer);
+        if (v < e)
+            continue;
+        int64_t off = atomic_load_explicit(&h->off[par], memory_order_relaxed);
+        if (atomic_load_explicit(&h->sig[par], memory_order_relaxed) != q->sig)
+            return fail(o, HM_EMISMATCH, peer);
+        if (off < 0) {
+            if (pair_messages(o, q, 0))
+                return o->rc;
+            store_rel(&h->done, e, HM_ACQ_REL);
+            o->taken[k] = 2;
+        } else {
+            q->chan.buf[par] = AREA(g, q->node, par) + off;
+            hm_xchg one = {.n = 1, .chan = &q->chan, .esz = 1, .dtype = HM_U8, .policy = o->s->c.policy};
+            if (hm_xchg_recv(&one, p->rcontig ? o->rb : o->rpack, e, HM_INSERT, 0) != HM_OK)
+                return fail(o, HM_EPEER, peer);
+            o->taken[k] = 1;
+        }
+        o->left--;
+    }
+    if (o->left || p->rcontig || !o->rpack)
+        return HM_OK;
+    /* a type that is not contiguous: from the packed copy, edges in index order */
+    int pos = 0;
+    for (int j = 0; j < g->nin; j++) {
+        if (g->in[j].node < 0)
+            continue;
+        int k = 0;
+        while (p->rp[k].node != g->in[j].node)
+            k++;
+        if (o->taken[k] == 1)
+            PMPI_Unpack(o->rpack, (int)p->rpacked, &pos, o->rb + (MPI_Aint)p->rd[j] * p->rext, p->rc[j],
+                        p->rt, g->msgs);
+        else
+            pos += p->rc[j] * p->rsz;
+    }
+    free(o->rpack);
+    o->rpack = NULL;
+    return HM_OK;
+}
+
+/* The messages: 1 once every one completed with the bytes its edge expects. */
+static int messages_done(op *o)
+{
+    if (o->nreq == 0)
+        return 1;
+    int flag = 0;
+    int rc = PMPI_Testall(o->nreq, o->req, &flag, o->st);
+    if (rc != MPI_SUCCESS) {
+        for (int i = 0; i < o->nreq; i++)
+            if (o->st[i].MPI_ERROR == MPI_ERR_TRUNCATE)
+                return fail(o, HM_EMISMATCH, o->st[i].MPI_SOURCE), 0;
+        return fail(o, HM_ENET, -1), 0;
+    }
+    for (int i = 0; flag && i < o->nreq; i++) {
+        int n = 0;
+        if (o->expect[i] < 0)
+            continue;
+        PMPI_Get_count(&o->st[i], MPI_BYTE, &n);
+        if (n != o->expect[i])
+            return fail(o, HM_EMISMATCH, o->st[i].MPI_SOURCE), 0;
+        o->expect[i] = -1;
+    }
+    return flag;
+}
+
+/* One step of call o, never waiting: 1 once it is complete (or failed). */
+static int step(op *o)
+{
+    if (o->done)
+        return 1;
+    if (o->s->phase == S_BROKEN)
+        return fail(o, HM_EELSEWHERE, -1), 1;
+    if ((!o->sent && publish(o)) || (o->left && take(o)))
+        return 1;
+    if (messages_done(o) && o->sent && !o->left && !o->rpack)
+        o->done = 1;
+    return o->done;
+}
+
+/* Call o is out of the communicator's list: its request is complete for MPI. */
+static void retire(ngh *g, op *o)
+{
+    g->head = o->next;
+    if (g->head == NULL)
+        g->tail = NULL;
+    plan_unref(o->p);
+    o->p = NULL;
+    if (o->greq != MPI_REQUEST_NULL)
+        PMPI_Grequest_complete(o->greq);
+    op_unref(o);
+}
+
+/* The communicator's calls, in order, as far as they go; with `block`, until `upto` is
+ * complete, waiting under the node's policy (a timeout, a peer's process gone). */
+static void advance(ngh *g, op *upto, int block)
+{
+    if (g->head == NULL)
+        return;
+    state *s = g->head->s;
+    const hm_wait_policy *pol = &s->c.policy;
+    int64_t polls = 0;
+    HM_SLOW(w);
+    for (;;) {
+        while (g->head && step(g->head))
+            retire(g, g->head);
+        if (!block || upto->done)
+            return;
+        if (polls++ < pol->spin) {
+            cpu_relax();
+            continue;
+        }
+        if (!w.start)
+            slow_start(&w, pol);
+        pmpi_poke(s);
+        op *o = g->head;
+        for (int k = 0; polls % 256 == 0 && k < o->p->nrp + o->p->nsp; k++) {
+            pair *q = k < o->p->nrp ? &o->p->rp[k] : &o->p->sp[k - o->p->nrp];
+            int waits = k < o->p->nrp ? !o->taken[k] : !o->sent;
+            if (waits && q->node != g->me && pmpi_gone(s, q->node))
+                fail(o, HM_EPEER, k < o->p->nrp ? g->in[q->edge[0]].peer : g->out[q->edge[0]].peer);
+        }
+        if (!o->done && slow_tick(&w, pol, NULL, 0, 0))
+            fail(o, HM_ETIMEOUT, -1);
+    }
+}
+
+/* ------------------------------------------------------------------ generalized requests */
+
+static int greq_query(void *extra, MPI_Status *st)
+{
+    op *o = extra;
+    PMPI_Status_set_elements(st, MPI_BYTE, 0);
+    PMPI_Status_set_cancelled(st, 0);
+    st->MPI_SOURCE = MPI_UNDEFINED;
+    st->MPI_TAG = MPI_UNDEFINED;
+    st->MPI_ERROR = o->rc ? MPI_ERR_OTHER : MPI_SUCCESS;
+    return MPI_SUCCESS;
+}
+
+/* MPI freed the request: the call leaves the registry. */
+static int greq_free(void *extra)
+{
+    op *o = extra;
+    pthread_mutex_lock(&reg_lock);
+    for (op **at = &registry; *at; at = &(*at)->reg_next)
+        if (*at == o) {
+            *at = o->reg_next;
+            atomic_fetch_sub(&registered, 1);
+            break;
+        }
+    pthread_mutex_unlock(&reg_lock);
+    op_unref(o);
+    return MPI_SUCCESS;
+}
+
+/* A collective call cannot be cancelled (MPI_Cancel of one is erroneous): nothing happens. */
+static int greq_cancel(void *extra, int complete)
+{
+    (void)extra, (void)complete;
+    return MPI_SUCCESS;
+}
+
+/* The call behind request r, with a reference the caller drops (op_unref), or NULL. */
+static op *ours(MPI_Request r)
+{
+    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || r == MPI_REQUEST_NULL)
+        return NULL;
+    pthread_mutex_lock(&reg_lock);
+    op *o = registry;
+    while (o && o->greq != r)
+        o = o->reg_next;
+    if (o)
+        atomic_fetch_add(&o->refs, 1);
+    pthread_mutex_unlock(&reg_lock);
+    return o;
+}
+
+/* ------------------------------------------------------------------ the calls */
+
+/* A call's arguments, in the v form where it has one. */
+typedef struct {
+    int form;
+    int big;   /* the _c forms: MPI_Count counts, MPI_Aint displacements */
+    const void *sb;
+    const void *sc, *sd;
+    int64_t scount;
+    MPI_Datatype st;
+    void *rb;
+    const void *rc, *rd;
+    int64_t rcount;
+    MPI_Datatype rt;
+    MPI_Comm comm;
+} args;
+
+/* The call as it came, to what comes next (fn: its entry point there). */
+static int pass_on(const args *a, MPI_Request *req, void *fn)
+{
+    switch (a->form + 4 * (req != NULL) + 8 * a->big) {
+    case F_ALLTOALLV + 0:
+        return ((int (*)(const void *, const int[], const int[], MPI_Datatype, void *, const int[], const int[], MPI_Datatype, MPI_Comm))fn)(a->sb, a->sc, a->sd, a->st, a->rb, a->rc, a->rd, a->rt, a->comm);
+    case F_ALLTOALL + 0:
+        return ((int (*)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm))fn)(a->sb, (int)a->scount, a->st, a->rb, (int)a->rcount, a->rt, a->comm);
+    case F_ALLGATHER + 0:
+        return ((int (*)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm))fn)(a->sb, (int)a->scount, a->st, a->rb, (int)a->rcount, a->rt, a->comm);
+    case F_ALLGATHERV + 0:
+        return ((int (*)(const void *, int, MPI_Datatype, void *, const int[], const int[], MPI_Datatype, MPI_Comm))fn)(a->sb, (int)a->scount, a->st, a->rb, a->rc, a->rd, a->rt, a->comm);
+    case F_ALLTOALLV + 4:
+        return ((int (*)(const void *, const int[], const int[], MPI_Datatype, void *, const int[], const int[], MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, a->sc, a->sd, a->st, a->rb, a->rc, a->rd, a->rt, a->comm, req);
+    case F_ALLTOALL + 4:
+        return ((int (*)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (int)a->scount, a->st, a->rb, (int)a->rcount, a->rt, a->comm, req);
+    case F_ALLGATHER + 4:
+        return ((int (*)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (int)a->scount, a->st, a->rb, (int)a->rcount, a->rt, a->comm, req);
+    case F_ALLGATHERV + 4:
+        return ((int (*)(const void *, int, MPI_Datatype, void *, const int[], const int[], MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (int)a->scount, a->st, a->rb, a->rc, a->rd, a->rt, a->comm, req);
+    case F_ALLTOALLV + 8:
+        return ((int (*)(const void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, MPI_Comm))fn)(a->sb, a->sc, a->sd, a->st, a->rb, a->rc, a->rd, a->rt, a->comm);
+    case F_ALLTOALL + 8:
+        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, MPI_Count, MPI_Datatype, MPI_Comm))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, (MPI_Count)a->rcount, a->rt, a->comm);
+    case F_ALLGATHER + 8:
+        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, MPI_Count, MPI_Datatype, MPI_Comm))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, (MPI_Count)a->rcount, a->rt, a->comm);
+    case F_ALLGATHERV + 8:
+        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, MPI_Comm))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, a->rc, a->rd, a->rt, a->comm);
+    case F_ALLTOALLV + 12:
+        return ((int (*)(const void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, a->sc, a->sd, a->st, a->rb, a->rc, a->rd, a->rt, a->comm, req);
+    case F_ALLTOALL + 12:
+        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, MPI_Count, MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, (MPI_Count)a->rcount, a->rt, a->comm, req);
+    case F_ALLGATHER + 12:
+        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, MPI_Count, MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, (MPI_Count)a->rcount, a->rt, a->comm, req);
+    case F_ALLGATHERV + 12:
+        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, a->rc, a->rd, a->rt, a->comm, req);
+    }
+    return MPI_ERR_INTERN;
+}
+
+/* Whether the counts are what MPI accepts (else MPI reports them, as ever). */
+static int counts_valid(const args *a, const ngh *g)
+{
+    int64_t cnt, dsp;
+    for (int i = 0; i < g->nout + g->nin; i++) {
+        int send = i < g->nout, k = send ? i : i - g->nout;
+        edge_args(a->form, a->big, send, k, send ? a->sc : a->rc, send ? a->sd : a->rd,
+                  send ? a->scount : a->rcount, &cnt, &dsp);
+        if (cnt < 0 || cnt > INT_MAX)   /* (messages and packing take an int) */
+            return 0;
+    }
+    return 1;
+}
+
+/* Posts call o: its messages across nodes, its packed copy, a first step. */
+static int post(op *o)
+{
+    ngh *g = o->g;
+    plan *p = o->p;
+    int nm = g->nin + g->nout + 1;
+    o->req = malloc(sizeof(MPI_Request) * (size_t)nm);
+    o->st = malloc(sizeof(MPI_Status) * (size_t)nm);
+    o->expect = malloc(sizeof(int64_t) * (size_t)nm);
+    o->taken = calloc((size_t)p->nrp + 1, 1);
+    o->spack = p->spacked ? malloc(p->spacked) : NULL;
+    o->rpack = p->rpacked ? malloc(p->rpacked) : NULL;
+    o->left = p->nrp;
+    if (!o->req || !o->st || !o->expect || !o->taken || (p->spacked && !o->spack) ||
+        (p->rpacked && !o->rpack))
+        return fail(o, HM_ENET, -1);
+    int pos = 0;
+    for (int i = 0; o->spack && i < g->nout; i++)
+        if (g->out[i].node >= 0)
+            PMPI_Pack(o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, o->spack, (int)p->spacked,
+                      &pos, g->msgs);
+    for (int j = 0; j < g->nin; j++)
+        if (g->in[j].peer != MPI_PROC_NULL && g->in[j].node < 0 &&
+            message(o, 0, o->rb + (MPI_Aint)p->rd[j] * p->rext, p->rc[j], p->rt, &g->in[j],
+                    (int64_t)p->rc[j] * p->rsz))
+            return o->rc;
+    for (int i = 0; i < g->nout; i++)
+        if (g->out[i].peer != MPI_PROC_NULL && g->out[i].node < 0 &&
+            message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, &g->out[i], -1))
+            return o->rc;
+    return HM_OK;
+}
+
+/* Call `a`: on the core, or on to what comes next (`name`, found once into *next). */
+static int neighbor(const args *a, MPI_Request *req, void **next, const char *name)
+{
+    if (*next == NULL) {
+        char pname[64];
+        snprintf(pname, sizeof pname, "P%s", name);
+        *next = pmpi_next(name, pname);
+    }
+    state *s = pmpi_fast_state(a->comm);
+    if (s != NULL && s->phase == S_FAST && s->ngh == NULL)
+        set_up(s, a->form, a->big, a->sc, a->scount, a->st);
+    ngh *g = s ? s->ngh : NULL;
+    if (s != NULL && s->phase == S_BROKEN && (g == NULL || g->phase != N_NEXT))
+        return pmpi_revoked(s);
+    if (g == NULL || g->phase == N_NEXT || !counts_valid(a, g)) {
+        COUNT(C_NEXT_NEIGHBOR);
+        return pass_on(a, req, *next);
+    }
+    if (g->phase == N_REFUSED) {
+        int rank;
+        PMPI_Comm_rank(a->comm, &rank);
+        fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s\n", rank, name, g->why);
+        return pmpi_revoked(s);
+    }
+    plan *p = plan_for(g, a->form, a->big, a->sc, a->sd, a->scount, a->st, a->rc, a->rd, a->rcount,
+                       a->rt);
+    op *o = p ? calloc(1, sizeof *o) : NULL;
+    if (o == NULL) {   /* a type MPI does not know (it says so), or no memory */
+        plan_unref(p);
+        COUNT(C_NEXT_NEIGHBOR);
+        return pass_on(a, req, *next);
+    }
+    *o = (op){.g = g, .s = s, .p = p, .e = ++g->epoch, .sb = a->sb, .rb = a->rb, .form = a->form,
+              .greq = MPI_REQUEST_NULL, .refs = 2};
+    if (g->tail)
+        g->tail->next = o;
+    else
+        g->head = o;
+    g->tail = o;
+    COUNT(C_FAST_NEIGHBOR);
+    s->fast++;
+    if (req != NULL) {
+        if (PMPI_Grequest_start(greq_query, greq_free, greq_cancel, o, &o->greq) != MPI_SUCCESS) {
+            o->greq = MPI_REQUEST_NULL;
+            req = NULL;   /* (no request: the call completes here) */
+        } else {
+            pthread_mutex_lock(&reg_lock);
+            o->reg_next = registry;
+            registry = o;
+            atomic_fetch_add(&registered, 1);
+            pthread_mutex_unlock(&reg_lock);
+            *req = o->greq;
+        }
+    }
+    post(o);
+    advance(g, o, req == NULL);
+    int rc = o->rc;
+    if (req == NULL)
+        op_unref(o);
+    return rc == HM_OK || req != NULL ? MPI_SUCCESS : MPI_ERR_OTHER;
+}
+
+EXPORT int MPI_Neighbor_alltoallv(const void *sb, const int sc[], const int sd[], MPI_Datatype st, void *rb, const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm)
+{
+    static void *next_;
+    args a = {F_ALLTOALLV, 0, sb, sc, sd, 0, st, rb, rc, rd, 0, rt, comm};
+    return neighbor(&a, NULL, &next_, "MPI_Neighbor_alltoallv");
+}
+
+EXPORT int MPI_Neighbor_alltoall(const void *sb, int scount, MPI_Datatype st, void *rb, int rcount, MPI_Datatype rt, MPI_Comm comm)
+{
+    static void *next_;
+    args a = {F_ALLTOALL, 0, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
+    return neighbor(&a, NULL, &next_, "MPI_Neighbor_alltoall");
+}
+
+EXPORT int MPI_Neighbor_allgather(const void *sb, int scount, MPI_Datatype st, void *rb, int rcount, MPI_Datatype rt, MPI_Comm comm)
+{
+    static void *next_;
+    args a = {F_ALLGATHER, 0, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
+    return neighbor(&a, NULL, &next_, "MPI_Neighbor_allgather");
+}
+
+EXPORT int MPI_Neighbor_allgatherv(const void *sb, int scount, MPI_Datatype st, void *rb, const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm)
+{
+    static void *next_;
+    args a = {F_ALLGATHERV, 0, sb, NULL, NULL, scount, st, rb, rc, rd, 0, rt, comm};
+    return neighbor(&a, NULL, &next_, "MPI_Neighbor_allgatherv");
+}
+
+EXPORT int MPI_Ineighbor_alltoallv(const void *sb, const int sc[], const int sd[], MPI_Datatype st, void *rb, const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
+{
+    static void *next_;
+    args a = {F_ALLTOALLV, 0, sb, sc, sd, 0, st, rb, rc, rd, 0, rt, comm};
+    return neighbor(&a, req, &next_, "MPI_Ineighbor_alltoallv");
+}
+
+EXPORT int MPI_Ineighbor_alltoall(const void *sb, int scount, MPI_Datatype st, void *rb, int rcount, MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
+{
+    static void *next_;
+    args a = {F_ALLTOALL, 0, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
+    return neighbor(&a, req, &next_, "MPI_Ineighbor_alltoall");
+}
+
+EXPORT int MPI_Ineighbor_allgather(const void *sb, int scount, MPI_Datatype st, void *rb, int rcount, MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
+{
+    static void *next_;
+    args a = {F_ALLGATHER, 0, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
+    return neighbor(&a, req, &next_, "MPI_Ineighbor_allgather");
+}
+
+EXPORT int MPI_Ineighbor_allgatherv(const void *sb, int scount, MPI_Datatype st, void *rb, const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
+{
+    static void *next_;
+    args a = {F_ALLGATHERV, 0, sb, NULL, NULL, scount, st, rb, rc, rd, 0, rt, comm};
+    return neighbor(&a, req, &next_, "MPI_Ineighbor_allgatherv");
+}
+
+#if MPI_VERSION >= 4
+EXPORT int MPI_Neighbor_alltoallv_c(const void *sb, const MPI_Count sc[], const MPI_Aint sd[], MPI_Datatype st, void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt, MPI_Comm comm)
+{
+    static void *next_;
+    args a = {F_ALLTOALLV, 1, sb, sc, sd, 0, st, rb, rc, rd, 0, rt, comm};
+    return neighbor(&a, NULL, &next_, "MPI_Neighbor_alltoallv_c");
+}
+
+EXPORT int MPI_Neighbor_alltoall_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, MPI_Count rcount, MPI_Datatype rt, MPI_Comm comm)
+{
+    static void *next_;
+    args a = {F_ALLTOALL, 1, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
+    return neighbor(&a, NULL, &next_, "MPI_Neighbor_alltoall_c");
+}
+
+EXPORT int MPI_Neighbor_allgather_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, MPI_Count rcount, MPI_Datatype rt, MPI_Comm comm)
+{
+    static void *next_;
+    args a = {F_ALLGATHER, 1, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
+    return neighbor(&a, NULL, &next_, "MPI_Neighbor_allgather_c");
+}
+
+EXPORT int MPI_Neighbor_allgatherv_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt, MPI_Comm comm)
+{
+    static void *next_;
+    args a = {F_ALLGATHERV, 1, sb, NULL, NULL, scount, st, rb, rc, rd, 0, rt, comm};
+    return neighbor(&a, NULL, &next_, "MPI_Neighbor_allgatherv_c");
+}
+
+EXPORT int MPI_Ineighbor_alltoallv_c(const void *sb, const MPI_Count sc[], const MPI_Aint sd[], MPI_Datatype st, void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
+{
+    static void *next_;
+    args a = {F_ALLTOALLV, 1, sb, sc, sd, 0, st, rb, rc, rd, 0, rt, comm};
+    return neighbor(&a, req, &next_, "MPI_Ineighbor_alltoallv_c");
+}
+
+EXPORT int MPI_Ineighbor_alltoall_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, MPI_Count rcount, MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
+{
+    static void *next_;
+    args a = {F_ALLTOALL, 1, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
+    return neighbor(&a, req, &next_, "MPI_Ineighbor_alltoall_c");
+}
+
+EXPORT int MPI_Ineighbor_allgather_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, MPI_Count rcount, MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
+{
+    static void *next_;
+    args a = {F_ALLGATHER, 1, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
+    return neighbor(&a, req, &next_, "MPI_Ineighbor_allgather_c");
+}
+
+EXPORT int MPI_Ineighbor_allgatherv_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
+{
+    static void *next_;
+    args a = {F_ALLGATHERV, 1, sb, NULL, NULL, scount, st, rb, rc, rd, 0, rt, comm};
+    return neighbor(&a, req, &next_, "MPI_Ineighbor_allgatherv_c");
+}
+#endif
+
+/* ------------------------------------------------------------------ completion calls */
+
+/* The completion calls drive this library's calls among `reqs` (all of them to their end with
+ * `block`, else a step each), then hand the array to the MPI's own.  bad[i]: request i was
+ * one of this library's calls, and it failed. */
+static int drive(int n, const MPI_Request *reqs, int block, unsigned char *bad)
+{
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        op *o = ours(reqs[i]);
+        bad[i] = 0;
+        if (o == NULL)
+            continue;
+        any = 1;
+        advance(o->g, o, block);
+        bad[i] = o->done && o->rc != HM_OK;
+        op_unref(o);
+    }
+    return any;
+}
+
+/* What the MPI's call returned, with this library's failures: MPI_ERR_IN_STATUS and each
+ * status's error for calls on arrays, MPI_ERR_OTHER for one request. */
+static int with_failures(int rc, int n, const unsigned char *bad, MPI_Status *st, int array)
+{
+    int any = 0;
+    for (int i = 0; i < n; i++)
+        any |= bad[i];
+    if (!any)
+        return rc;
+    if (!array)
+        return MPI_ERR_OTHER;
+    for (int i = 0; st != MPI_STATUSES_IGNORE && i < n; i++)
+        st[i].MPI_ERROR = bad[i] ? MPI_ERR_OTHER : rc == MPI_ERR_IN_STATUS ? st[i].MPI_ERROR : MPI_SUCCESS;
+    return MPI_ERR_IN_STATUS;
+}
+
+typedef int (*wait_fn)(MPI_Request *, MPI_Status *);
+typedef int (*test_fn)(MPI_Request *, int *, MPI_Status *);
+typedef int (*waitall_fn)(int, MPI_Request *, MPI_Status *);
+typedef int (*testall_fn)(int, MPI_Request *, int *, MPI_Status *);
+typedef int (*waitany_fn)(int, MPI_Request *, int *, MPI_Status *);
+typedef int (*testany_fn)(int, MPI_Request *, int *, int *, MPI_Status *);
+typedef int (*some_fn)(int, MPI_Request *, int *, int *, MPI_Status *);
+typedef int (*free_fn)(MPI_Request *);
+#define NEXT(T, name) static T f_; if (f_ == NULL) f_ = (T)pmpi_next(name, "P" name)
+
+EXPORT int MPI_Wait(MPI_Request *r, MPI_Status *st)
+{
+    NEXT(wait_fn, "MPI_Wait");
+    unsigned char bad;
+    if (!drive(1, r, 1, &bad))
+        return f_(r, st);
+    return with_failures(f_(r, st), 1, &bad, st, 0);
+}
+
+EXPORT int MPI_Test(MPI_Request *r, int *flag, MPI_Status *st)
+{
+    NEXT(test_fn, "MPI_Test");
+    unsigned char bad;
+    if (!drive(1, r, 0, &bad))
+        return f_(r, flag, st);
+    int rc = f_(r, flag, st);
+    return *flag ? with_failures(rc, 1, &bad, st, 0) : rc;
+}
+
+EXPORT int MPI_Request_get_status(MPI_Request r, int *flag, MPI_Status *st)
+{
+    typedef int (*status_fn)(MPI_Request, int *, MPI_Status *);
+    NEXT(status_fn, "MPI_Request_get_status");
+    unsigned char bad;
+    if (!drive(1, &r, 0, &bad))
+        return f_(r, flag, st);
+    int rc = f_(r, flag, st);
+    return *flag ? with_failures(rc, 1, &bad, st, 0) : rc;
+}
+
+/* A freed call still completes: in later calls on its communicator, or when it is freed. */
+EXPORT int MPI_Request_free(MPI_Request *r)
+{
+    NEXT(free_fn, "MPI_Request_free");
+    unsigned char bad;
+    drive(1, r, 0, &bad);
+    return f_(r);
+}
+
+/* The calls on arrays: a flag per request on the stack for short arrays. */
+#define BAD_FLAGS(n)                                                                             \
+    unsigned char small_[64], *bad = (n) <= 64 ? small_ : malloc((size_t)(n));                   \
+    if (bad == NULL)                                                                             \
+        return MPI_ERR_NO_MEM
+
+static void free_flags(unsigned char *bad, const unsigned char *small)
+{
+    if (bad != small)
+        free(bad);
+}
+
+EXPORT int MPI_Waitall(int n, MPI_Request reqs[], MPI_Status st[])
+{
+    NEXT(waitall_fn, "MPI_Waitall");
+    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+        return f_(n, reqs, st);
+    BAD_FLAGS(n);
+    int rc = drive(n, reqs, 1, bad) ? with_failures(f_(n, reqs, st), n, bad, st, 1) : f_(n, reqs, st);
+    free_flags(bad, small_);
+    return rc;
+}
+
+EXPORT int MPI_Testall(int n, MPI_Request reqs[], int *flag, MPI_Status st[])
+{
+    NEXT(testall_fn, "MPI_Testall");
+    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+        return f_(n, reqs, flag, st);
+    BAD_FLAGS(n);
+    int ours_ = drive(n, reqs, 0, bad), rc = f_(n, reqs, flag, st);
+    if (ours_ && *flag)
+        rc = with_failures(rc, n, bad, st, 1);
+    free_flags(bad, small_);
+    return rc;
+}
+
+/* Waitany and Waitsome: this library's calls a step at a time between tests of the whole
+ * array, so that whichever request completes first ends the wait (as MPI's own). */
+static int wait_first(int n, MPI_Request reqs[], int *idx, int *outcount, int *indices,
+                      MPI_Status *st, testany_fn any, some_fn some)
+{
+    BAD_FLAGS(n);
+    int rc, flag = 0;
+    int64_t polls = 0;
+    hm_wait_policy pol = {.spin = 1000, .yield_ns = 2000000000, .sleep_ns = 50000};
+    HM_SLOW(w);
+    for (;;) {
+        int mine = drive(n, reqs, 0, bad);
+        if (any) {
+            rc = any(n, reqs, idx, &flag, st);
+            if (flag && mine && *idx != MPI_UNDEFINED && bad[*idx] && rc == MPI_SUCCESS)
+                rc = MPI_ERR_OTHER;
+        } else {
+            rc = some(n, reqs, outcount, indices, st);
+            flag = *outcount != 0;
+            for (int k = 0; mine && flag && *outcount != MPI_UNDEFINED && k < *outcount; k++)
+                if (bad[indices[k]]) {
+                    if (st != MPI_STATUSES_IGNORE)
+                        st[k].MPI_ERROR = MPI_ERR_OTHER;
+                    rc = MPI_ERR_IN_STATUS;
+                }
+        }
+        if (flag || rc != MPI_SUCCESS)
+            break;
+        if (polls++ < pol.spin) {
+            cpu_relax();
+            continue;
+        }
+        if (!w.start)
+            slow_start(&w, &pol);
+        slow_tick(&w, &pol, NULL, 0, 0);
+    }
+    free_flags(bad, small_);
+    return rc;
+}
+
+EXPORT int MPI_Waitany(int n, MPI_Request reqs[], int *idx, MPI_Status *st)
+{
+    NEXT(waitany_fn, "MPI_Waitany");
+    static testany_fn any;
+    if (any == NULL)
+        any = (testany_fn)pmpi_next("MPI_Testany", "PMPI_Testany");
+    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+        return f_(n, reqs, idx, st);
+    return wait_first(n, reqs, idx, NULL, NULL, st, any, NULL);
+}
+
+EXPORT int MPI_Waitsome(int n, MPI_Request reqs[], int *outcount, int indices[], MPI_Status st[])
+{
+    NEXT(some_fn, "MPI_Waitsome");
+    static some_fn some;
+    if (some == NULL)
+        some = (some_fn)pmpi_next("MPI_Testsome", "PMPI_Testsome");
+    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+        return f_(n, reqs, outcount, indices, st);
+    return wait_first(n, reqs, NULL, outcount, indices, st, NULL, some);
+}
+
+EXPORT int MPI_Testany(int n, MPI_Request reqs[], int *idx, int *flag, MPI_Status *st)
+{
+    NEXT(testany_fn, "MPI_Testany");
+    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+        return f_(n, reqs, idx, flag, st);
+    BAD_FLAGS(n);
+    int mine = drive(n, reqs, 0, bad), rc = f_(n, reqs, idx, flag, st);
+    if (mine && *flag && *idx != MPI_UNDEFINED && bad[*idx] && rc == MPI_SUCCESS)
+        rc = MPI_ERR_OTHER;
+    free_flags(bad, small_);
+    return rc;
+}
+
+EXPORT int MPI_Testsome(int n, MPI_Request reqs[], int *outcount, int indices[], MPI_Status st[])
+{
+    NEXT(some_fn, "MPI_Testsome");
+    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+        return f_(n, reqs, outcount, indices, st);
+    BAD_FLAGS(n);
+    int mine = drive(n, reqs, 0, bad), rc = f_(n, reqs, outcount, indices, st);
+    for (int k = 0; mine && *outcount != MPI_UNDEFINED && k < *outcount; k++)
+        if (bad[indices[k]]) {
+            if (st != MPI_STATUSES_IGNORE)
+                st[k].MPI_ERROR = MPI_ERR_OTHER;
+            rc = MPI_ERR_IN_STATUS;
+        }
+    free_flags(bad, small_);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ teardown */
+
+int pmpi_ngh_release(state *s)
+{
+    ngh *g = s->ngh;
+    if (g == NULL)
+        return 1;
+    if (g->head != NULL)   /* calls still pending (requests freed, or never waited for) */
+        advance(g, g->tail, 1);
+    drop(g);
+    free(g);
+    s->ngh = NULL;
+    return 1;
+}

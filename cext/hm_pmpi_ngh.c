@@ -2,7 +2,7 @@
  * "Neighbourhood collectives").
  *
  * MPI_Neighbor_alltoallv, _alltoall, _allgather and _allgatherv, blocking and non-blocking,
- * on distributed-graph and Cartesian communicators.  An edge between two ranks of one node
+ * on distributed-graph, graph and Cartesian communicators.  An edge between two ranks of one node
  * goes through shared memory: the sender packs every edge to that peer into its own area of
  * the node's segment, as one channel of the core's ghost exchange (hm_halo.c: two buffers by
  * call parity, READY and DONE counters), and the receiver unpacks it.  An edge across nodes,
@@ -137,6 +137,17 @@ static int read_graph(ngh *g, MPI_Comm comm)
                                       weighted ? dw : MPI_UNWEIGHTED);
         free(sw);
         free(dw);
+    } else if (topo == MPI_GRAPH) {   /* (an edge in both directions) */
+        int rank;
+        PMPI_Comm_rank(comm, &rank);
+        PMPI_Graph_neighbors_count(comm, rank, &nin);
+        nout = nin;
+        src = malloc(sizeof(int) * (size_t)(nin + 1));
+        dst = malloc(sizeof(int) * (size_t)(nout + 1));
+        if (src && dst) {
+            PMPI_Graph_neighbors(comm, rank, nin, src);
+            memcpy(dst, src, sizeof(int) * (size_t)nin);
+        }
     } else if (cart) {
         int nd = 0;
         PMPI_Cartdim_get(comm, &nd);
@@ -350,6 +361,7 @@ static void edge_args(int form, int big, int send, int i, const void *c, const v
     *cnt = uniform ? n : big ? ((const MPI_Count *)c)[i] : ((const int *)c)[i];
     *dsp = send && (form == F_ALLGATHER || form == F_ALLGATHERV) ? 0
            : uniform ? i * n
+           : d == NULL ? 0   /* (counts only) */
            : big ? ((const MPI_Aint *)d)[i] : ((const int *)d)[i];
 }
 
@@ -487,6 +499,25 @@ static plan *plan_for(ngh *g, int form, int big, const void *sc, const void *sd,
                       MPI_Datatype st, const void *rc, const void *rd, int64_t rcount, MPI_Datatype rt)
 {
     int no = g->nout, ni = g->nin;
+    plan *p = g->last;
+    if (p && p->st == st && p->rt == rt && p->form == form) {
+        /* the same handles may name other types now (freed and made again): sizes too */
+        int ssz, rsz, sc_, rc_;
+        MPI_Aint sext, rext;
+        int same = !type_info(st, &ssz, &sext, &sc_) && !type_info(rt, &rsz, &rext, &rc_) &&
+                   ssz == p->ssz && rsz == p->rsz && sext == p->sext && rext == p->rext &&
+                   sc_ == p->scontig && rc_ == p->rcontig;
+        int64_t cnt, dsp;
+        for (int i = 0; same && i < no + ni; i++) {
+            int send = i < no, k = send ? i : i - no;
+            edge_args(form, big, send, k, send ? sc : rc, send ? sd : rd, send ? scount : rcount, &cnt, &dsp);
+            same = cnt == (send ? p->sc : p->rc)[k] && dsp == (send ? p->sd : p->rd)[k];
+        }
+        if (same) {
+            p->refs++;
+            return p;
+        }
+    }
     int64_t *a = malloc(sizeof(int64_t) * (size_t)(2 * (no + ni) + 4));
     if (a == NULL)
         return NULL;
@@ -494,15 +525,6 @@ static plan *plan_for(ngh *g, int form, int big, const void *sc, const void *sd,
         edge_args(form, big, 1, i, sc, sd, scount, &a[i], &a[no + i]);
     for (int j = 0; j < ni; j++)
         edge_args(form, big, 0, j, rc, rd, rcount, &a[2 * no + j], &a[2 * no + ni + j]);
-    plan *p = g->last;
-    if (p && p->st == st && p->rt == rt && memcmp(p->sc, a, sizeof(int64_t) * (size_t)no) == 0 &&
-        memcmp(p->sd, a + no, sizeof(int64_t) * (size_t)no) == 0 &&
-        memcmp(p->rc, a + 2 * no, sizeof(int64_t) * (size_t)ni) == 0 &&
-        memcmp(p->rd, a + 2 * no + ni, sizeof(int64_t) * (size_t)ni) == 0) {
-        free(a);
-        p->refs++;
-        return p;
-    }
     p = calloc(1, sizeof *p);
     if (p == NULL) {
         free(a);
@@ -548,11 +570,7 @@ static void op_unref(op *o)
         return;
     free(o->spack);
     free(o->rpack);
-    free(o->taken);
-    free(o->req);   /* (the handles of a failed call's messages are dropped, never freed) */
-    free(o->st);
-    free(o->expect);
-    free(o);
+    free(o);   /* (with its arrays; a failed call's messages are dropped, never freed) */
 }
 
 /* The pairs' words of a failed call get the error bits: its peers on the node fail too. */
@@ -935,16 +953,9 @@ static int post(op *o)
 {
     ngh *g = o->g;
     plan *p = o->p;
-    int nm = g->nin + g->nout + 1;
-    o->req = malloc(sizeof(MPI_Request) * (size_t)nm);
-    o->st = malloc(sizeof(MPI_Status) * (size_t)nm);
-    o->expect = malloc(sizeof(int64_t) * (size_t)nm);
-    o->taken = calloc((size_t)p->nrp + 1, 1);
     o->spack = p->spacked ? malloc(p->spacked) : NULL;
     o->rpack = p->rpacked ? malloc(p->rpacked) : NULL;
-    o->left = p->nrp;
-    if (!o->req || !o->st || !o->expect || !o->taken || (p->spacked && !o->spack) ||
-        (p->rpacked && !o->rpack))
+    if ((p->spacked && !o->spack) || (p->rpacked && !o->rpack))
         return fail(o, HM_ENET, -1);
     int pos = 0;
     for (int i = 0; o->spack && i < g->nout; i++)
@@ -989,14 +1000,21 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
     }
     plan *p = plan_for(g, a->form, a->big, a->sc, a->sd, a->scount, a->st, a->rc, a->rd, a->rcount,
                        a->rt);
-    op *o = p ? calloc(1, sizeof *o) : NULL;
+    /* the call and its arrays in one block: messages (any edge may be one), pairs taken */
+    size_t nm = (size_t)(g->nin + g->nout) + 1, at_st = sizeof(op) + nm * sizeof(MPI_Request);
+    at_st = (at_st + 15) & ~(size_t)15;
+    size_t at_x = at_st + nm * sizeof(MPI_Status), at_t = at_x + nm * sizeof(int64_t);
+    op *o = p ? malloc(at_t + (size_t)(p ? p->nrp : 0) + 1) : NULL;
     if (o == NULL) {   /* a type MPI does not know (it says so), or no memory */
         plan_unref(p);
         COUNT(C_NEXT_NEIGHBOR);
         return pass_on(a, req, *next);
     }
     *o = (op){.g = g, .s = s, .p = p, .e = ++g->epoch, .sb = a->sb, .rb = a->rb, .form = a->form,
-              .greq = MPI_REQUEST_NULL, .refs = 2};
+              .greq = MPI_REQUEST_NULL, .refs = 2, .left = p->nrp, .req = (MPI_Request *)(o + 1),
+              .st = (MPI_Status *)((char *)o + at_st), .expect = (int64_t *)((char *)o + at_x),
+              .taken = (unsigned char *)o + at_t};
+    memset(o->taken, 0, (size_t)p->nrp + 1);
     if (g->tail)
         g->tail->next = o;
     else

@@ -1,8 +1,8 @@
 """Programs nobody here wrote, unchanged, with and without the PMPI library (docs/pmpi.md):
 each must end as it ends without it.
 
-    python scripts/pmpi_thirdparty.py [--only mpi4py,imb,petsc,fortran,dolfinx] [--ranks 1,2,3,4]
-                                      [--mpi4py-src DIR] [--json FILE]
+    python scripts/pmpi_thirdparty.py [--only mpi4py,imb,petsc,fortran,dolfinx,...] [--ranks 1,2,3,4]
+                                      [--mpi4py-src DIR] [--library SO] [--json FILE]
 
 Run it with the Python of the environment whose MPI is under test (mpi4py's MPI):
 
@@ -19,6 +19,17 @@ Run it with the Python of the environment whose MPI is under test (mpi4py's MPI)
   ``mpif90`` (they check their own results).
 - ``dolfinx``: ``tests/pmpi/dolfinx_poisson.py`` (DOLFINx 0.5's Poisson problem with CG + Jacobi):
   the same solution to rounding.
+- ``dolfinx-scatter``: ``tests/pmpi/dolfinx_scatter.py`` (DOLFINx 0.5's ``la.Vector`` scatters,
+  forward and reverse, block size 3, and ``MatrixCSR.finalize``: MPI_Ineighbor_alltoallv + MPI_Wait
+  on a dist-graph communicator): the same hashes and sums, bit for bit.
+- ``petsc-neighbor``: PETSc's neighbourhood SF (``-sf_type neighbor``: one MPI_Ineighbor_alltoallv
+  and an MPI_Waitall of one request per scatter): ksp ``ex2`` as in ``petsc`` (the same iterations
+  and residuals, relative 1e-8), and ``tests/pmpi/petsc_dmda.c`` (DMGlobalToLocal and
+  DMLocalToGlobal ADD_VALUES on a 3-D DMDA, dof 3, box stencil), whose hashes must be the same bit
+  for bit.
+
+The neighbourhood checks report the library's ``neighbor fast`` and ``neighbor passed on``
+counters summed over the ranks (``HYBRIDMPI_PMPI_STATS=1``).
 
 Prints one line per check and writes JSON; exit code 1 if any check differs.
 """
@@ -74,7 +85,17 @@ class Runner:
 
 
 def fast_calls(out: str) -> int:
-    return sum(int(m) for m in re.findall(r"(\d+) allreduce fast", out))
+    return counter(out, "allreduce fast")
+
+
+def counter(out: str, name: str) -> int:
+    """One of the library's counters (HYBRIDMPI_PMPI_STATS=1), summed over the ranks."""
+    return sum(int(m) for m in re.findall(rf"(\d+) {name}\b", out))
+
+
+def neighbor_calls(out: str) -> str:
+    return f"{counter(out, 'neighbor fast')} neighbor calls on the core, " \
+           f"{counter(out, 'neighbor passed on')} passed on"
 
 
 def check_mpi4py(r: Runner, ranks, src, modules=()):
@@ -125,28 +146,64 @@ def check_imb(r: Runner, ranks, imb, libmpi):
                          f"{fast_calls(res[True][2])} allreduces on the core"}
 
 
-def check_petsc(r: Runner, ranks):
+PETSC_TUTORIALS = Path("/usr/share/petsc/3.18/share/petsc/examples/src/ksp/ksp/tutorials")
+EX2_OPTIONS = ["-m", "120", "-n", "120", "-ksp_type", "cg", "-pc_type", "jacobi", "-ksp_monitor",
+               "-ksp_rtol", "1e-10"]
+
+
+def build_petsc(source: Path) -> Path:
+    """A PETSc program built with PETSc's own makefile rules, in a fresh folder."""
     petsc_dir = os.environ.get("PETSC_DIR", "/usr/lib/petscdir/petsc3.18/x86_64-linux-gnu-real")
-    tutorials = Path("/usr/share/petsc/3.18/share/petsc/examples/src/ksp/ksp/tutorials")
     work = Path(tempfile.mkdtemp())
-    for name in ("ex2.c", "makefile"):
-        shutil.copy(tutorials / name, work)
-    subprocess.run(["make", "ex2"], cwd=work, check=True, capture_output=True,
+    shutil.copy(source, work)
+    (work / "makefile").write_text("include ${PETSC_DIR}/lib/petsc/conf/variables\n"
+                                   "include ${PETSC_DIR}/lib/petsc/conf/rules\n"
+                                   "include ${PETSC_DIR}/lib/petsc/conf/test\n")
+    subprocess.run(["make", source.stem], cwd=work, check=True, capture_output=True,
                    env=dict(os.environ, PETSC_DIR=petsc_dir, PETSC_ARCH=""))
-    opts = ["-m", "120", "-n", "120", "-ksp_type", "cg", "-pc_type", "jacobi", "-ksp_monitor",
-            "-ksp_rtol", "1e-10"]
+    return work / source.stem
+
+
+def residuals(r: Runner, n: int, ex2: Path, extra=()):
+    """ex2's residual history without and with the library: (exit code, norms, output) each, and
+    the largest relative difference."""
+    hist = {}
+    for with_lib in (False, True):
+        rc, out = r.run(n, [str(ex2), *EX2_OPTIONS, *extra], with_lib)
+        hist[with_lib] = (rc, [float(x) for x in re.findall(r"KSP Residual norm (\S+)", out)], out)
+    a, b = hist[False][1], hist[True][1]
+    diff = max((abs(x - y) / max(abs(x), 1e-300) for x, y in zip(a, b)), default=0.0)
+    ok = hist[False][0] == hist[True][0] == 0 and len(a) == len(b) > 0 and diff <= 1e-8
+    return ok, hist, diff
+
+
+def check_petsc(r: Runner, ranks):
+    ex2 = build_petsc(PETSC_TUTORIALS / "ex2.c")
     for n in ranks:
-        hist = {}
-        for with_lib in (False, True):
-            rc, out = r.run(n, [str(work / "ex2"), *opts], with_lib)
-            hist[with_lib] = (rc, [float(x) for x in re.findall(r"KSP Residual norm (\S+)", out)],
-                              fast_calls(out))
-        a, b = hist[False][1], hist[True][1]
-        diff = max((abs(x - y) / max(abs(x), 1e-300) for x, y in zip(a, b)), default=0.0)
-        ok = hist[False][0] == hist[True][0] == 0 and len(a) == len(b) > 0 and diff <= 1e-8
+        ok, hist, diff = residuals(r, n, ex2)
         yield {"check": f"PETSc ksp ex2 CG, {n} ranks", "ok": ok,
-               "detail": f"{len(a)}/{len(b)} iterations, residuals differ by {diff:.1e} at most, "
-                         f"{hist[True][2]} allreduces on the core"}
+               "detail": f"{len(hist[False][1])}/{len(hist[True][1])} iterations, residuals differ by "
+                         f"{diff:.1e} at most, {fast_calls(hist[True][2])} allreduces on the core"}
+
+
+def check_petsc_neighbor(r: Runner, ranks):
+    """ex2 and a DMDA program under PETSc's neighbourhood SF (-sf_type neighbor)."""
+    ex2 = build_petsc(PETSC_TUTORIALS / "ex2.c")
+    dmda = build_petsc(ROOT / "tests" / "pmpi" / "petsc_dmda.c")
+    for n in ranks:
+        ok, hist, diff = residuals(r, n, ex2, ["-sf_type", "neighbor"])
+        yield {"check": f"PETSc ksp ex2 CG -sf_type neighbor, {n} ranks", "ok": ok,
+               "detail": f"{len(hist[False][1])}/{len(hist[True][1])} iterations, residuals differ by "
+                         f"{diff:.1e} at most, {neighbor_calls(hist[True][2])}"}
+        res = {}
+        for with_lib in (False, True):
+            rc, out = r.run(n, [str(dmda), "-n", "16", "-steps", "20", "-sf_type", "neighbor"], with_lib)
+            res[with_lib] = (rc, re.findall(r"^(?:rank \d+ hash \w+|grid .*)$", out, re.M), out)
+        a, b = res[False][1], res[True][1]
+        ok = res[False][0] == res[True][0] == 0 and a == b and len(a) == n + 1
+        yield {"check": f"PETSc DMDA global-to-local -sf_type neighbor, {n} ranks", "ok": ok,
+               "detail": f"exit {res[False][0]}/{res[True][0]}, {'same' if a == b else 'different'} "
+                         f"hashes ({len(a) - 1} ranks), {neighbor_calls(res[True][2])}"}
 
 
 def check_fortran(r: Runner, ranks, mpif90):
@@ -178,9 +235,27 @@ def check_dolfinx(r: Runner, ranks):
                "detail": f"solution norm and iterations {a} / {b}, {res[True][2]} allreduces on the core"}
 
 
+def check_dolfinx_scatter(r: Runner, ranks):
+    script = str(ROOT / "tests" / "pmpi" / "dolfinx_scatter.py")
+    for n in ranks:
+        res = {}
+        for with_lib in (False, True):
+            rc, out = r.run(n, [sys.executable, script, "--steps", "20"], with_lib)
+            res[with_lib] = (rc, re.findall(r"^(?:mesh|ring|matrix) +scatters .*$", out, re.M), out)
+        a, b = res[False][1], res[True][1]
+        ok = res[False][0] == res[True][0] == 0 and a == b and len(a) == 3
+        if not ok:
+            print(res[True][2][-3000:], file=sys.stderr)
+        yield {"check": f"DOLFINx 0.5 scatters (vector bs 3, MatrixCSR), {n} ranks", "ok": ok,
+               "detail": f"exit {res[False][0]}/{res[True][0]}, "
+                         f"{'same bits' if a == b else 'different bits'} in {len(a)}/{len(b)} parts, "
+                         f"{neighbor_calls(res[True][2])}",
+               "without": a, "with": b}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="mpi4py,imb,petsc,fortran,dolfinx")
+    p.add_argument("--only", default="mpi4py,imb,petsc,fortran,dolfinx,dolfinx-scatter,petsc-neighbor")
     p.add_argument("--ranks", default="1,2,3,4")
     p.add_argument("--mpi4py-src", help="an unpacked mpi4py sdist (default: fetched from PyPI)")
     p.add_argument("--mpi4py-modules", help="only these test modules, comma-separated (Intel MPI "
@@ -189,16 +264,20 @@ def main(argv=None) -> int:
                    help="IMB-MPI1 (default: on PATH, or beside this Python: impi-rt ships it)")
     p.add_argument("--mpif90", default=shutil.which("mpif90") or "mpif90")
     p.add_argument("--json", default="hybridmpi-results/pmpi-thirdparty.json")
+    p.add_argument("--library", help="a PMPI library built already (default: pmpi.library(), built "
+                   "from this tree's cext/ when needed)")
     a = p.parse_args(argv)
     t = pmpi.target()
-    r = Runner(t.family, str(pmpi.library()))
+    r = Runner(t.family, a.library or str(pmpi.library()))
     ranks = [int(x) for x in a.ranks.split(",")]
     modules = a.mpi4py_modules.split(",") if a.mpi4py_modules else []
     checks = {"mpi4py": lambda: check_mpi4py(r, ranks, a.mpi4py_src, modules),
               "imb": lambda: check_imb(r, ranks, a.imb, t.libmpi),
               "petsc": lambda: check_petsc(r, ranks),
               "fortran": lambda: check_fortran(r, ranks, a.mpif90),
-              "dolfinx": lambda: check_dolfinx(r, ranks)}
+              "dolfinx": lambda: check_dolfinx(r, ranks),
+              "dolfinx-scatter": lambda: check_dolfinx_scatter(r, ranks),
+              "petsc-neighbor": lambda: check_petsc_neighbor(r, ranks)}
     results = []
     for name in a.only.split(","):
         for res in checks[name]():

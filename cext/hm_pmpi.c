@@ -619,8 +619,10 @@ static void set_up_returning(state *s, int rank, int *local, int *all)
         fprintf(stderr, "hybridmpi pmpi: rank %d: a communicator stays on MPI: %s\n", rank, failure);
 }
 
-/* The state of `comm` when its calls go to the core, else NULL (counting the call). */
-state *pmpi_fast_state(MPI_Comm comm)
+/* The state of `comm` when its calls go to the core, else NULL (counting the call).  `now`: a
+ * call that sets the communicator up at once (the neighbourhood collectives: a communicator
+ * with a graph lives for its ghost updates). */
+state *pmpi_state(MPI_Comm comm, int now)
 {
     if (cache.comm == comm && cache.gen == atomic_load_explicit(&generation, memory_order_relaxed) &&
         cache.st != NULL && cache.st->phase == S_FAST)
@@ -656,11 +658,11 @@ state *pmpi_fast_state(MPI_Comm comm)
         live = s;
         pthread_mutex_unlock(&lock);
     }
-    if (s->phase == S_COUNTING && ++s->calls > s->set_up_at) {
+    if (s->phase == S_COUNTING && (++s->calls > s->set_up_at || now)) {
         /* one that has lived long enough earns its set-up whatever the others did */
         int vote = s->calls > HM_EARNED || worth_setting_up(), all = 0;
         /* (no set-up has been paid yet: MIN agrees; a failed vote keeps MPI's path) */
-        if (cfg.adaptive && PMPI_Allreduce(&vote, &all, 1, MPI_INT, MPI_MIN, comm) == MPI_SUCCESS && !all)
+        if (!now && cfg.adaptive && PMPI_Allreduce(&vote, &all, 1, MPI_INT, MPI_MIN, comm) == MPI_SUCCESS && !all)
             s->set_up_at = s->set_up_at > INT_MAX / 2 ? INT_MAX : 2 * s->set_up_at + 1;
         else
             set_up(s);
@@ -806,7 +808,7 @@ static state *allreduce_fast(const void *send, const void *recv, MPI_Count count
     /* buffers the MPI refuses (none, or the same without MPI_IN_PLACE): it says so, as ever */
     if (count > 0 && (recv == NULL || send == NULL || send == recv))
         return NULL;
-    state *s = pmpi_fast_state(comm);
+    state *s = pmpi_state(comm, 0);
     if (s != NULL && s->phase == S_BROKEN)
         return s;
     /* count 0 goes to the core too: a rank with none where the others reduce some (or are in a
@@ -832,7 +834,7 @@ EXPORT int MPI_Allreduce(const void *send, void *recv, int count, MPI_Datatype t
 
 EXPORT int MPI_Barrier(MPI_Comm comm)
 {
-    state *s = pmpi_fast_state(comm);
+    state *s = pmpi_state(comm, 0);
     if (s != NULL)
         return run_barrier(s);
     COUNT(C_NEXT_BARRIER);
@@ -879,7 +881,7 @@ EXPORT void mpi_allreduce_(void *send, void *recv, MPI_Fint *count, MPI_Fint *ty
 
 EXPORT void mpi_barrier_(MPI_Fint *comm, MPI_Fint *ierr)
 {
-    state *s = pmpi_fast_state(PMPI_Comm_f2c(*comm));
+    state *s = pmpi_state(PMPI_Comm_f2c(*comm), 0);
     if (s != NULL) {
         *ierr = run_barrier(s);
         return;

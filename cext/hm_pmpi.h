@@ -56,7 +56,7 @@ typedef struct state {
 } state;
 
 /* hm_pmpi.c */
-state *pmpi_fast_state(MPI_Comm comm);
+state *pmpi_state(MPI_Comm comm, int now);
 void *pmpi_next(const char *name, const char *pname);   /* what comes next: RTLD_NEXT, else PMPI */
 int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node);
 char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why);

@@ -773,10 +773,23 @@ static int step(op *o)
     if (o->s->phase == S_BROKEN)
         return fail(o, HM_EELSEWHERE, -1), 1;
     if ((!o->sent && publish(o)) || (o->left && take(o)))
-        return 1;
+        return o->done;
     if (messages_done(o) && o->sent && !o->left && !o->rpack)
         o->done = 1;
     return o->done;
+}
+
+/* The sends of the calls after the first, in order, as far as their areas are free: a call
+ * posted behind others is published at once where it can be (its peers need not wait for
+ * this rank's wait); its receives wait for its turn. */
+static void publish_all(ngh *g)
+{
+    for (op *o = g->head; o; o = o->next) {
+        if (!o->sent && !o->done && o->s->phase != S_BROKEN)
+            publish(o);
+        if (!o->sent)
+            return;
+    }
 }
 
 /* Call o is out of the communicator's list: its request is complete for MPI. */
@@ -805,6 +818,7 @@ static void advance(ngh *g, op *upto, int block)
     for (;;) {
         while (g->head && step(g->head))
             retire(g, g->head);
+        publish_all(g);
         if (!block || upto->done)
             return;
         if (polls++ < pol->spin) {
@@ -982,7 +996,7 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
         snprintf(pname, sizeof pname, "P%s", name);
         *next = pmpi_next(name, pname);
     }
-    state *s = pmpi_fast_state(a->comm);
+    state *s = pmpi_state(a->comm, 1);
     if (s != NULL && s->phase == S_FAST && s->ngh == NULL)
         set_up(s, a->form, a->big, a->sc, a->scount, a->st);
     ngh *g = s ? s->ngh : NULL;
@@ -1035,8 +1049,12 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
             *req = o->greq;
         }
     }
-    post(o);
-    advance(g, o, req == NULL);
+    /* a non-blocking call is posted and published here, taken in a wait (the copies to this
+     * rank are the wait's work) */
+    if (post(o) == HM_OK && req != NULL)
+        publish_all(g);
+    else
+        advance(g, o, 1);
     int rc = o->rc;
     if (req == NULL)
         op_unref(o);

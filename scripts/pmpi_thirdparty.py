@@ -113,7 +113,7 @@ def check_mpi4py(r: Runner, ranks, src, modules=()):
             rc, out = r.run(n, [sys.executable, main_py, "-q", *modules], with_lib)
             failed = sorted(set(re.findall(r"^(?:FAIL|ERROR): (\S+ \([^)]*\))", out, re.M)))
             ran = re.findall(r"Ran (\d+) tests", out) + re.findall(r"skipped=(\d+)", out)
-            got[with_lib] = (rc, failed, ran, fast_calls(out))
+            got[with_lib] = (rc, failed, ran, fast_calls(out), neighbor_calls(out))
         # a run that printed no test count did not run the suite: never a pass
         same = got[False][1] == got[True][1] and got[False][2] == got[True][2] != []
         if not got[True][2]:
@@ -121,7 +121,7 @@ def check_mpi4py(r: Runner, ranks, src, modules=()):
         yield {"check": f"mpi4py suite, {n} ranks", "ok": same,
                "detail": f"ran, skipped {got[False][2]} / {got[True][2]}, failing without "
                          f"{len(got[False][1])} / with {len(got[True][1])}, {got[True][3]} allreduces on "
-                         "the core",
+                         f"the core, {got[True][4]}",
                "only_without": sorted(set(got[False][1]) - set(got[True][1])),
                "only_with": sorted(set(got[True][1]) - set(got[False][1]))}
 

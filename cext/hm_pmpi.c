@@ -1,8 +1,10 @@
-/* hybridmpi's PMPI library: the C core's barrier and allreduce under unchanged C, C++ and
- * Fortran programs (docs/pmpi.md).
+/* hybridmpi's PMPI library: the C core's barrier, allreduce and neighbourhood collectives
+ * under unchanged C, C++ and Fortran programs (docs/guide/pmpi.md).
  *
- * It defines MPI_Allreduce, MPI_Allreduce_c (where the MPI has large-count calls) and
- * MPI_Barrier, and for Open MPI the Fortran mpi_allreduce_ and mpi_barrier_.  A call goes to
+ * This file defines MPI_Allreduce, MPI_Allreduce_c (where the MPI has large-count calls) and
+ * MPI_Barrier, and for Open MPI the Fortran mpi_allreduce_ and mpi_barrier_; hm_pmpi_ngh.c the
+ * neighbourhood collectives and the completion calls of their requests (hm_pmpi.h: what the two
+ * share).  A call goes to
  * the core when its communicator is set up and its arguments qualify; anything else goes to
  * what comes next (dlsym(RTLD_NEXT): another PMPI tool below this one, or the MPI library).
  * Whether a call qualifies depends only on what MPI requires to be equal on every rank (the
@@ -16,8 +18,8 @@
  * The attribute's delete callback frees it (MPI_Comm_free); an attribute on MPI_COMM_SELF,
  * whose callback MPI_Finalize runs first, frees what is left.
  *
- * Built by `hybridmpi pmpi path` with the MPI's compiler wrapper, together with hm_coll.c and
- * hm_wait.c, all hidden but the MPI entry points: the core inside does not clash with the one
+ * Built by `hybridmpi pmpi path` with the MPI's compiler wrapper, together with the core's files
+ * it runs (hybridmpi/tools/pmpi.py: SOURCES), all hidden but the MPI entry points: the core inside does not clash with the one
  * that a Python program using hybridmpi loads too. */
 #define _GNU_SOURCE
 #include "hm_pmpi.h"

@@ -298,8 +298,9 @@ def cmd_pmpi(args):
 
 def _pmpi_parser(sub):
     """``hybridmpi pmpi path``."""
-    q = sub.add_parser("pmpi", help="the PMPI library: the core's barrier and allreduce under "
-                       "unchanged C, C++ and Fortran programs (docs/pmpi.md)")
+    q = sub.add_parser("pmpi", help="the PMPI library: the core's barrier, allreduce and "
+                       "neighbourhood collectives under unchanged C, C++ and Fortran programs "
+                       "(docs/guide/pmpi.md)")
     acts = q.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     acts.required = True
     k = acts.add_parser("path", help="print the library's path for mpi4py's MPI (or --mpicc's), "

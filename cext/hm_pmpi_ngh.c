@@ -687,14 +687,13 @@ static int publish(op *o)
  * then DONE. */
 static int take(op *o)
 {
+    const uint64_t e = o->e;
     ngh *g = o->g;
     plan *p = o->p;
-    uint64_t e = o->e;
-    int par = (int)(e & 1);
-    for (int k = 0; k < p->nrp; k++) {
+    for (int k = 0, par = (int)(e & 1); k < p->nrp; k++) {
+        pair *q = &p->rp[k];
         if (o->taken[k])
             continue;
-        pair *q = &p->rp[k];
         int peer = g->in[q->edge[0]].peer;
         pairhdr *h = HDR(g, q->node, g->me);
         uint64_t v = load_acq(&h->ready, HM_ACQ_REL);
@@ -908,45 +907,8 @@ typedef struct {
     MPI_Comm comm;
 } args;
 
-/* The call as it came, to what comes next (fn: its entry point there). */
-static int pass_on(const args *a, MPI_Request *req, void *fn)
-{
-    switch (a->form + 4 * (req != NULL) + 8 * a->big) {
-    case F_ALLTOALLV + 0:
-        return ((int (*)(const void *, const int[], const int[], MPI_Datatype, void *, const int[], const int[], MPI_Datatype, MPI_Comm))fn)(a->sb, a->sc, a->sd, a->st, a->rb, a->rc, a->rd, a->rt, a->comm);
-    case F_ALLTOALL + 0:
-        return ((int (*)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm))fn)(a->sb, (int)a->scount, a->st, a->rb, (int)a->rcount, a->rt, a->comm);
-    case F_ALLGATHER + 0:
-        return ((int (*)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm))fn)(a->sb, (int)a->scount, a->st, a->rb, (int)a->rcount, a->rt, a->comm);
-    case F_ALLGATHERV + 0:
-        return ((int (*)(const void *, int, MPI_Datatype, void *, const int[], const int[], MPI_Datatype, MPI_Comm))fn)(a->sb, (int)a->scount, a->st, a->rb, a->rc, a->rd, a->rt, a->comm);
-    case F_ALLTOALLV + 4:
-        return ((int (*)(const void *, const int[], const int[], MPI_Datatype, void *, const int[], const int[], MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, a->sc, a->sd, a->st, a->rb, a->rc, a->rd, a->rt, a->comm, req);
-    case F_ALLTOALL + 4:
-        return ((int (*)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (int)a->scount, a->st, a->rb, (int)a->rcount, a->rt, a->comm, req);
-    case F_ALLGATHER + 4:
-        return ((int (*)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (int)a->scount, a->st, a->rb, (int)a->rcount, a->rt, a->comm, req);
-    case F_ALLGATHERV + 4:
-        return ((int (*)(const void *, int, MPI_Datatype, void *, const int[], const int[], MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (int)a->scount, a->st, a->rb, a->rc, a->rd, a->rt, a->comm, req);
-    case F_ALLTOALLV + 8:
-        return ((int (*)(const void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, MPI_Comm))fn)(a->sb, a->sc, a->sd, a->st, a->rb, a->rc, a->rd, a->rt, a->comm);
-    case F_ALLTOALL + 8:
-        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, MPI_Count, MPI_Datatype, MPI_Comm))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, (MPI_Count)a->rcount, a->rt, a->comm);
-    case F_ALLGATHER + 8:
-        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, MPI_Count, MPI_Datatype, MPI_Comm))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, (MPI_Count)a->rcount, a->rt, a->comm);
-    case F_ALLGATHERV + 8:
-        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, MPI_Comm))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, a->rc, a->rd, a->rt, a->comm);
-    case F_ALLTOALLV + 12:
-        return ((int (*)(const void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, a->sc, a->sd, a->st, a->rb, a->rc, a->rd, a->rt, a->comm, req);
-    case F_ALLTOALL + 12:
-        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, MPI_Count, MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, (MPI_Count)a->rcount, a->rt, a->comm, req);
-    case F_ALLGATHER + 12:
-        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, MPI_Count, MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, (MPI_Count)a->rcount, a->rt, a->comm, req);
-    case F_ALLGATHERV + 12:
-        return ((int (*)(const void *, MPI_Count, MPI_Datatype, void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, MPI_Comm, MPI_Request *))fn)(a->sb, (MPI_Count)a->scount, a->st, a->rb, a->rc, a->rd, a->rt, a->comm, req);
-    }
-    return MPI_ERR_INTERN;
-}
+/* What neighbor() returns for a call that goes on to what comes next, as it came. */
+enum { PASS = -1 };
 
 /* Whether the counts are what MPI accepts (else MPI reports them, as ever). */
 static int counts_valid(const args *a, const ngh *g)
@@ -988,7 +950,8 @@ static int post(op *o)
     return HM_OK;
 }
 
-/* Call `a`: on the core, or on to what comes next (`name`, found once into *next). */
+/* Call `a` on the core, or PASS: the entry point passes it on to what comes next (`name`,
+ * found once into *next). */
 static int neighbor(const args *a, MPI_Request *req, void **next, const char *name)
 {
     if (*next == NULL) {
@@ -1004,7 +967,7 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
         return pmpi_revoked(s);
     if (g == NULL || g->phase == N_NEXT || !counts_valid(a, g)) {
         COUNT(C_NEXT_NEIGHBOR);
-        return pass_on(a, req, *next);
+        return PASS;
     }
     if (g->phase == N_REFUSED) {
         int rank;
@@ -1022,7 +985,7 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
     if (o == NULL) {   /* a type MPI does not know (it says so), or no memory */
         plan_unref(p);
         COUNT(C_NEXT_NEIGHBOR);
-        return pass_on(a, req, *next);
+        return PASS;
     }
     *o = (op){.g = g, .s = s, .p = p, .e = ++g->epoch, .sb = a->sb, .rb = a->rb, .form = a->form,
               .greq = MPI_REQUEST_NULL, .refs = 2, .left = p->nrp, .req = (MPI_Request *)(o + 1),
@@ -1061,118 +1024,48 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
     return rc == HM_OK || req != NULL ? MPI_SUCCESS : MPI_ERR_OTHER;
 }
 
-EXPORT int MPI_Neighbor_alltoallv(const void *sb, const int sc[], const int sd[], MPI_Datatype st, void *rb, const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm)
-{
-    static void *next_;
-    args a = {F_ALLTOALLV, 0, sb, sc, sd, 0, st, rb, rc, rd, 0, rt, comm};
-    return neighbor(&a, NULL, &next_, "MPI_Neighbor_alltoallv");
-}
+/* The entry points, C the count type and D the displacement type of each (the _c forms:
+ * MPI_Count, MPI_Aint): the arguments in the v form, on the core or on as they came. */
+#define ENTRY(NAME, PARAMS, ARGS, FORM, BIG, REQ, ...)                                            \
+    EXPORT int NAME(PARAMS)                                                                       \
+    {                                                                                             \
+        typedef int (*next_fn)(PARAMS);                                                           \
+        static void *next_;                                                                       \
+        args a = {FORM, BIG, __VA_ARGS__};                                                        \
+        int got_ = neighbor(&a, REQ, &next_, #NAME);                                            \
+        return got_ == PASS ? ((next_fn)next_)(ARGS) : got_;                                      \
+    }
+#define P_V(C, D) const void *sb, const C sc[], const D sd[], MPI_Datatype st, void *rb,          \
+                  const C rc[], const D rd[], MPI_Datatype rt, MPI_Comm comm
+#define P_U(C) const void *sb, C scount, MPI_Datatype st, void *rb, C rcount, MPI_Datatype rt,     \
+               MPI_Comm comm
+#define P_GV(C, D) const void *sb, C scount, MPI_Datatype st, void *rb, const C rc[], const D rd[], \
+                   MPI_Datatype rt, MPI_Comm comm
+#define P_IV(C, D) P_V(C, D), MPI_Request *req
+#define P_IU(C) P_U(C), MPI_Request *req
+#define P_IGV(C, D) P_GV(C, D), MPI_Request *req
+#define G_V sb, sc, sd, st, rb, rc, rd, rt, comm
+#define G_U sb, scount, st, rb, rcount, rt, comm
+#define G_GV sb, scount, st, rb, rc, rd, rt, comm
+#define G_IV G_V, req
+#define G_IU G_U, req
+#define G_IGV G_GV, req
+#define A_V sb, sc, sd, 0, st, rb, rc, rd, 0, rt, comm
+#define A_U sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm
+#define A_GV sb, NULL, NULL, scount, st, rb, rc, rd, 0, rt, comm
+#define ENTRIES(S, C, D, BIG)                                                                     \
+    ENTRY(MPI_Neighbor_alltoallv##S, P_V(C, D), G_V, F_ALLTOALLV, BIG, NULL, A_V)                 \
+    ENTRY(MPI_Ineighbor_alltoallv##S, P_IV(C, D), G_IV, F_ALLTOALLV, BIG, req, A_V)               \
+    ENTRY(MPI_Neighbor_alltoall##S, P_U(C), G_U, F_ALLTOALL, BIG, NULL, A_U)                      \
+    ENTRY(MPI_Ineighbor_alltoall##S, P_IU(C), G_IU, F_ALLTOALL, BIG, req, A_U)                    \
+    ENTRY(MPI_Neighbor_allgather##S, P_U(C), G_U, F_ALLGATHER, BIG, NULL, A_U)                    \
+    ENTRY(MPI_Ineighbor_allgather##S, P_IU(C), G_IU, F_ALLGATHER, BIG, req, A_U)                  \
+    ENTRY(MPI_Neighbor_allgatherv##S, P_GV(C, D), G_GV, F_ALLGATHERV, BIG, NULL, A_GV)            \
+    ENTRY(MPI_Ineighbor_allgatherv##S, P_IGV(C, D), G_IGV, F_ALLGATHERV, BIG, req, A_GV)
 
-EXPORT int MPI_Neighbor_alltoall(const void *sb, int scount, MPI_Datatype st, void *rb, int rcount, MPI_Datatype rt, MPI_Comm comm)
-{
-    static void *next_;
-    args a = {F_ALLTOALL, 0, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
-    return neighbor(&a, NULL, &next_, "MPI_Neighbor_alltoall");
-}
-
-EXPORT int MPI_Neighbor_allgather(const void *sb, int scount, MPI_Datatype st, void *rb, int rcount, MPI_Datatype rt, MPI_Comm comm)
-{
-    static void *next_;
-    args a = {F_ALLGATHER, 0, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
-    return neighbor(&a, NULL, &next_, "MPI_Neighbor_allgather");
-}
-
-EXPORT int MPI_Neighbor_allgatherv(const void *sb, int scount, MPI_Datatype st, void *rb, const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm)
-{
-    static void *next_;
-    args a = {F_ALLGATHERV, 0, sb, NULL, NULL, scount, st, rb, rc, rd, 0, rt, comm};
-    return neighbor(&a, NULL, &next_, "MPI_Neighbor_allgatherv");
-}
-
-EXPORT int MPI_Ineighbor_alltoallv(const void *sb, const int sc[], const int sd[], MPI_Datatype st, void *rb, const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
-{
-    static void *next_;
-    args a = {F_ALLTOALLV, 0, sb, sc, sd, 0, st, rb, rc, rd, 0, rt, comm};
-    return neighbor(&a, req, &next_, "MPI_Ineighbor_alltoallv");
-}
-
-EXPORT int MPI_Ineighbor_alltoall(const void *sb, int scount, MPI_Datatype st, void *rb, int rcount, MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
-{
-    static void *next_;
-    args a = {F_ALLTOALL, 0, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
-    return neighbor(&a, req, &next_, "MPI_Ineighbor_alltoall");
-}
-
-EXPORT int MPI_Ineighbor_allgather(const void *sb, int scount, MPI_Datatype st, void *rb, int rcount, MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
-{
-    static void *next_;
-    args a = {F_ALLGATHER, 0, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
-    return neighbor(&a, req, &next_, "MPI_Ineighbor_allgather");
-}
-
-EXPORT int MPI_Ineighbor_allgatherv(const void *sb, int scount, MPI_Datatype st, void *rb, const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
-{
-    static void *next_;
-    args a = {F_ALLGATHERV, 0, sb, NULL, NULL, scount, st, rb, rc, rd, 0, rt, comm};
-    return neighbor(&a, req, &next_, "MPI_Ineighbor_allgatherv");
-}
-
+ENTRIES(, int, int, 0)
 #if MPI_VERSION >= 4
-EXPORT int MPI_Neighbor_alltoallv_c(const void *sb, const MPI_Count sc[], const MPI_Aint sd[], MPI_Datatype st, void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt, MPI_Comm comm)
-{
-    static void *next_;
-    args a = {F_ALLTOALLV, 1, sb, sc, sd, 0, st, rb, rc, rd, 0, rt, comm};
-    return neighbor(&a, NULL, &next_, "MPI_Neighbor_alltoallv_c");
-}
-
-EXPORT int MPI_Neighbor_alltoall_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, MPI_Count rcount, MPI_Datatype rt, MPI_Comm comm)
-{
-    static void *next_;
-    args a = {F_ALLTOALL, 1, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
-    return neighbor(&a, NULL, &next_, "MPI_Neighbor_alltoall_c");
-}
-
-EXPORT int MPI_Neighbor_allgather_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, MPI_Count rcount, MPI_Datatype rt, MPI_Comm comm)
-{
-    static void *next_;
-    args a = {F_ALLGATHER, 1, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
-    return neighbor(&a, NULL, &next_, "MPI_Neighbor_allgather_c");
-}
-
-EXPORT int MPI_Neighbor_allgatherv_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt, MPI_Comm comm)
-{
-    static void *next_;
-    args a = {F_ALLGATHERV, 1, sb, NULL, NULL, scount, st, rb, rc, rd, 0, rt, comm};
-    return neighbor(&a, NULL, &next_, "MPI_Neighbor_allgatherv_c");
-}
-
-EXPORT int MPI_Ineighbor_alltoallv_c(const void *sb, const MPI_Count sc[], const MPI_Aint sd[], MPI_Datatype st, void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
-{
-    static void *next_;
-    args a = {F_ALLTOALLV, 1, sb, sc, sd, 0, st, rb, rc, rd, 0, rt, comm};
-    return neighbor(&a, req, &next_, "MPI_Ineighbor_alltoallv_c");
-}
-
-EXPORT int MPI_Ineighbor_alltoall_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, MPI_Count rcount, MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
-{
-    static void *next_;
-    args a = {F_ALLTOALL, 1, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
-    return neighbor(&a, req, &next_, "MPI_Ineighbor_alltoall_c");
-}
-
-EXPORT int MPI_Ineighbor_allgather_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, MPI_Count rcount, MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
-{
-    static void *next_;
-    args a = {F_ALLGATHER, 1, sb, NULL, NULL, scount, st, rb, NULL, NULL, rcount, rt, comm};
-    return neighbor(&a, req, &next_, "MPI_Ineighbor_allgather_c");
-}
-
-EXPORT int MPI_Ineighbor_allgatherv_c(const void *sb, MPI_Count scount, MPI_Datatype st, void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt, MPI_Comm comm, MPI_Request *req)
-{
-    static void *next_;
-    args a = {F_ALLGATHERV, 1, sb, NULL, NULL, scount, st, rb, rc, rd, 0, rt, comm};
-    return neighbor(&a, req, &next_, "MPI_Ineighbor_allgatherv_c");
-}
+ENTRIES(_c, MPI_Count, MPI_Aint, 1)
 #endif
 
 /* ------------------------------------------------------------------ completion calls */

@@ -980,7 +980,8 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
     /* the call and its arrays in one block: messages (any edge may be one), pairs taken */
     size_t nm = (size_t)(g->nin + g->nout) + 1, at_st = sizeof(op) + nm * sizeof(MPI_Request);
     at_st = (at_st + 15) & ~(size_t)15;
-    size_t at_x = at_st + nm * sizeof(MPI_Status), at_t = at_x + nm * sizeof(int64_t);
+    size_t at_x = (at_st + nm * sizeof(MPI_Status) + 15) & ~(size_t)15;   /* (a status: 20 bytes) */
+    size_t at_t = at_x + nm * sizeof(int64_t);
     op *o = p ? malloc(at_t + (size_t)(p ? p->nrp : 0) + 1) : NULL;
     if (o == NULL) {   /* a type MPI does not know (it says so), or no memory */
         plan_unref(p);
@@ -1289,8 +1290,12 @@ int pmpi_ngh_release(state *s)
     ngh *g = s->ngh;
     if (g == NULL)
         return 1;
-    if (g->head != NULL)   /* calls still pending (requests freed, or never waited for) */
-        advance(g, g->tail, 1);
+    if (g->head != NULL) {   /* calls still pending (requests freed, or never waited for) */
+        op *last = g->tail;
+        atomic_fetch_add(&last->refs, 1);
+        advance(g, last, 1);
+        op_unref(last);
+    }
     drop(g);
     free(g);
     s->ngh = NULL;

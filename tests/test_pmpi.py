@@ -433,6 +433,31 @@ def test_neighbor_count_mismatch_reported(built, ranks, node_size):
     rc, out, err, took = ngh(ranks, lib, ["mismatch"], env, timeout=60)
     assert rc != 0 and took < 45, f"rc={rc} {took:.1f} s\n{out}\n{err}"
     assert re.search(r"ngh_matrix mismatch: rank 0: call 0 failed: \S", err), err
-    assert "wrote past the receive blocks" not in err, err   # the 1,000th double: not in the buffer
+    # the 1,000th double is not in the buffer: on one node (the library's copy); across nodes the
+    # edge is the MPI's own message, and Open MPI 5 writes a truncated receive past its buffer
+    # without the library too (its error is MPI_ERR_TRUNCATE all the same)
+    if not (node_size and mpi_flavor() == "openmpi"):
+        assert "wrote past the receive blocks" not in err, err
     for r in range(ranks):
         assert re.search(rf"ngh_matrix mismatch: rank {r}: (calls \[|no error)", err), err
+
+
+@pytest.mark.parametrize("node_size", [None, 1])
+def test_neighbor_rank_killed_mid_call(built, node_size):
+    """A rank ends (SIGKILL) among non-blocking neighbourhood calls, the launcher's cleanup off:
+    on one node its peers find its process gone by themselves (no timeout set) and their error
+    handler ends the job within seconds; across virtual nodes its message never comes, and
+    HYBRIDMPI_PMPI_TIMEOUT=5 ends the wait."""
+    import sys
+
+    lib, _ = built
+    env = {"HYBRIDMPI_PMPI_AFTER": "0"}
+    if node_size:
+        env.update(HYBRIDMPI_PMPI_NODE_SIZE=str(node_size), HYBRIDMPI_PMPI_TIMEOUT="5")
+    t0 = time.monotonic()
+    rc, out, err = run(3, lib, [sys.executable, NGH, "killed"], env, timeout=60, cleanup=False)
+    took = time.monotonic() - t0
+    assert rc != 0 and "went on without" not in err, f"rc={rc}\n{out}\n{err}"
+    why = "a wait timed out" if node_size else "a rank of the node failed or ended"
+    assert re.search(rf"hybridmpi pmpi: rank [02]: MPI_Ineighbor_alltoall: {why}", err), err
+    assert took < 30, f"{took:.1f} s:\n{err}"

@@ -43,6 +43,7 @@ Cases:
 """
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -747,9 +748,23 @@ def case_mismatch(c):
     return erroneous("mismatch", comm, [1000], [999 if RANK == 0 else 1000])
 
 
+def case_killed(c):
+    """A ring of non-blocking calls; rank 1 ends by SIGKILL at its 200th call, the others go on
+    with the MPI's default error handler (MPI_ERRORS_ARE_FATAL): the job must end, not hang."""
+    comm = WORLD.Create_dist_graph_adjacent([(RANK - 1) % SIZE], [(RANK + 1) % SIZE], reorder=False)
+    comm.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+    sbuf, rbuf = np.ones(512), np.zeros(512)
+    for it in range(1_000_000):
+        if RANK == 1 and it == 200:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.Ineighbor_alltoall(sbuf, rbuf).Wait()
+    print(f"ngh_matrix killed: rank {RANK} went on without rank 1", file=sys.stderr, flush=True)
+    return 1
+
+
 CASES = {"adjacent": case_adjacent, "general": case_general, "completion": case_completion,
          "cart": case_cart, "interleave": case_interleave, "threads": case_threads}
-ERRONEOUS = {"asymmetric": case_asymmetric, "mismatch": case_mismatch}
+ERRONEOUS = {"asymmetric": case_asymmetric, "mismatch": case_mismatch, "killed": case_killed}
 
 
 def main(argv):

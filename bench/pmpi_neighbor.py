@@ -17,6 +17,11 @@ over the ranks, 0 when it passed every call on to MPI).
 - ``mpi4py``: what DOLFINx calls, alone: ``Ineighbor_alltoallv`` on
   ``Create_dist_graph_adjacent`` of the other rank, then ``Wait``, the same sizes; the time of the
   call (it returns a request) and of the Wait apart;
+- ``inside`` (rows of both): the time inside the neighbourhood call and its wait, from
+  MPI_Ineighbor_alltoallv's entry to the exit of the MPI_Wait that completes it, without Python or
+  DOLFINx's packing: a stackable timer (``bench/pmpi_timer.c``, built with the MPI's wrapper)
+  preloaded in every run, in front of the library where it is loaded, gives each rank's median
+  (the table: the largest rank's, median over runs);
 - ``petsc``: a petsc4py loop of ``MatMult`` on the 2-D five-point Laplacian (``--dofs`` rows per
   rank), its halo exchanged by PETSc's default SF (persistent Isend/Irecv), by ``-sf_type neighbor``
   (one MPI_Ineighbor_alltoallv, then an MPI_Waitall of that one request, per MatMult) without the
@@ -221,25 +226,51 @@ def log_times(out: str) -> dict:
 
 # ---- the runner ------------------------------------------------------------------------------
 
+def build_timer(t) -> str:
+    """bench/pmpi_timer.c built with the MPI's wrapper (``t``: pmpi.target()), in the library's
+    cache folder."""
+    from hybridmpi.tools import pmpi
+
+    out = pmpi.cache_dir() / f"pmpi-timer-{t.family}.so"
+    src = HERE / "pmpi_timer.c"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*shlex.split(t.mpicc), "-O2", "-shared", "-fPIC", str(src), "-o", str(out), "-ldl"],
+                       check=True, capture_output=True, text=True)
+    return str(out)
+
+
+def inside(stderr: str) -> dict:
+    """The stackable timer's medians (bench/pmpi_timer.c): bytes sent per call -> the largest
+    rank's median microseconds from MPI_Ineighbor_alltoallv's entry to its wait's exit."""
+    got: dict = {}
+    for b, us in re.findall(r"pmpi_timer: rank \d+: bytes (\d+): calls \d+ median_us ([\d.]+)", stderr):
+        got[b] = max(got.get(b, 0.0), float(us))
+    return got
+
+
 def launch(mpi: dict, argv: list[str], with_lib: bool) -> tuple[dict, int]:
-    """One run under mpiexec: rank 0's JSON line and the library's neighbor fast count."""
+    """One run under mpiexec, the timer in front of the library (or alone): rank 0's JSON line,
+    with the timer's medians, and the library's neighbor fast count."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     cmd = [mpi["mpiexec"], "-n", str(mpi["ranks"])]
     extra = {"HYBRIDMPI_PMPI_AFTER": "0", "HYBRIDMPI_PMPI_STATS": "1"} if with_lib else {}
     env.update(extra)
+    preload = f"{mpi['timer']}:{mpi['library']}" if with_lib else mpi["timer"]
     if mpi["family"] == "openmpi":
         cmd += ["--oversubscribe", "-x", "OPENBLAS_NUM_THREADS", "-x", "OMP_NUM_THREADS"]
         cmd += [f for k in extra for f in ("-x", k)]
-        cmd += ["-x", f"LD_PRELOAD={mpi['library']}"] if with_lib else []
+        cmd += ["-x", f"LD_PRELOAD={preload}"]
     else:
-        cmd += ["-genv", "LD_PRELOAD", mpi["library"]] if with_lib else []
+        cmd += ["-genv", "LD_PRELOAD", preload]
     cmd += [sys.executable, __file__, *argv]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} failed:\n{out.stdout}\n{out.stderr[-5000:]}")
     fast = sum(int(n) for n in re.findall(r"(\d+) neighbor fast\b", out.stderr))
     got = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("{")))
+    got["inside"] = inside(out.stderr)
     mpi.setdefault("version", got.pop("mpi"))
     if "--sf" in argv:
         got.update(log_times(out.stdout))
@@ -258,10 +289,13 @@ def bench_dolfinx(mpi, a, kind: str) -> list[dict]:
         for with_lib in (False, True):
             runs[with_lib].append(launch(mpi, argv, with_lib))
     rows = []
-    calls = ("forward", "reverse") if kind == "dolfinx" else ("call", "wait", "total")
+    calls = ("forward", "reverse", "inside") if kind == "dolfinx" else ("call", "wait", "total", "inside")
     for i, kb in enumerate(a.kb):
         for call in calls:
-            series = {w: [r[0]["sizes"][i][call] for r in runs[w]] for w in (False, True)}
+            # inside: the timer's, by the bytes a call sends (DOLFINx: both directions, the same)
+            series = {w: [r[0]["inside"].get(str(r[0]["sizes"][i]["values"] * 8), float("nan"))
+                          if call == "inside" else r[0]["sizes"][i][call] for r in runs[w]]
+                      for w in (False, True)}
             base, lib = med(series[False]), med(series[True])
             rows.append({"part": kind, "kb": kb, "values": runs[False][0][0]["sizes"][i]["values"],
                          "call": call, "mpi_us": base, "library_us": lib, "ratio": lib / base,
@@ -331,7 +365,7 @@ def main(argv=None) -> int:
     mpiexec = Path(sys.prefix) / "bin" / "mpiexec"
     mpi = {"family": t.family, "libmpi": str(t.libmpi), "ranks": a.ranks,
            "library": a.library or str(pmpi.library()),
-           "mpiexec": str(mpiexec) if mpiexec.exists() else "mpiexec"}
+           "mpiexec": str(mpiexec) if mpiexec.exists() else "mpiexec", "timer": build_timer(t)}
     only = a.only.split(",")
     rows = []
     started = time.time()

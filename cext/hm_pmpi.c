@@ -477,44 +477,47 @@ int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node)
 }
 
 /* A shared segment of `bytes` mapped by every rank of `node`, collectively: NULL and *why set
- * when one rank could not.  POSIX shared memory, its room reserved before use (a full /dev/shm
- * fails here, not in the program), its name unlinked once every rank tried to map it (a job
- * killed later leaves nothing in /dev/shm).  `inject`: as if this rank had no room (tests). */
-char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why)
+ * when one rank could not.  POSIX shared memory, its name unlinked once every rank tried to map
+ * it (a job killed later leaves nothing in /dev/shm).  Its room is reserved before use, so that
+ * a full /dev/shm fails here, not in the program: the whole segment when `fd` is NULL; else the
+ * file is only sized, and each rank gets a descriptor (*fd) with which it reserves the parts it
+ * writes (posix_fallocate) before it writes them.  `inject`: as if this rank had no room
+ * (tests). */
+char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why, int *fd)
 {
     int nr;
     PMPI_Comm_rank(node, &nr);
     char name[64] = "", *base = NULL;
+    int f = -1;
     if (nr == 0 && !inject) {
         static _Atomic unsigned serial;
         snprintf(name, sizeof name, "/hybridmpi-pmpi-%d-%u-%lx", (int)getpid(),
                  atomic_fetch_add(&serial, 1), (unsigned long)time(NULL));
-        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-        int err = fd < 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
-        if (fd >= 0) {
-            if (err == 0)
-                base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            close(fd);
-            if (err != 0 || base == MAP_FAILED)
-                base = NULL;
-        }
+        f = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        int err = f < 0 ? errno : fd ? (ftruncate(f, (off_t)bytes) ? errno : 0)
+                                     : posix_fallocate(f, 0, (off_t)bytes);
+        if (f >= 0 && err == 0)
+            base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+        if (base == MAP_FAILED)
+            base = NULL;
         if (base == NULL) {
-            if (fd >= 0)
+            if (f >= 0)
                 shm_unlink(name);
             name[0] = '\0';
         }
     }
     if (PMPI_Bcast(name, sizeof name, MPI_CHAR, 0, node) != MPI_SUCCESS)
         name[0] = '\0';
-    if (name[0] == '\0')   /* every node rank sees it: none goes on to the barrier below */
+    if (name[0] == '\0') {   /* every node rank sees it: none goes on to the barrier below */
+        if (f >= 0)
+            close(f);
         return *why = "no room for the node's shared segment", NULL;
+    }
     if (nr != 0 && !inject) {
-        int fd = shm_open(name, O_RDWR, 0);
-        if (fd >= 0) {
-            base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            close(fd);
-        }
-        if (fd < 0 || base == MAP_FAILED)
+        f = shm_open(name, O_RDWR, 0);
+        if (f >= 0)
+            base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+        if (f < 0 || base == MAP_FAILED)
             base = NULL;
     }
     PMPI_Barrier(node);
@@ -522,6 +525,10 @@ char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why
         shm_unlink(name);
     if (base == NULL)
         *why = "could not map the node's shared segment";
+    if (fd && base)
+        *fd = f;
+    else if (f >= 0)
+        close(f);
     return base;
 }
 
@@ -535,7 +542,7 @@ static int map_node(state *s, int rank)
     PMPI_Comm_size(s->node, &nn);
     size_t per = (hm_coll_segment_bytes(cfg.max_bytes) + 4095) & ~(size_t)4095;
     s->bytes = per * (size_t)nn + (((size_t)nn * sizeof(pid_t) + 4095) & ~(size_t)4095);
-    s->base = pmpi_map_segment(s->node, s->bytes, rank == cfg.fail_rank, &failure);
+    s->base = pmpi_map_segment(s->node, s->bytes, rank == cfg.fail_rank, &failure, NULL);
     if (s->base == NULL)
         return 1;
     s->seg = malloc((size_t)nn * sizeof(char *));

@@ -59,7 +59,7 @@ typedef struct state {
 state *pmpi_state(MPI_Comm comm, int now);
 void *pmpi_next(const char *name, const char *pname);   /* what comes next: RTLD_NEXT, else PMPI */
 int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node);
-char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why);
+char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why, int *fd);
 int pmpi_failed(state *s, const char *call, int rc);
 int pmpi_revoked(state *s);
 void pmpi_poke(state *s);

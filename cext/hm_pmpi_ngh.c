@@ -28,7 +28,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 enum { N_FAST, N_NEXT, N_REFUSED };
 enum { F_ALLTOALLV, F_ALLTOALL, F_ALLGATHER, F_ALLGATHERV };
@@ -107,6 +109,8 @@ typedef struct ngh {
     char *base;
     size_t bytes, per, hdr;
     uint64_t cap;            /* bytes of each parity's area */
+    uint64_t reserved;       /* of this rank's areas, the bytes reserved in /dev/shm */
+    int fd;                  /* the segment's file, for the reservations (-1: none) */
     MPI_Comm msgs;
     uint64_t epoch;
     op *head, *tail;
@@ -244,6 +248,9 @@ static void drop(ngh *g)
     if (g->base != NULL)
         munmap(g->base, g->bytes);
     g->base = NULL;
+    if (g->fd >= 0)
+        close(g->fd);
+    g->fd = -1;
     if (g->msgs != MPI_COMM_NULL)
         PMPI_Comm_free(&g->msgs);
     free(g->in);
@@ -258,6 +265,26 @@ static void drop(ngh *g)
 static uint64_t onnode_bytes(const ngh *g, int form, int big, const void *sc, int64_t scount,
                              MPI_Datatype st);
 
+/* This rank's areas hold `bytes` (at most g->cap) in /dev/shm, reserved before they are written
+ * (a full /dev/shm fails here, and the edges that do not fit go as messages): 1, else 0. */
+static int reserve(ngh *g, uint64_t bytes)
+{
+    if (bytes > g->cap)
+        bytes = g->cap;
+    if (bytes <= g->reserved)
+        return 1;
+    bytes = (bytes + 65535) & ~(uint64_t)65535;
+    if (bytes < 2 * g->reserved)   /* (grows by doubling at least) */
+        bytes = 2 * g->reserved;
+    if (bytes > g->cap)
+        bytes = g->cap;
+    off_t at = (off_t)(g->per * (size_t)g->me + g->hdr);
+    if (posix_fallocate(g->fd, at, (off_t)bytes) || posix_fallocate(g->fd, at + (off_t)g->cap, (off_t)bytes))
+        return 0;
+    g->reserved = bytes;
+    return 1;
+}
+
 /* Sets up s->ngh, collectively over the communicator (every rank is in the same call):
  * N_FAST, N_NEXT (every rank's calls go to MPI: a communicator without a graph, or one whose
  * set-up failed on some rank), or N_REFUSED (the graph's edges do not match: every call
@@ -271,6 +298,7 @@ static void set_up(state *s, int form, int big, const void *sc, int64_t scount, 
     s->ngh = g;
     g->phase = N_NEXT;
     g->msgs = MPI_COMM_NULL;
+    g->fd = -1;
     MPI_Comm comm = s->comm, node = MPI_COMM_NULL;
     int rank, size, failed = 0;
     PMPI_Comm_rank(comm, &rank);
@@ -292,14 +320,9 @@ static void set_up(state *s, int form, int big, const void *sc, int64_t scount, 
     PMPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &found);
     for (int i = 0; i < g->nout; i++)   /* keys are tags */
         failed |= found && g->out[i].key > *ub;
-    /* the areas: this call's bytes to the node (the most of any node rank), 64 KiB at least,
-     * cfg.ngh_bytes at most; larger calls send what does not fit as messages */
-    uint64_t need = failed ? 0 : onnode_bytes(g, form, big, sc, scount, st), most = 0;
-    if (node != MPI_COMM_NULL && PMPI_Allreduce(&need, &most, 1, MPI_UINT64_T, MPI_MAX, node) != MPI_SUCCESS)
-        failed = 1;
-    g->cap = most < 65536 ? 65536 : (most + 4095) & ~(uint64_t)4095;
-    if (g->cap > cfg.ngh_bytes)
-        g->cap = cfg.ngh_bytes & ~(uint64_t)63;
+    /* the areas: cfg.ngh_bytes each, mapped whole; each rank reserves its own header and, of
+     * its areas, what this call needs (64 KiB at least), and more when a later call needs it */
+    g->cap = (cfg.ngh_bytes + 63) & ~(uint64_t)63;
     g->hdr = ((size_t)g->nn * sizeof(pairhdr) + 4095) & ~(size_t)4095;
     g->per = (g->hdr + 2 * g->cap + 4095) & ~(size_t)4095;
     g->bytes = g->per * (size_t)g->nn;
@@ -309,7 +332,11 @@ static void set_up(state *s, int form, int big, const void *sc, int64_t scount, 
         int any = 0;
         PMPI_Allreduce(&fail_here, &any, 1, MPI_INT, MPI_MAX, node);
         if (!any) {
-            g->base = pmpi_map_segment(node, g->bytes, 0, &why);
+            g->base = pmpi_map_segment(node, g->bytes, 0, &why, &g->fd);
+            uint64_t need = onnode_bytes(g, form, big, sc, scount, st);
+            if (g->base != NULL && (posix_fallocate(g->fd, (off_t)(g->per * (size_t)g->me), (off_t)g->hdr) ||
+                                    !reserve(g, need < 65536 ? 65536 : need)))
+                failed = 1, why = "no room for the node's shared segment";
             failed |= g->base == NULL;
         }
         PMPI_Comm_free(&node);
@@ -349,6 +376,19 @@ static int type_info(MPI_Datatype t, int *size, MPI_Aint *ext, int *contig)
         PMPI_Type_get_true_extent(t, &tlb, &text) != MPI_SUCCESS)
         return -1;
     *contig = lb == 0 && tlb == 0 && *ext == *size && text == *size;
+    return 0;
+}
+
+/* Whether t is one of the predefined types DOLFINx, PETSc and mpi4py send (never freed, so a
+ * handle seen before means what it meant). */
+static int predefined(MPI_Datatype t)
+{
+    static const MPI_Datatype known[] = {MPI_DOUBLE, MPI_FLOAT, MPI_INT, MPI_LONG, MPI_LONG_LONG,
+                                         MPI_BYTE, MPI_CHAR, MPI_INT32_T, MPI_INT64_T,
+                                         MPI_C_DOUBLE_COMPLEX, MPI_UNSIGNED_CHAR};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (t == known[i])
+            return 1;
     return 0;
 }
 
@@ -504,9 +544,10 @@ static plan *plan_for(ngh *g, int form, int big, const void *sc, const void *sd,
         /* the same handles may name other types now (freed and made again): sizes too */
         int ssz, rsz, sc_, rc_;
         MPI_Aint sext, rext;
-        int same = !type_info(st, &ssz, &sext, &sc_) && !type_info(rt, &rsz, &rext, &rc_) &&
-                   ssz == p->ssz && rsz == p->rsz && sext == p->sext && rext == p->rext &&
-                   sc_ == p->scontig && rc_ == p->rcontig;
+        int same = (predefined(st) && predefined(rt)) ||
+                   (!type_info(st, &ssz, &sext, &sc_) && !type_info(rt, &rsz, &rext, &rc_) &&
+                    ssz == p->ssz && rsz == p->rsz && sext == p->sext && rext == p->rext &&
+                    sc_ == p->scontig && rc_ == p->rcontig);
         int64_t cnt, dsp;
         for (int i = 0; same && i < no + ni; i++) {
             int send = i < no, k = send ? i : i - no;
@@ -665,7 +706,7 @@ static int publish(op *o)
         pair *q = &p->sp[k];
         pairhdr *h = HDR(g, g->me, q->node);
         atomic_store_explicit(&h->sig[par], q->sig, memory_order_relaxed);
-        if (off + q->bytes <= g->cap) {
+        if (off + q->bytes <= g->cap && reserve(g, off + q->bytes)) {
             atomic_store_explicit(&h->off[par], (int64_t)off, memory_order_relaxed);
             q->chan.buf[par] = AREA(g, g->me, par) + off;
             hm_xchg one = {.n = 1, .chan = &q->chan, .esz = 1, .dtype = HM_U8, .policy = o->s->c.policy};

@@ -344,6 +344,7 @@ static void start(void)
     cfg.fail_rank = (int)env_long("HYBRIDMPI_PMPI_FAIL_RANK", -1, -1, INT_MAX);
     cfg.adaptive = env_bool("HYBRIDMPI_PMPI_ADAPTIVE", 1, 1);
     cfg.ngh_bytes = (uint64_t)env_long("HYBRIDMPI_PMPI_NEIGHBOR_BYTES", 1 << 20, 0, 1L << 30);
+    cfg.ngh_stage = (uint64_t)env_long("HYBRIDMPI_PMPI_NEIGHBOR_STAGE", 12288, 0, 1L << 30);
     next.allreduce = (allreduce_fn)pmpi_next("MPI_Allreduce", "PMPI_Allreduce");
     next.barrier = (barrier_fn)pmpi_next("MPI_Barrier", "PMPI_Barrier");
     next.allreduce_c = pmpi_next("MPI_Allreduce_c", "PMPI_Allreduce_c");

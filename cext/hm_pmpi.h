@@ -22,6 +22,7 @@ struct pmpi_cfg {
     int fail_rank;       /* tests: this rank of each communicator fails its set-up (-1: none) */
     int adaptive;        /* defer set-ups where communicators die young (a vote per decision) */
     uint64_t ngh_bytes;  /* the most a rank stages in shared memory per neighbourhood call */
+    uint64_t ngh_stage;  /* the most it stages for one peer (more: the MPI's messages) */
 };
 extern struct pmpi_cfg cfg;
 

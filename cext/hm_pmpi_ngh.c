@@ -706,7 +706,9 @@ static int publish(op *o)
         pair *q = &p->sp[k];
         pairhdr *h = HDR(g, g->me, q->node);
         atomic_store_explicit(&h->sig[par], q->sig, memory_order_relaxed);
-        if (off + q->bytes <= g->cap && reserve(g, off + q->bytes)) {
+        /* staged (two copies, never waiting on the peer) up to cfg.ngh_stage bytes; past
+         * that the MPI's own messages, which copy once on a node (docs: "How a call moves") */
+        if (q->bytes <= cfg.ngh_stage && off + q->bytes <= g->cap && reserve(g, off + q->bytes)) {
             atomic_store_explicit(&h->off[par], (int64_t)off, memory_order_relaxed);
             q->chan.buf[par] = AREA(g, g->me, par) + off;
             hm_xchg one = {.n = 1, .chan = &q->chan, .esz = 1, .dtype = HM_U8, .policy = o->s->c.policy};

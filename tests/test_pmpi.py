@@ -387,14 +387,17 @@ def test_neighbor_matrix(built, ranks, node_size):
     ngh_passed(ranks, lib, cases, {"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size)} if node_size else None)
 
 
-@pytest.mark.parametrize("ranks,node_size", [(3, None), (4, 2)])
-def test_neighbor_edges_past_the_staging_area(built, ranks, node_size):
-    """HYBRIDMPI_PMPI_NEIGHBOR_BYTES=4096: the on-node edges that do not fit (the 400 kB ones, and
-    many more) go as messages in the same call as those that do; the results do not change."""
+@pytest.mark.parametrize("ranks,node_size,stage,area", [
+    (3, None, None, "4096"), (4, 2, None, "4096"), (3, None, "1073741824", None), (4, 2, "1073741824", None)])
+def test_neighbor_edges_past_the_staging_area(built, ranks, node_size, stage, area):
+    """HYBRIDMPI_PMPI_NEIGHBOR_BYTES=4096: the on-node edges that do not fit go as messages in the
+    same call as those that do; HYBRIDMPI_PMPI_NEIGHBOR_STAGE=1 GiB: every on-node edge is staged,
+    the 400 kB ones too (the default sends a peer's edges past 12 KiB as messages); the results
+    do not change."""
     lib, _ = built
-    env = {"HYBRIDMPI_PMPI_NEIGHBOR_BYTES": "4096"}
-    if node_size:
-        env["HYBRIDMPI_PMPI_NODE_SIZE"] = str(node_size)
+    env = {k: v for k, v in (("HYBRIDMPI_PMPI_NEIGHBOR_BYTES", area),
+                             ("HYBRIDMPI_PMPI_NEIGHBOR_STAGE", stage),
+                             ("HYBRIDMPI_PMPI_NODE_SIZE", node_size and str(node_size))) if v}
     ngh_passed(ranks, lib, NGH_CASES, env)
 
 

@@ -2,7 +2,13 @@
 the PMPI library: time per iteration, the iteration counts and residual histories, and inside
 MPI_Allreduce the split between waiting for the last rank and the call itself.
 
-    python bench/pmpi_cg.py [--dofs 2048,20000] [--ranks 2] [--runs 5] [--json FILE]
+    python bench/pmpi_cg.py [--dofs 2048,20000] [--ranks 2] [--runs 5] [--sf TYPE] [--library-sf TYPE]
+                            [--json FILE]
+
+``--sf`` is the star forest type of PETSc's scatters (MatMult's halo) in the runs without the
+library, ``--library-sf`` in the runs with it (default: ``--sf``): ``--library-sf neighbor`` puts
+the halo on the library's neighbourhood collectives too (docs/guide/pmpi.md), against PETSc's
+default star forest without it.
 
 It launches itself under ``mpiexec`` (the MPI of this environment's mpi4py and PETSc), each
 configuration ``--runs`` times, alternating without and with the library.  A tracer
@@ -96,6 +102,9 @@ def main(argv=None) -> int:
     p.add_argument("--its", type=int, default=300, help="CG iterations per solve (default 300)")
     p.add_argument("--reps", type=int, default=5, help="solves per run (default 5)")
     p.add_argument("--mpicc", help="compiler wrapper of the MPI (default: found for mpi4py's)")
+    p.add_argument("--sf", default="basic", help="PETSc's star forest type without the library (basic)")
+    p.add_argument("--library-sf", help="... with the library (default: --sf; neighbor: the halo on "
+                   "the library's neighbourhood collectives)")
     p.add_argument("--json", default="hybridmpi-results/bench-pmpi-cg.json", help="output ('' for none)")
     a = p.parse_args(argv)
     if a.child:
@@ -126,11 +135,12 @@ def main(argv=None) -> int:
                 for with_lib in (False, True):
                     preload = f"{tracer}:{lib}" if with_lib else tracer
                     base = os.path.join(tmp, f"trace-{dofs}-{run}-{int(with_lib)}")
+                    sf = (a.library_sf or a.sf) if with_lib else a.sf
                     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                               HYBRIDMPI_TRACE=base)
+                               HYBRIDMPI_TRACE=base, PETSC_OPTIONS=f"-sf_type {sf}")
                     cmd = [mpiexec, "-n", str(a.ranks)]
-                    cmd += ["--oversubscribe", "-x", f"LD_PRELOAD={preload}", "-x", "HYBRIDMPI_TRACE"] \
-                        if openmpi else ["-genv", "LD_PRELOAD", preload]
+                    cmd += ["--oversubscribe", "-x", f"LD_PRELOAD={preload}", "-x", "HYBRIDMPI_TRACE", "-x",
+                            "PETSC_OPTIONS"] if openmpi else ["-genv", "LD_PRELOAD", preload]
                     cmd += [sys.executable, __file__, "--child", "--dofs", str(dofs), "--its", str(a.its),
                             "--reps", str(a.reps)]
                     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -146,6 +156,7 @@ def main(argv=None) -> int:
             h0, h1 = res[False][0]["history"], res[True][0]["history"]
             diff = max(abs(x - y) / max(abs(x), 1e-300) for x, y in zip(h0, h1))
             row = {"dofs_per_rank": res[False][0]["dofs_per_rank"], "ranks": a.ranks,
+                   "sf": {"mpi": a.sf, "library": a.library_sf or a.sf},
                    "mpi_us": med[False], "library_us": med[True], "ratio": med[True] / med[False],
                    "iterations": [res[False][0]["iterations"], res[True][0]["iterations"]],
                    "same_iterations": all(r["iterations"] == res[False][0]["iterations"]

@@ -49,14 +49,19 @@ typedef struct {
     int peer, node, key;
 } edge;
 
+/* A rank may be this many calls ahead of a peer on its node before its next call waits for
+ * the peer to take one (its slots: a header and an area each, used by call number modulo
+ * SLOTS). */
+enum { SLOTS = 16 };
+
 /* Where rank q's call e to rank r stands: in q's area, hdr(q)[r]; every word is q's but
  * `done`, which r writes once it took call e. */
 typedef struct {
     hm_counter ready;
     hm_counter done;
-    _Atomic int64_t off[2];   /* by parity: where q's packed edges to r start, -1: as messages */
-    _Atomic uint64_t sig[2];  /* by parity: the edges' keys and sizes, hashed (both ends) */
-    char pad[16];
+    _Atomic int64_t off[SLOTS];   /* by slot: where q's packed edges to r start, -1: as messages */
+    _Atomic uint64_t sig[SLOTS];  /* by slot: the edges' keys and sizes, hashed (both ends) */
+    char pad[48];
 } pairhdr;
 
 /* A peer on this node and the edges to (or from) it, in key order: one channel of the core's
@@ -66,6 +71,7 @@ typedef struct {
     int *edge;               /* the edges' indices in the call's arrays */
     int64_t *start, *len;
     uint64_t bytes, sig;
+    int msg;                 /* more than cfg.ngh_stage bytes: the MPI's messages (both ends) */
     hm_chan chan;
 } pair;
 
@@ -108,8 +114,8 @@ typedef struct ngh {
     edge *in, *out;
     char *base;
     size_t bytes, per, hdr;
-    uint64_t cap;            /* bytes of each parity's area */
-    uint64_t reserved;       /* of this rank's areas, the bytes reserved in /dev/shm */
+    uint64_t cap;            /* bytes of each slot's area */
+    uint64_t reserved[SLOTS]; /* of this rank's areas, the bytes reserved in /dev/shm */
     int fd;                  /* the segment's file, for the reservations (-1: none) */
     MPI_Comm msgs;
     uint64_t epoch;
@@ -119,7 +125,7 @@ typedef struct ngh {
 } ngh;
 
 #define HDR(g, q, r) ((pairhdr *)((g)->base + (g)->per * (size_t)(q)) + (r))
-#define AREA(g, q, par) ((g)->base + (g)->per * (size_t)(q) + (g)->hdr + (size_t)(par) * (g)->cap)
+#define AREA(g, q, slot) ((g)->base + (g)->per * (size_t)(q) + (g)->hdr + (size_t)(slot) * (g)->cap)
 
 /* ------------------------------------------------------------------ the graph, once */
 
@@ -262,40 +268,36 @@ static void drop(ngh *g)
     g->last = NULL;
 }
 
-static uint64_t onnode_bytes(const ngh *g, int form, int big, const void *sc, int64_t scount,
-                             MPI_Datatype st);
 
-/* This rank's areas hold `bytes` (at most g->cap) in /dev/shm, reserved before they are written
- * (a full /dev/shm fails here, and the edges that do not fit go as messages): 1, else 0. */
-static int reserve(ngh *g, uint64_t bytes)
+/* This rank's area of `slot` holds `bytes` (at most g->cap) in /dev/shm, reserved before it
+ * is written (a full /dev/shm fails here, and the edges go as messages): 1, else 0. */
+static int reserve(ngh *g, int slot, uint64_t bytes)
 {
-    if (bytes > g->cap)
-        bytes = g->cap;
-    if (bytes <= g->reserved)
+    if (bytes <= g->reserved[slot])
         return 1;
     bytes = (bytes + 65535) & ~(uint64_t)65535;
-    if (bytes < 2 * g->reserved)   /* (grows by doubling at least) */
-        bytes = 2 * g->reserved;
+    if (bytes < 2 * g->reserved[slot])   /* (grows by doubling at least) */
+        bytes = 2 * g->reserved[slot];
     if (bytes > g->cap)
         bytes = g->cap;
-    off_t at = (off_t)(g->per * (size_t)g->me + g->hdr);
-    if (posix_fallocate(g->fd, at, (off_t)bytes) || posix_fallocate(g->fd, at + (off_t)g->cap, (off_t)bytes))
+    off_t at = (off_t)(g->per * (size_t)g->me + g->hdr + (size_t)slot * g->cap);
+    if (posix_fallocate(g->fd, at, (off_t)bytes))
         return 0;
-    g->reserved = bytes;
+    g->reserved[slot] = bytes;
     return 1;
 }
 
-/* Sets up s->ngh, collectively over the communicator (every rank is in the same call):
- * N_FAST, N_NEXT (every rank's calls go to MPI: a communicator without a graph, or one whose
- * set-up failed on some rank), or N_REFUSED (the graph's edges do not match: every call
- * fails).  `form`, `sc`, `scount` and `st` are the call's: the areas are sized for it. */
-static void set_up(state *s, int form, int big, const void *sc, int64_t scount, MPI_Datatype st)
+/* Sets up s->ngh, collectively over the communicator, in the call that made it (every rank
+ * is in it, so this waits for no rank that would not be waited for anyway): N_FAST, N_NEXT
+ * (every rank's calls go to MPI: a communicator without a graph, or one whose set-up failed
+ * on some rank), or N_REFUSED (the graph's edges do not match: every call fails). */
+static void set_up(state *s)
 {
-    ngh *g = calloc(1, sizeof *g);
-    if (g == NULL)   /* (every rank reads its graph alike: a rank without memory is a failure
-                        the others meet below only if it gets that far; it stays on MPI) */
-        return;
-    s->ngh = g;
+    ngh spare, *g = calloc(1, sizeof *g);
+    int oom = g == NULL;   /* (this rank still takes its part in the agreement: it fails it) */
+    if (oom)
+        g = memset(&spare, 0, sizeof spare);
+    s->ngh = oom ? NULL : g;
     g->phase = N_NEXT;
     g->msgs = MPI_COMM_NULL;
     g->fd = -1;
@@ -309,7 +311,7 @@ static void set_up(state *s, int form, int big, const void *sc, int64_t scount, 
     MPI_Errhandler was;
     PMPI_Comm_get_errhandler(comm, &was);
     PMPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    failed = r != 0 || pmpi_split_node(comm, rank, &node) != 0;
+    failed = oom || r != 0 || pmpi_split_node(comm, rank, &node) != 0;
     if (!failed) {
         PMPI_Comm_rank(node, &g->me);
         PMPI_Comm_size(node, &g->nn);
@@ -320,11 +322,13 @@ static void set_up(state *s, int form, int big, const void *sc, int64_t scount, 
     PMPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &found);
     for (int i = 0; i < g->nout; i++)   /* keys are tags */
         failed |= found && g->out[i].key > *ub;
-    /* the areas: cfg.ngh_bytes each, mapped whole; each rank reserves its own header and, of
-     * its areas, what this call needs (64 KiB at least), and more when a later call needs it */
-    g->cap = (cfg.ngh_bytes + 63) & ~(uint64_t)63;
+    /* the areas, a slot's room for a call's staged edges (each peer's, cfg.ngh_stage at most;
+     * all of them, cfg.ngh_bytes at most), mapped whole: each rank reserves its own header, and
+     * of its areas what its calls use, as they grow */
+    uint64_t most = (uint64_t)g->nn * cfg.ngh_stage;
+    g->cap = ((most < cfg.ngh_bytes ? most : cfg.ngh_bytes) + 4095) & ~(uint64_t)4095;
     g->hdr = ((size_t)g->nn * sizeof(pairhdr) + 4095) & ~(size_t)4095;
-    g->per = (g->hdr + 2 * g->cap + 4095) & ~(size_t)4095;
+    g->per = g->hdr + SLOTS * g->cap;
     g->bytes = g->per * (size_t)g->nn;
     const char *why = NULL;
     if (node != MPI_COMM_NULL) {
@@ -333,9 +337,7 @@ static void set_up(state *s, int form, int big, const void *sc, int64_t scount, 
         PMPI_Allreduce(&fail_here, &any, 1, MPI_INT, MPI_MAX, node);
         if (!any) {
             g->base = pmpi_map_segment(node, g->bytes, 0, &why, &g->fd);
-            uint64_t need = onnode_bytes(g, form, big, sc, scount, st);
-            if (g->base != NULL && (posix_fallocate(g->fd, (off_t)(g->per * (size_t)g->me), (off_t)g->hdr) ||
-                                    !reserve(g, need < 65536 ? 65536 : need)))
+            if (g->base != NULL && posix_fallocate(g->fd, (off_t)(g->per * (size_t)g->me), (off_t)g->hdr))
                 failed = 1, why = "no room for the node's shared segment";
             failed |= g->base == NULL;
         }
@@ -355,6 +357,8 @@ static void set_up(state *s, int form, int big, const void *sc, int64_t scount, 
         return;
     }
     drop(g);
+    if (oom)
+        return;
     if (all[0] == 0) {   /* every rank could have: the graph is wrong */
         g->phase = N_REFUSED;
         if (!asym)
@@ -405,22 +409,6 @@ static void edge_args(int form, int big, int send, int i, const void *c, const v
            : big ? ((const MPI_Aint *)d)[i] : ((const int *)d)[i];
 }
 
-static uint64_t onnode_bytes(const ngh *g, int form, int big, const void *sc, int64_t scount,
-                             MPI_Datatype st)
-{
-    int size, contig;
-    int64_t cnt, dsp;
-    MPI_Aint ext;
-    if (type_info(st, &size, &ext, &contig))
-        return 0;
-    uint64_t b = 0;
-    for (int i = 0; i < g->nout; i++)
-        if (g->out[i].node >= 0) {
-            edge_args(form, big, 1, i, sc, NULL, scount, &cnt, &dsp);
-            b += ((uint64_t)(cnt > 0 ? cnt : 0) * (uint64_t)size + 63) & ~(uint64_t)63;
-        }
-    return b;
-}
 
 static void plan_unref(plan *p)
 {
@@ -518,6 +506,9 @@ static int make_pairs(const ngh *g, plan *p, int send)
             q->bytes += (uint64_t)q->len[a];
             q->sig = sig_add(q->sig, e[q->edge[a]].key, (uint64_t)q->len[a]);
         }
+        /* staged (two copies, never waiting on the peer) up to cfg.ngh_stage bytes; past that
+         * the MPI's own messages, which copy once on a node (docs: "How a call moves") */
+        q->msg = q->bytes > cfg.ngh_stage;
         q->chan.peer = q->node;
         q->chan.nruns = q->n;
         q->chan.count = (int64_t)q->bytes;
@@ -685,19 +676,21 @@ static int pair_messages(op *o, const pair *q, int send)
     return HM_OK;
 }
 
-/* The send side, once every peer on the node took call e - 2 (this parity is free): each
- * pair packed into this rank's area, or, past its end, as messages; then READY. */
+/* The send side, once every peer on the node took call e - SLOTS (this slot is free): each
+ * pair's header, its edges packed into this rank's area (a pair of more than cfg.ngh_stage
+ * bytes went as messages at post; one that finds no room in /dev/shm goes so now), then
+ * READY. */
 static int publish(op *o)
 {
     ngh *g = o->g;
     plan *p = o->p;
     uint64_t e = o->e;
-    int par = (int)(e & 1);
+    int slot = (int)(e % SLOTS);
     for (int k = 0; k < p->nsp; k++) {
         uint64_t v = load_acq((hm_counter *)p->sp[k].chan.done, HM_ACQ_REL);
         if (v & HM_FLAGS)
             return fail(o, HM_EPEER, g->out[p->sp[k].edge[0]].peer);
-        if (e > 2 && v < e - 2)
+        if (e > SLOTS && v < e - SLOTS)
             return HM_OK;   /* not yet */
     }
     const char *x = p->scontig ? o->sb : o->spack;
@@ -705,22 +698,21 @@ static int publish(op *o)
     for (int k = 0; k < p->nsp; k++) {
         pair *q = &p->sp[k];
         pairhdr *h = HDR(g, g->me, q->node);
-        atomic_store_explicit(&h->sig[par], q->sig, memory_order_relaxed);
-        /* staged (two copies, never waiting on the peer) up to cfg.ngh_stage bytes; past
-         * that the MPI's own messages, which copy once on a node (docs: "How a call moves") */
-        if (q->bytes <= cfg.ngh_stage && off + q->bytes <= g->cap && reserve(g, off + q->bytes)) {
-            atomic_store_explicit(&h->off[par], (int64_t)off, memory_order_relaxed);
-            q->chan.buf[par] = AREA(g, g->me, par) + off;
-            hm_xchg one = {.n = 1, .chan = &q->chan, .esz = 1, .dtype = HM_U8, .policy = o->s->c.policy};
-            if (hm_xchg_send(&one, x, e) != HM_OK)   /* (it waits for nothing: DONE was read) */
-                return fail(o, HM_EPEER, g->out[q->edge[0]].peer);
+        atomic_store_explicit(&h->sig[slot], q->sig, memory_order_relaxed);
+        if (!q->msg && off + q->bytes <= g->cap && reserve(g, slot, off + q->bytes)) {
+            atomic_store_explicit(&h->off[slot], (int64_t)off, memory_order_relaxed);
+            hm_chan c = q->chan;   /* (DONE was read above: the core's send waits for nothing) */
+            c.done = NULL;
+            c.buf[e & 1] = AREA(g, g->me, slot) + off;
+            hm_xchg one = {.n = 1, .chan = &c, .esz = 1, .dtype = HM_U8, .policy = o->s->c.policy};
+            hm_xchg_send(&one, x, e);
             off += (q->bytes + 63) & ~(uint64_t)63;
-        } else {
-            atomic_store_explicit(&h->off[par], -1, memory_order_relaxed);
-            if (pair_messages(o, q, 1))
-                return o->rc;
-            store_rel((hm_counter *)q->chan.ready, e, HM_ACQ_REL);
+            continue;
         }
+        atomic_store_explicit(&h->off[slot], -1, memory_order_relaxed);
+        if (!q->msg && pair_messages(o, q, 1))
+            return o->rc;
+        store_rel((hm_counter *)q->chan.ready, e, HM_ACQ_REL);
     }
     o->sent = 1;
     return HM_OK;
@@ -733,7 +725,7 @@ static int take(op *o)
     const uint64_t e = o->e;
     ngh *g = o->g;
     plan *p = o->p;
-    for (int k = 0, par = (int)(e & 1); k < p->nrp; k++) {
+    for (int k = 0, slot = (int)(e % SLOTS); k < p->nrp; k++) {
         pair *q = &p->rp[k];
         if (o->taken[k])
             continue;
@@ -744,16 +736,16 @@ static int take(op *o)
             return fail(o, HM_EPEER, peer);
         if (v < e)
             continue;
-        int64_t off = atomic_load_explicit(&h->off[par], memory_order_relaxed);
-        if (atomic_load_explicit(&h->sig[par], memory_order_relaxed) != q->sig)
+        int64_t off = atomic_load_explicit(&h->off[slot], memory_order_relaxed);
+        if (atomic_load_explicit(&h->sig[slot], memory_order_relaxed) != q->sig)
             return fail(o, HM_EMISMATCH, peer);
-        if (off < 0) {
-            if (pair_messages(o, q, 0))
+        if (off < 0) {   /* messages: posted at post, or (no room at the sender) now */
+            if (!q->msg && pair_messages(o, q, 0))
                 return o->rc;
             store_rel(&h->done, e, HM_ACQ_REL);
             o->taken[k] = 2;
         } else {
-            q->chan.buf[par] = AREA(g, q->node, par) + off;
+            q->chan.buf[e & 1] = AREA(g, q->node, slot) + off;
             hm_xchg one = {.n = 1, .chan = &q->chan, .esz = 1, .dtype = HM_U8, .policy = o->s->c.policy};
             if (hm_xchg_recv(&one, p->rcontig ? o->rb : o->rpack, e, HM_INSERT, 0) != HM_OK)
                 return fail(o, HM_EPEER, peer);
@@ -986,9 +978,15 @@ static int post(op *o)
             message(o, 0, o->rb + (MPI_Aint)p->rd[j] * p->rext, p->rc[j], p->rt, &g->in[j],
                     (int64_t)p->rc[j] * p->rsz))
             return o->rc;
+    for (int k = 0; k < p->nrp; k++)   /* the node's peers whose edges are large: the MPI's */
+        if (p->rp[k].msg && pair_messages(o, &p->rp[k], 0))
+            return o->rc;
     for (int i = 0; i < g->nout; i++)
         if (g->out[i].peer != MPI_PROC_NULL && g->out[i].node < 0 &&
             message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, &g->out[i], -1))
+            return o->rc;
+    for (int k = 0; k < p->nsp; k++)
+        if (p->sp[k].msg && pair_messages(o, &p->sp[k], 1))
             return o->rc;
     return HM_OK;
 }
@@ -1002,10 +1000,8 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
         snprintf(pname, sizeof pname, "P%s", name);
         *next = pmpi_next(name, pname);
     }
-    state *s = pmpi_state(a->comm, 1);
-    if (s != NULL && s->phase == S_FAST && s->ngh == NULL)
-        set_up(s, a->form, a->big, a->sc, a->scount, a->st);
-    ngh *g = s ? s->ngh : NULL;
+    state *s = pmpi_state(a->comm, 0);
+    ngh *g = s ? s->ngh : NULL;   /* (set up when the communicator was made, else none) */
     if (s != NULL && s->phase == S_BROKEN && (g == NULL || g->phase != N_NEXT))
         return pmpi_revoked(s);
     if (g == NULL || g->phase == N_NEXT || !counts_valid(a, g)) {
@@ -1111,6 +1107,45 @@ ENTRIES(, int, int, 0)
 #if MPI_VERSION >= 4
 ENTRIES(_c, MPI_Count, MPI_Aint, 1)
 #endif
+
+/* ------------------------------------------------------------------ communicators with a graph */
+
+/* A communicator made with a graph is set up in the (collective) call that made it: a
+ * neighbourhood call, which must not wait for its peers, never sets anything up.  One made
+ * otherwise (a duplicate) passes its neighbourhood calls on to MPI. */
+static int made(int rc, const MPI_Comm *newcomm)
+{
+    if (rc == MPI_SUCCESS && *newcomm != MPI_COMM_NULL) {
+        state *s = pmpi_state(*newcomm, 1);
+        if (s != NULL && s->phase == S_FAST && s->ngh == NULL)
+            set_up(s);
+    }
+    return rc;
+}
+
+#define MADE(NAME, PARAMS, ...)                                                                   \
+    EXPORT int NAME(PARAMS)                                                                       \
+    {                                                                                             \
+        typedef int (*next_fn)(PARAMS);                                                           \
+        static void *next_;                                                                       \
+        if (next_ == NULL)                                                                        \
+            next_ = pmpi_next(#NAME, "P" #NAME);                                                  \
+        return made(((next_fn)next_)(__VA_ARGS__), newcomm);                                      \
+    }
+#define P_ADJ MPI_Comm old, int indeg, const int src[], const int sw[], int outdeg, const int dst[],  \
+              const int dw[], MPI_Info info, int reorder, MPI_Comm *newcomm
+#define P_DIST MPI_Comm old, int n, const int sources[], const int degrees[], const int dests[],      \
+               const int weights[], MPI_Info info, int reorder, MPI_Comm *newcomm
+#define P_CART MPI_Comm old, int ndims, const int dims[], const int periods[], int reorder,           \
+               MPI_Comm *newcomm
+#define P_GRAPH MPI_Comm old, int nnodes, const int index[], const int edges[], int reorder,         \
+                MPI_Comm *newcomm
+#define P_SUB MPI_Comm old, const int remain[], MPI_Comm *newcomm
+MADE(MPI_Dist_graph_create_adjacent, P_ADJ, old, indeg, src, sw, outdeg, dst, dw, info, reorder, newcomm)
+MADE(MPI_Dist_graph_create, P_DIST, old, n, sources, degrees, dests, weights, info, reorder, newcomm)
+MADE(MPI_Cart_create, P_CART, old, ndims, dims, periods, reorder, newcomm)
+MADE(MPI_Graph_create, P_GRAPH, old, nnodes, index, edges, reorder, newcomm)
+MADE(MPI_Cart_sub, P_SUB, old, remain, newcomm)
 
 /* ------------------------------------------------------------------ completion calls */
 

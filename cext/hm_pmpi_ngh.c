@@ -71,7 +71,7 @@ typedef struct {
     int *edge;               /* the edges' indices in the call's arrays */
     int64_t *start, *len;
     uint64_t bytes, sig;
-    int msg;                 /* more than cfg.ngh_stage bytes: the MPI's messages (both ends) */
+    int msg;                 /* more than g->stage bytes: the MPI's messages (both ends) */
     hm_chan chan;
 } pair;
 
@@ -102,6 +102,9 @@ typedef struct op {
     MPI_Request *req;        /* messages */
     MPI_Status *st;
     int64_t *expect;         /* per message: bytes it must carry (-1: a send) */
+    int *from;               /* per message: the peer */
+    int soft, soft_peer;     /* an erroneous call whose protocol held (counts that differ on
+                                an edge): reported when it completes, the communicator kept */
     int nreq, maxreq;
     MPI_Request greq;        /* the program's request (MPI_REQUEST_NULL: a blocking call) */
     _Atomic int refs;        /* the communicator's list, and MPI's request */
@@ -115,6 +118,7 @@ typedef struct ngh {
     char *base;
     size_t bytes, per, hdr;
     uint64_t cap;            /* bytes of each slot's area */
+    uint64_t stage;          /* the most staged for one peer (the node's least setting) */
     uint64_t reserved[SLOTS]; /* of this rank's areas, the bytes reserved in /dev/shm */
     int fd;                  /* the segment's file, for the reservations (-1: none) */
     MPI_Comm msgs;
@@ -122,6 +126,8 @@ typedef struct ngh {
     op *head, *tail;
     plan *last;
     char why[224];           /* N_REFUSED: what is wrong with the graph */
+    pthread_mutex_t lock;    /* (recursive) its calls and their list: threads may complete
+                                requests of one communicator at once */
 } ngh;
 
 #define HDR(g, q, r) ((pairhdr *)((g)->base + (g)->per * (size_t)(q)) + (r))
@@ -299,6 +305,11 @@ static void set_up(state *s)
         g = memset(&spare, 0, sizeof spare);
     s->ngh = oom ? NULL : g;
     g->phase = N_NEXT;
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&g->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
     g->msgs = MPI_COMM_NULL;
     g->fd = -1;
     MPI_Comm comm = s->comm, node = MPI_COMM_NULL;
@@ -325,16 +336,20 @@ static void set_up(state *s)
     /* the areas, a slot's room for a call's staged edges (each peer's, cfg.ngh_stage at most;
      * all of them, cfg.ngh_bytes at most), mapped whole: each rank reserves its own header, and
      * of its areas what its calls use, as they grow */
-    uint64_t most = (uint64_t)g->nn * cfg.ngh_stage;
-    g->cap = ((most < cfg.ngh_bytes ? most : cfg.ngh_bytes) + 4095) & ~(uint64_t)4095;
-    g->hdr = ((size_t)g->nn * sizeof(pairhdr) + 4095) & ~(size_t)4095;
-    g->per = g->hdr + SLOTS * g->cap;
-    g->bytes = g->per * (size_t)g->nn;
     const char *why = NULL;
     if (node != MPI_COMM_NULL) {
-        int fail_here = failed;   /* every node rank maps, or none goes on: one agreement */
-        int any = 0;
-        PMPI_Allreduce(&fail_here, &any, 1, MPI_INT, MPI_MAX, node);
+        /* every node rank maps, or none goes on; the settings that size the segment and choose
+         * staging are the node's least (a setting given to some ranks only changes nothing) */
+        int64_t mine[3] = {failed, -(int64_t)cfg.ngh_stage, -(int64_t)cfg.ngh_bytes}, all3[3] = {1, 0, 0};
+        if (PMPI_Allreduce(mine, all3, 3, MPI_INT64_T, MPI_MAX, node) != MPI_SUCCESS)
+            all3[0] = 1;
+        int any = all3[0] != 0;
+        g->stage = (uint64_t)-all3[1];
+        uint64_t most = (uint64_t)g->nn * g->stage, room = (uint64_t)-all3[2];
+        g->cap = ((most < room ? most : room) + 4095) & ~(uint64_t)4095;
+        g->hdr = ((size_t)g->nn * sizeof(pairhdr) + 4095) & ~(size_t)4095;
+        g->per = g->hdr + SLOTS * g->cap;
+        g->bytes = g->per * (size_t)g->nn;
         if (!any) {
             g->base = pmpi_map_segment(node, g->bytes, 0, &why, &g->fd);
             if (g->base != NULL && posix_fallocate(g->fd, (off_t)(g->per * (size_t)g->me), (off_t)g->hdr))
@@ -372,14 +387,38 @@ static void set_up(state *s)
 
 /* ------------------------------------------------------------------ plans */
 
-/* A datatype's size and extent; whether its elements lie back to back (moved as bytes). */
+/* Whether t's elements are its bytes in order, back to back: a named type whose extent is its
+ * size, or a contiguous or duplicated one of such a type (other types, even gapless ones, may
+ * order their bytes otherwise: an hindexed {4, 0} has no gap). */
+static int as_bytes(MPI_Datatype t, int depth)
+{
+    int ni, na, nd, combiner, size;
+    MPI_Aint lb, ext;
+    if (depth > 8 || PMPI_Type_get_envelope(t, &ni, &na, &nd, &combiner) != MPI_SUCCESS ||
+        PMPI_Type_size(t, &size) != MPI_SUCCESS || PMPI_Type_get_extent(t, &lb, &ext) != MPI_SUCCESS ||
+        lb != 0 || ext != size)
+        return 0;
+    if (combiner == MPI_COMBINER_NAMED)
+        return 1;
+    if ((combiner != MPI_COMBINER_CONTIGUOUS && combiner != MPI_COMBINER_DUP) || ni > 1 || na || nd != 1)
+        return 0;
+    int count;
+    MPI_Datatype base;
+    if (PMPI_Type_get_contents(t, ni, na, nd, &count, NULL, &base) != MPI_SUCCESS)
+        return 0;
+    int yes = as_bytes(base, depth + 1), bni, bna, bnd, bcomb;
+    if (PMPI_Type_get_envelope(base, &bni, &bna, &bnd, &bcomb) == MPI_SUCCESS && bcomb != MPI_COMBINER_NAMED)
+        PMPI_Type_free(&base);
+    return yes;
+}
+
+/* A datatype's size and extent; whether it moves as bytes (else packed). */
 static int type_info(MPI_Datatype t, int *size, MPI_Aint *ext, int *contig)
 {
-    MPI_Aint lb, tlb, text;
-    if (PMPI_Type_size(t, size) != MPI_SUCCESS || PMPI_Type_get_extent(t, &lb, ext) != MPI_SUCCESS ||
-        PMPI_Type_get_true_extent(t, &tlb, &text) != MPI_SUCCESS)
+    MPI_Aint lb;
+    if (PMPI_Type_size(t, size) != MPI_SUCCESS || PMPI_Type_get_extent(t, &lb, ext) != MPI_SUCCESS)
         return -1;
-    *contig = lb == 0 && tlb == 0 && *ext == *size && text == *size;
+    *contig = as_bytes(t, 0);
     return 0;
 }
 
@@ -508,7 +547,7 @@ static int make_pairs(const ngh *g, plan *p, int send)
         }
         /* staged (two copies, never waiting on the peer) up to cfg.ngh_stage bytes; past that
          * the MPI's own messages, which copy once on a node (docs: "How a call moves") */
-        q->msg = q->bytes > cfg.ngh_stage;
+        q->msg = q->bytes > g->stage;
         q->chan.peer = q->node;
         q->chan.nruns = q->n;
         q->chan.count = (int64_t)q->bytes;
@@ -647,6 +686,20 @@ static int fail(op *o, int code, int peer)
     return code;
 }
 
+/* An erroneous call whose protocol held: said, and reported through the error handler; the
+ * communicator stays (its peers never learn of it, and need not). */
+static void report(op *o)
+{
+    int rank;
+    PMPI_Comm_rank(o->s->comm, &rank);
+    fprintf(stderr, "hybridmpi pmpi: rank %d: %s: rank %d sent a different count on an edge than this "
+            "rank receives, or called another collective (call %llu); what it sent here is not all received\n",
+            rank, call_names[o->greq != MPI_REQUEST_NULL][o->form], o->soft_peer,
+            (unsigned long long)o->e);
+    o->rc = o->soft;
+    pmpi_revoked(o->s);
+}
+
 /* A message of call o along edge e: a send from buf, or a receive into it that must carry
  * `expect` bytes. */
 static int message(op *o, int send, const char *buf, int count, MPI_Datatype t, const edge *e,
@@ -657,6 +710,7 @@ static int message(op *o, int send, const char *buf, int count, MPI_Datatype t, 
                   : PMPI_Irecv((void *)buf, count, t, e->peer, e->key, o->g->msgs, r);
     if (rc != MPI_SUCCESS)
         return fail(o, HM_ENET, e->peer);
+    o->from[o->nreq] = e->peer;
     o->expect[o->nreq++] = send ? -1 : expect;
     return HM_OK;
 }
@@ -737,8 +791,21 @@ static int take(op *o)
         if (v < e)
             continue;
         int64_t off = atomic_load_explicit(&h->off[slot], memory_order_relaxed);
-        if (atomic_load_explicit(&h->sig[slot], memory_order_relaxed) != q->sig)
-            return fail(o, HM_EMISMATCH, peer);
+        if (atomic_load_explicit(&h->sig[slot], memory_order_relaxed) != q->sig) {
+            /* counts that differ on an edge (erroneous): nothing taken from that peer, its
+             * slot given back, the messages this rank posted for it cancelled */
+            if (!o->soft)
+                o->soft = HM_EMISMATCH, o->soft_peer = peer;
+            for (int i = 0; q->msg && i < o->nreq; i++)
+                if (o->from[i] == peer && o->expect[i] >= 0 && o->req[i] != MPI_REQUEST_NULL) {
+                    PMPI_Cancel(&o->req[i]);
+                    o->expect[i] = -1;
+                }
+            store_rel(&h->done, e, HM_ACQ_REL);
+            o->taken[k] = 3;
+            o->left--;
+            continue;
+        }
         if (off < 0) {   /* messages: posted at post, or (no room at the sender) now */
             if (!q->msg && pair_messages(o, q, 0))
                 return o->rc;
@@ -779,21 +846,26 @@ static int messages_done(op *o)
 {
     if (o->nreq == 0)
         return 1;
-    int flag = 0;
+    int flag = 0, pending = 0, truncated = -1;
     int rc = PMPI_Testall(o->nreq, o->req, &flag, o->st);
-    if (rc != MPI_SUCCESS) {
-        for (int i = 0; i < o->nreq; i++)
+    if (rc != MPI_SUCCESS) {   /* a message longer than its receive (erroneous), or MPI failed */
+        for (int i = 0; i < o->nreq; i++) {
+            pending |= o->st[i].MPI_ERROR == MPI_ERR_PENDING;
             if (o->st[i].MPI_ERROR == MPI_ERR_TRUNCATE)
-                return fail(o, HM_EMISMATCH, o->st[i].MPI_SOURCE), 0;
-        return fail(o, HM_ENET, -1), 0;
+                truncated = o->from[i];
+        }
+        if (pending || truncated < 0)
+            return fail(o, HM_ENET, truncated), 0;
+        flag = 1;   /* every request completed: the call goes on, reported at its end */
     }
     for (int i = 0; flag && i < o->nreq; i++) {
-        int n = 0;
-        if (o->expect[i] < 0)
+        int n = 0, cancelled = 0;
+        PMPI_Test_cancelled(&o->st[i], &cancelled);
+        if (o->expect[i] < 0 || cancelled)
             continue;
         PMPI_Get_count(&o->st[i], MPI_BYTE, &n);
-        if (n != o->expect[i])
-            return fail(o, HM_EMISMATCH, o->st[i].MPI_SOURCE), 0;
+        if ((n != o->expect[i] || truncated >= 0) && !o->soft)
+            o->soft = HM_EMISMATCH, o->soft_peer = o->from[i];
         o->expect[i] = -1;
     }
     return flag;
@@ -808,8 +880,11 @@ static int step(op *o)
         return fail(o, HM_EELSEWHERE, -1), 1;
     if ((!o->sent && publish(o)) || (o->left && take(o)))
         return o->done;
-    if (messages_done(o) && o->sent && !o->left && !o->rpack)
+    if (messages_done(o) && o->sent && !o->left && !o->rpack && !o->done) {
         o->done = 1;
+        if (o->soft)
+            report(o);
+    }
     return o->done;
 }
 
@@ -991,6 +1066,8 @@ static int post(op *o)
     return HM_OK;
 }
 
+static int start(ngh *g, state *s, const args *a, MPI_Request *req);
+
 /* Call `a` on the core, or PASS: the entry point passes it on to what comes next (`name`,
  * found once into *next). */
 static int neighbor(const args *a, MPI_Request *req, void **next, const char *name)
@@ -1014,13 +1091,22 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
         fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s\n", rank, name, g->why);
         return pmpi_revoked(s);
     }
+    pthread_mutex_lock(&g->lock);
+    int rc = start(g, s, a, req);
+    pthread_mutex_unlock(&g->lock);
+    return rc;
+}
+
+/* Call `a` on the core (PASS: on to MPI after all), under g's lock. */
+static int start(ngh *g, state *s, const args *a, MPI_Request *req)
+{
     plan *p = plan_for(g, a->form, a->big, a->sc, a->sd, a->scount, a->st, a->rc, a->rd, a->rcount,
                        a->rt);
     /* the call and its arrays in one block: messages (any edge may be one), pairs taken */
     size_t nm = (size_t)(g->nin + g->nout) + 1, at_st = sizeof(op) + nm * sizeof(MPI_Request);
     at_st = (at_st + 15) & ~(size_t)15;
     size_t at_x = (at_st + nm * sizeof(MPI_Status) + 15) & ~(size_t)15;   /* (a status: 20 bytes) */
-    size_t at_t = at_x + nm * sizeof(int64_t);
+    size_t at_f = at_x + nm * sizeof(int64_t), at_t = at_f + nm * sizeof(int);
     op *o = p ? malloc(at_t + (size_t)(p ? p->nrp : 0) + 1) : NULL;
     if (o == NULL) {   /* a type MPI does not know (it says so), or no memory */
         plan_unref(p);
@@ -1030,7 +1116,7 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
     *o = (op){.g = g, .s = s, .p = p, .e = ++g->epoch, .sb = a->sb, .rb = a->rb, .form = a->form,
               .greq = MPI_REQUEST_NULL, .refs = 2, .left = p->nrp, .req = (MPI_Request *)(o + 1),
               .st = (MPI_Status *)((char *)o + at_st), .expect = (int64_t *)((char *)o + at_x),
-              .taken = (unsigned char *)o + at_t};
+              .from = (int *)((char *)o + at_f), .taken = (unsigned char *)o + at_t};
     memset(o->taken, 0, (size_t)p->nrp + 1);
     if (g->tail)
         g->tail->next = o;
@@ -1161,7 +1247,11 @@ static int drive(int n, const MPI_Request *reqs, int block, unsigned char *bad)
         if (o == NULL)
             continue;
         any = 1;
-        advance(o->g, o, block);
+        if (!o->done) {   /* (a done call's communicator may be freed already) */
+            pthread_mutex_lock(&o->g->lock);
+            advance(o->g, o, block);
+            pthread_mutex_unlock(&o->g->lock);
+        }
         bad[i] = o->done && o->rc != HM_OK;
         op_unref(o);
     }

@@ -337,7 +337,7 @@ def test_short_lived_communicators_defer_their_set_up(built):
 # are computed from the MPI standard and compared bit for bit (it passes on MPI alone too)
 
 NGH = os.path.join(PROGRAMS, "ngh_matrix.py")
-NGH_CASES = ("adjacent", "general", "completion", "cart", "interleave", "threads")
+NGH_CASES = ("adjacent", "general", "completion", "cart", "interleave", "threads", "lifetimes")
 
 
 def ngh(n, lib, cases, env=None, timeout=120):

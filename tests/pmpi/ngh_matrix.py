@@ -701,6 +701,51 @@ def case_threads(c):
         t.comm.Free()
 
 
+def case_lifetimes(c):
+    """Found by an outside review: (1) a type whose bytes are in another order than its type map
+    (hindexed {4, 0} of int32: no gap, not contiguous) sent against two int32; (2) a call still
+    pending when its communicator is freed, waited for after the free; (3) two threads of one
+    communicator waiting on its two pending calls at once (MPI_THREAD_MULTIPLE)."""
+    nxt, prv = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    rev = MPI.INT32_T.Create_hindexed([1, 1], [4, 0]).Commit()
+    for it in range(iterations(10)):
+        comm = WORLD.Create_dist_graph_adjacent([prv], [nxt], reorder=False)
+        send = np.array([10 * RANK + it, 10 * RANK + it + 1], np.int32)
+        got = np.full(2, -1, np.int32)
+        comm.Neighbor_alltoall([send, 1, rev], [got, 2, MPI.INT32_T])
+        want = np.array([10 * prv + it + 1, 10 * prv + it], np.int32)   # in type-map order
+        if not np.array_equal(got, want):
+            c.fails.append(f"lifetimes: reversed type call {it}: got {got.tolist()}, want {want.tolist()}")
+        got[:] = -1
+        req = comm.Ineighbor_alltoall([send, 1, MPI.INT64_T], [got, 1, MPI.INT64_T])
+        comm.Free()
+        req.Wait()
+        if not np.array_equal(got, np.array([10 * prv + it, 10 * prv + it + 1], np.int32)):
+            c.fails.append(f"lifetimes: waited after the free, call {it}: got {got.tolist()}")
+    rev.Free()
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        return
+    comm = WORLD.Create_dist_graph_adjacent([prv], [nxt], reorder=False)
+    for it in range(iterations(20)):
+        sends = [np.full(300, 1000 * RANK + 2 * it + k, np.float64) for k in range(2)]
+        gots = [np.zeros(300) for _ in range(2)]
+        reqs = [comm.Ineighbor_alltoall(sends[k], gots[k]) for k in range(2)]
+        def wait(k, it=it, reqs=reqs):
+            try:
+                reqs[k].Wait()
+            except MPI.Exception as e:
+                c.fails.append(f"lifetimes: two threads' waits, call {it}.{k}: {e.Get_error_string()}")
+        threads = [threading.Thread(target=wait, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for k in range(2):
+            if not np.all(gots[k] == 1000 * prv + 2 * it + k):
+                c.fails.append(f"lifetimes: two threads' waits, call {it}.{k}: got {gots[k][:3]}")
+    comm.Free()
+
+
 def erroneous(name, comm, sendcounts, recvcounts):
     """Neighbor_alltoallv of float64 with these counts (one block an edge, the blocks one after
     the other), three times, every rank all three whatever it was told (a revoked communicator
@@ -763,7 +808,8 @@ def case_killed(c):
 
 
 CASES = {"adjacent": case_adjacent, "general": case_general, "completion": case_completion,
-         "cart": case_cart, "interleave": case_interleave, "threads": case_threads}
+         "cart": case_cart, "interleave": case_interleave, "threads": case_threads,
+         "lifetimes": case_lifetimes}
 ERRONEOUS = {"asymmetric": case_asymmetric, "mismatch": case_mismatch, "killed": case_killed}
 
 

@@ -44,14 +44,15 @@ static void *next(const char *name)
     return f;
 }
 
-/* The bucket of a call that sends `bytes` (-1: too many sizes, not kept). */
-static int bucket(const int *counts, int n, MPI_Datatype t)
+/* The bucket of a call that sends `bytes` (-1: too many sizes, not kept); counts are int, or
+ * MPI_Count with `big` (the _c forms, which mpi4py 4 calls). */
+static int bucket_of(const void *counts, int big, int n, MPI_Datatype t)
 {
     int size = 0;
     long long bytes = 0;
     PMPI_Type_size(t, &size);
     for (int i = 0; i < n; i++)
-        bytes += (long long)counts[i] * size;
+        bytes += (big ? (long long)((const MPI_Count *)counts)[i] : ((const int *)counts)[i]) * size;
     for (int k = 0; k < SIZES; k++) {
         if (sizes[k].us == NULL) {
             sizes[k].bytes = bytes;
@@ -61,6 +62,11 @@ static int bucket(const int *counts, int n, MPI_Datatype t)
             return sizes[k].us ? k : -1;
     }
     return -1;
+}
+
+static int bucket(const int *counts, int n, MPI_Datatype t)
+{
+    return bucket_of(counts, 0, n, t);
 }
 
 static void sample(int k, double t0)
@@ -78,6 +84,18 @@ static int outdegree(MPI_Comm comm)
     return out;
 }
 
+/* A call in flight: its request, its bucket and its start. */
+static void opened(MPI_Request req, int size, double t0)
+{
+    for (int i = 0; i < OPEN; i++)
+        if (open_[i].req == MPI_REQUEST_NULL || open_[i].req == 0) {
+            open_[i].req = req;
+            open_[i].size = size;
+            open_[i].t0 = t0;
+            break;
+        }
+}
+
 int MPI_Ineighbor_alltoallv(const void *sb, const int sc[], const int sd[], MPI_Datatype st, void *rb,
                             const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm,
                             MPI_Request *req)
@@ -89,15 +107,26 @@ int MPI_Ineighbor_alltoallv(const void *sb, const int sc[], const int sd[], MPI_
         f = (fn)next("MPI_Ineighbor_alltoallv");
     double t0 = now();
     int rc_ = f(sb, sc, sd, st, rb, rc, rd, rt, comm, req);
-    for (int i = 0; i < OPEN; i++)
-        if (open_[i].req == MPI_REQUEST_NULL || open_[i].req == 0) {
-            open_[i].req = *req;
-            open_[i].size = bucket(sc, outdegree(comm), st);
-            open_[i].t0 = t0;
-            break;
-        }
+    opened(*req, bucket(sc, outdegree(comm), st), t0);
     return rc_;
 }
+
+#if MPI_VERSION >= 4
+int MPI_Ineighbor_alltoallv_c(const void *sb, const MPI_Count sc[], const MPI_Aint sd[], MPI_Datatype st,
+                              void *rb, const MPI_Count rc[], const MPI_Aint rd[], MPI_Datatype rt,
+                              MPI_Comm comm, MPI_Request *req)
+{
+    typedef int (*fn)(const void *, const MPI_Count[], const MPI_Aint[], MPI_Datatype, void *,
+                      const MPI_Count[], const MPI_Aint[], MPI_Datatype, MPI_Comm, MPI_Request *);
+    static fn f;
+    if (f == NULL)
+        f = (fn)next("MPI_Ineighbor_alltoallv_c");
+    double t0 = now();
+    int rc_ = f(sb, sc, sd, st, rb, rc, rd, rt, comm, req);
+    opened(*req, bucket_of(sc, 1, outdegree(comm), st), t0);
+    return rc_;
+}
+#endif
 
 int MPI_Neighbor_alltoallv(const void *sb, const int sc[], const int sd[], MPI_Datatype st, void *rb,
                            const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm)

@@ -1359,6 +1359,24 @@ EXPORT int MPI_Testall(int n, MPI_Request reqs[], int *flag, MPI_Status st[])
     return rc;
 }
 
+/* The library's calls among `reqs` that are still pending fail (HYBRIDMPI_PMPI_TIMEOUT). */
+static void expire(int n, const MPI_Request *reqs)
+{
+    for (int i = 0; i < n; i++) {
+        op *o = ours(reqs[i]);
+        if (o == NULL)
+            continue;
+        pthread_mutex_lock(&o->g->lock);
+        for (op *p = o->g->head; p && !o->done; p = o->g->head) {   /* (in order, up to it) */
+            if (!p->done)
+                fail(p, HM_ETIMEOUT, -1);
+            retire(o->g, p);
+        }
+        pthread_mutex_unlock(&o->g->lock);
+        op_unref(o);
+    }
+}
+
 /* Waitany and Waitsome: this library's calls a step at a time between tests of the whole
  * array, so that whichever request completes first ends the wait (as MPI's own). */
 static int wait_first(int n, MPI_Request reqs[], int *idx, int *outcount, int *indices,
@@ -1367,7 +1385,8 @@ static int wait_first(int n, MPI_Request reqs[], int *idx, int *outcount, int *i
     BAD_FLAGS(n);
     int rc, flag = 0;
     int64_t polls = 0;
-    hm_wait_policy pol = {.spin = 1000, .yield_ns = 2000000000, .sleep_ns = 50000};
+    hm_wait_policy pol = {.spin = 1000, .yield_ns = 2000000000, .sleep_ns = 50000,
+                          .timeout_ns = (int64_t)(cfg.timeout_s * 1e9)};
     HM_SLOW(w);
     for (;;) {
         int mine = drive(n, reqs, 0, bad);
@@ -1393,7 +1412,8 @@ static int wait_first(int n, MPI_Request reqs[], int *idx, int *outcount, int *i
         }
         if (!w.start)
             slow_start(&w, &pol);
-        slow_tick(&w, &pol, NULL, 0, 0);
+        if (slow_tick(&w, &pol, NULL, 0, 0) && mine)   /* the deadline: this library's calls fail */
+            expire(n, reqs);
     }
     free_flags(bad, small_);
     return rc;

@@ -467,3 +467,15 @@ def test_neighbor_rank_killed_mid_call(built, node_size):
     why = "a wait timed out" if node_size else "a rank of the node failed or ended"
     assert re.search(rf"hybridmpi pmpi: rank [02]: MPI_Ineighbor_alltoall: {why}", err), err
     assert took < 30, f"{took:.1f} s:\n{err}"
+
+
+def test_neighbor_waitany_times_out(built):
+    """MPI_Waitany on a call whose peer never posts it (erroneous), HYBRIDMPI_PMPI_TIMEOUT=2:
+    the wait fails through the error handler after about 2 s, on the waiting rank."""
+    import sys
+
+    lib, _ = built
+    rc, out, err = run(2, lib, [sys.executable, NGH, "late"], {"HYBRIDMPI_PMPI_TIMEOUT": "2"}, timeout=60)
+    m = re.search(r"ngh_matrix late: rank 0: raised \d+ after ([\d.]+) s", err)
+    assert rc == 0 and m and 1.5 <= float(m.group(1)) < 20, f"rc={rc}\n{out}\n{err}"
+    assert "MPI_Ineighbor_alltoall: a wait timed out" in err, err

@@ -807,10 +807,30 @@ def case_killed(c):
     return 1
 
 
+def case_late(c):
+    """Rank 0 waits in MPI_Waitany for a call its peer never posts (erroneous): with
+    HYBRIDMPI_PMPI_TIMEOUT the wait fails on rank 0, which then lets its peer go."""
+    if SIZE != 2:
+        raise SystemExit("ngh_matrix late: needs 2 ranks")
+    comm = WORLD.Create_dist_graph_adjacent([1 - RANK], [1 - RANK], reorder=False)
+    t0 = time.perf_counter()
+    told = "no error"
+    if RANK == 0:
+        req = comm.Ineighbor_alltoall(np.ones(4), np.zeros(4))
+        try:
+            MPI.Request.Waitany([req])
+        except MPI.Exception as e:
+            told = f"raised {e.Get_error_class()} after {time.perf_counter() - t0:.1f} s"
+    WORLD.Send(b"x", 1 - RANK) if RANK == 0 else WORLD.Recv(bytearray(1), 0)
+    print(f"ngh_matrix late: rank {RANK}: {told}", file=sys.stderr, flush=True)
+    return 0
+
+
 CASES = {"adjacent": case_adjacent, "general": case_general, "completion": case_completion,
          "cart": case_cart, "interleave": case_interleave, "threads": case_threads,
          "lifetimes": case_lifetimes}
-ERRONEOUS = {"asymmetric": case_asymmetric, "mismatch": case_mismatch, "killed": case_killed}
+ERRONEOUS = {"asymmetric": case_asymmetric, "mismatch": case_mismatch, "killed": case_killed,
+             "late": case_late}
 
 
 def main(argv):

@@ -33,6 +33,10 @@
 #include <unistd.h>
 
 enum { N_FAST, N_NEXT, N_REFUSED };
+/* The tags of the messages of a pair that found no room at its sender, posted by its receiver
+ * in its wait: their own (added to the edge's key), so that no receive a later call posted at
+ * its post, for the same peer and key, takes one of them. */
+enum { LATE_TAGS = 1 << 14 };
 enum { F_ALLTOALLV, F_ALLTOALL, F_ALLGATHER, F_ALLGATHERV };
 static const char *const call_names[2][4] = {
     {"MPI_Neighbor_alltoallv", "MPI_Neighbor_alltoall", "MPI_Neighbor_allgather",
@@ -331,8 +335,8 @@ static void set_up(state *s)
     int asym = asymmetric(g, comm, size, rank, &failed);
     int *ub = NULL, found = 0;
     PMPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &found);
-    for (int i = 0; i < g->nout; i++)   /* keys are tags */
-        failed |= found && g->out[i].key > *ub;
+    for (int i = 0; i < g->nout; i++)   /* keys are tags, and late messages' tags past them */
+        failed |= g->out[i].key >= LATE_TAGS || (found && g->out[i].key + LATE_TAGS > *ub);
     /* the areas, a slot's room for a call's staged edges (each peer's, cfg.ngh_stage at most;
      * all of them, cfg.ngh_bytes at most), mapped whole: each rank reserves its own header, and
      * of its areas what its calls use, as they grow */
@@ -701,13 +705,14 @@ static void report(op *o)
 }
 
 /* A message of call o along edge e: a send from buf, or a receive into it that must carry
- * `expect` bytes. */
+ * `expect` bytes; `late`: one of a pair that found no room at its sender. */
 static int message(op *o, int send, const char *buf, int count, MPI_Datatype t, const edge *e,
-                   int64_t expect)
+                   int64_t expect, int late)
 {
     MPI_Request *r = &o->req[o->nreq];
-    int rc = send ? PMPI_Isend(buf, count, t, e->peer, e->key, o->g->msgs, r)
-                  : PMPI_Irecv((void *)buf, count, t, e->peer, e->key, o->g->msgs, r);
+    int tag = e->key + (late ? LATE_TAGS : 0);
+    int rc = send ? PMPI_Isend(buf, count, t, e->peer, tag, o->g->msgs, r)
+                  : PMPI_Irecv((void *)buf, count, t, e->peer, tag, o->g->msgs, r);
     if (rc != MPI_SUCCESS)
         return fail(o, HM_ENET, e->peer);
     o->from[o->nreq] = e->peer;
@@ -715,15 +720,17 @@ static int message(op *o, int send, const char *buf, int count, MPI_Datatype t, 
     return HM_OK;
 }
 
-/* The edges of an on-node pair that go as messages (they did not fit the sender's area). */
-static int pair_messages(op *o, const pair *q, int send)
+/* The edges of an on-node pair that go as messages: a large pair's (`late` 0: posted at post
+ * by both ends), or one that found no room at its sender (late 1). */
+static int pair_messages(op *o, const pair *q, int send, int late)
 {
     plan *p = o->p;
     for (int a = 0; a < q->n; a++) {
         int i = q->edge[a];
-        int rc = send ? message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, &o->g->out[i], -1)
+        int rc = send ? message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, &o->g->out[i], -1,
+                                late)
                       : message(o, 0, o->rb + (MPI_Aint)p->rd[i] * p->rext, p->rc[i], p->rt, &o->g->in[i],
-                                (int64_t)p->rc[i] * p->rsz);
+                                (int64_t)p->rc[i] * p->rsz, late);
         if (rc)
             return rc;
     }
@@ -764,7 +771,7 @@ static int publish(op *o)
             continue;
         }
         atomic_store_explicit(&h->off[slot], -1, memory_order_relaxed);
-        if (!q->msg && pair_messages(o, q, 1))
+        if (!q->msg && pair_messages(o, q, 1, 1))
             return o->rc;
         store_rel((hm_counter *)q->chan.ready, e, HM_ACQ_REL);
     }
@@ -807,7 +814,7 @@ static int take(op *o)
             continue;
         }
         if (off < 0) {   /* messages: posted at post, or (no room at the sender) now */
-            if (!q->msg && pair_messages(o, q, 0))
+            if (!q->msg && pair_messages(o, q, 0, 1))
                 return o->rc;
             store_rel(&h->done, e, HM_ACQ_REL);
             o->taken[k] = 2;
@@ -1051,17 +1058,17 @@ static int post(op *o)
     for (int j = 0; j < g->nin; j++)
         if (g->in[j].peer != MPI_PROC_NULL && g->in[j].node < 0 &&
             message(o, 0, o->rb + (MPI_Aint)p->rd[j] * p->rext, p->rc[j], p->rt, &g->in[j],
-                    (int64_t)p->rc[j] * p->rsz))
+                    (int64_t)p->rc[j] * p->rsz, 0))
             return o->rc;
     for (int k = 0; k < p->nrp; k++)   /* the node's peers whose edges are large: the MPI's */
-        if (p->rp[k].msg && pair_messages(o, &p->rp[k], 0))
+        if (p->rp[k].msg && pair_messages(o, &p->rp[k], 0, 0))
             return o->rc;
     for (int i = 0; i < g->nout; i++)
         if (g->out[i].peer != MPI_PROC_NULL && g->out[i].node < 0 &&
-            message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, &g->out[i], -1))
+            message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, &g->out[i], -1, 0))
             return o->rc;
     for (int k = 0; k < p->nsp; k++)
-        if (p->sp[k].msg && pair_messages(o, &p->sp[k], 1))
+        if (p->sp[k].msg && pair_messages(o, &p->sp[k], 1, 0))
             return o->rc;
     return HM_OK;
 }

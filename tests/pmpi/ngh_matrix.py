@@ -723,6 +723,20 @@ def case_lifetimes(c):
         if not np.array_equal(got, np.array([10 * prv + it, 10 * prv + it + 1], np.int32)):
             c.fails.append(f"lifetimes: waited after the free, call {it}: got {got.tolist()}")
     rev.Free()
+    # two calls outstanding between the same ranks, 8 KiB then 16 KiB an edge, completed in
+    # reverse: with HYBRIDMPI_PMPI_NEIGHBOR_BYTES=4096 the first finds no room at its sender and its
+    # receives are posted in the wait, the second's (past the 12 KiB stage) at its post
+    comm = WORLD.Create_dist_graph_adjacent([prv], [nxt], reorder=False)
+    for it in range(iterations(6)):
+        sends = [values(np.float64, n, it, RANK, 7 + k) for k, n in enumerate((1024, 2048))]
+        gots = [np.zeros(n) for n in (1024, 2048)]
+        reqs = [comm.Ineighbor_alltoall(sends[k], gots[k]) for k in range(2)]
+        MPI.Request.Waitall(reqs[::-1])
+        for k, n in enumerate((1024, 2048)):
+            want = values(np.float64, n, it, prv, 7 + k)
+            if not np.array_equal(gots[k].view(np.uint64), want.view(np.uint64)):
+                c.fails.append(f"lifetimes: two calls of 8 and 16 KiB, call {it}.{k}: wrong data")
+    comm.Free()
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         return
     comm = WORLD.Create_dist_graph_adjacent([prv], [nxt], reorder=False)

@@ -1384,10 +1384,11 @@ static void expire(int n, const MPI_Request *reqs)
     }
 }
 
-/* Waitany and Waitsome: this library's calls a step at a time between tests of the whole
- * array, so that whichever request completes first ends the wait (as MPI's own). */
-static int wait_first(int n, MPI_Request reqs[], int *idx, int *outcount, int *indices,
-                      MPI_Status *st, testany_fn any, some_fn some)
+/* Waitany and Waitsome (`block`), Testany and Testsome: this library's calls a step at a time
+ * between tests of the whole array, so that whichever request completes first ends the wait
+ * (as MPI's own).  *flagp: Testany's flag (NULL for the others). */
+static int first_of(int n, MPI_Request reqs[], int *idx, int *flagp, int *outcount, int *indices,
+                    MPI_Status *st, testany_fn any, some_fn some, int block)
 {
     BAD_FLAGS(n);
     int rc, flag = 0;
@@ -1411,7 +1412,7 @@ static int wait_first(int n, MPI_Request reqs[], int *idx, int *outcount, int *i
                     rc = MPI_ERR_IN_STATUS;
                 }
         }
-        if (flag || rc != MPI_SUCCESS)
+        if (flag || rc != MPI_SUCCESS || !block)
             break;
         if (polls++ < pol.spin) {
             cpu_relax();
@@ -1422,6 +1423,8 @@ static int wait_first(int n, MPI_Request reqs[], int *idx, int *outcount, int *i
         if (slow_tick(&w, &pol, NULL, 0, 0) && mine)   /* the deadline: this library's calls fail */
             expire(n, reqs);
     }
+    if (flagp)
+        *flagp = flag;
     free_flags(bad, small_);
     return rc;
 }
@@ -1434,7 +1437,7 @@ EXPORT int MPI_Waitany(int n, MPI_Request reqs[], int *idx, MPI_Status *st)
         any = (testany_fn)pmpi_next("MPI_Testany", "PMPI_Testany");
     if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
         return f_(n, reqs, idx, st);
-    return wait_first(n, reqs, idx, NULL, NULL, st, any, NULL);
+    return first_of(n, reqs, idx, NULL, NULL, NULL, st, any, NULL, 1);
 }
 
 EXPORT int MPI_Waitsome(int n, MPI_Request reqs[], int *outcount, int indices[], MPI_Status st[])
@@ -1445,7 +1448,7 @@ EXPORT int MPI_Waitsome(int n, MPI_Request reqs[], int *outcount, int indices[],
         some = (some_fn)pmpi_next("MPI_Testsome", "PMPI_Testsome");
     if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
         return f_(n, reqs, outcount, indices, st);
-    return wait_first(n, reqs, NULL, outcount, indices, st, NULL, some);
+    return first_of(n, reqs, NULL, NULL, outcount, indices, st, NULL, some, 1);
 }
 
 EXPORT int MPI_Testany(int n, MPI_Request reqs[], int *idx, int *flag, MPI_Status *st)
@@ -1453,12 +1456,7 @@ EXPORT int MPI_Testany(int n, MPI_Request reqs[], int *idx, int *flag, MPI_Statu
     NEXT(testany_fn, "MPI_Testany");
     if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
         return f_(n, reqs, idx, flag, st);
-    BAD_FLAGS(n);
-    int mine = drive(n, reqs, 0, bad), rc = f_(n, reqs, idx, flag, st);
-    if (mine && *flag && *idx != MPI_UNDEFINED && bad[*idx] && rc == MPI_SUCCESS)
-        rc = MPI_ERR_OTHER;
-    free_flags(bad, small_);
-    return rc;
+    return first_of(n, reqs, idx, flag, NULL, NULL, st, f_, NULL, 0);
 }
 
 EXPORT int MPI_Testsome(int n, MPI_Request reqs[], int *outcount, int indices[], MPI_Status st[])
@@ -1466,16 +1464,7 @@ EXPORT int MPI_Testsome(int n, MPI_Request reqs[], int *outcount, int indices[],
     NEXT(some_fn, "MPI_Testsome");
     if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
         return f_(n, reqs, outcount, indices, st);
-    BAD_FLAGS(n);
-    int mine = drive(n, reqs, 0, bad), rc = f_(n, reqs, outcount, indices, st);
-    for (int k = 0; mine && *outcount != MPI_UNDEFINED && k < *outcount; k++)
-        if (bad[indices[k]]) {
-            if (st != MPI_STATUSES_IGNORE)
-                st[k].MPI_ERROR = MPI_ERR_OTHER;
-            rc = MPI_ERR_IN_STATUS;
-        }
-    free_flags(bad, small_);
-    return rc;
+    return first_of(n, reqs, NULL, NULL, outcount, indices, st, NULL, f_, 0);
 }
 
 /* ------------------------------------------------------------------ teardown */

@@ -53,6 +53,9 @@ DEEP_ONLY = (
     "test_silent.py::test_nothing_silently_wrong[3]",
     "test_resources.py::test_ten_thousand_live_halos[3]",
     "test_pmpi.py::test_matrix[4-2]", "test_pmpi.py::test_matrix[6-3]",
+    "test_pmpi.py::test_neighbor_matrix[4-None]", "test_pmpi.py::test_neighbor_matrix[2-1]",
+    "test_pmpi.py::test_neighbor_edges_past_the_staging_area[3-None-None-4096]",
+    "test_pmpi.py::test_neighbor_edges_past_the_staging_area[3-None-1073741824-None]",
 )
 
 

@@ -429,11 +429,11 @@ def test_neighbor_asymmetric_graph_reported(built, ranks, node_size):
 def test_neighbor_count_mismatch_reported(built, ranks, node_size):
     """Rank 0 receives 999 doubles on an edge whose sender sends 1,000 (erroneous; MPICH 5's
     neighbourhood collectives truncate it silently): on one node the library's error, across
-    nodes MPI_ERR_TRUNCATE from the message or the library's; no hang (HYBRIDMPI_PMPI_TIMEOUT=10
+    nodes MPI_ERR_TRUNCATE from the message or the library's; no hang (HYBRIDMPI_PMPI_TIMEOUT=3
     ends the waits of the ranks whose peer left), every rank through, nothing written past the
     receive block, the job ends non-zero."""
     lib, _ = built
-    env = {"HYBRIDMPI_PMPI_TIMEOUT": "10"}
+    env = {"HYBRIDMPI_PMPI_TIMEOUT": "3"}
     if node_size:
         env["HYBRIDMPI_PMPI_NODE_SIZE"] = str(node_size)
     rc, out, err, took = ngh(ranks, lib, ["mismatch"], env, timeout=60)
@@ -453,13 +453,13 @@ def test_neighbor_rank_killed_mid_call(built, node_size):
     """A rank ends (SIGKILL) among non-blocking neighbourhood calls, the launcher's cleanup off:
     on one node its peers find its process gone by themselves (no timeout set) and their error
     handler ends the job within seconds; across virtual nodes its message never comes, and
-    HYBRIDMPI_PMPI_TIMEOUT=5 ends the wait."""
+    HYBRIDMPI_PMPI_TIMEOUT=2 ends the wait."""
     import sys
 
     lib, _ = built
     env = {}
     if node_size:
-        env.update(HYBRIDMPI_PMPI_NODE_SIZE=str(node_size), HYBRIDMPI_PMPI_TIMEOUT="5")
+        env.update(HYBRIDMPI_PMPI_NODE_SIZE=str(node_size), HYBRIDMPI_PMPI_TIMEOUT="2")
     t0 = time.monotonic()
     rc, out, err = run(3, lib, [sys.executable, NGH, "killed"], env, timeout=60, cleanup=False)
     took = time.monotonic() - t0

@@ -2,23 +2,32 @@
  * "Neighbourhood collectives").
  *
  * MPI_Neighbor_alltoallv, _alltoall, _allgather and _allgatherv, blocking and non-blocking,
- * on distributed-graph, graph and Cartesian communicators.  An edge between two ranks of one node
- * goes through shared memory: the sender packs every edge to that peer into its own area of
- * the node's segment, as one channel of the core's ghost exchange (hm_halo.c: two buffers by
- * call parity, READY and DONE counters), and the receiver unpacks it.  An edge across nodes,
- * or one that does not fit the area, goes as a message (PMPI_Isend/Irecv on a duplicate of the
- * communicator) in the same call.  Any datatype: contiguous ones move as bytes, the others are
- * packed with PMPI_Pack (messages carry them as MPI does).
+ * on distributed-graph, graph and Cartesian communicators.  The edges from one rank to a peer
+ * of its node (a pair) are staged: the sender copies them, packed if their type is not
+ * contiguous, into its own area of the node's segment for the call's slot and publishes the
+ * slot, and the receiver copies them out.  An edge across nodes, and a pair of more than
+ * g->stage bytes, go as the MPI's messages (PMPI_Isend/Irecv on a duplicate of the
+ * communicator), posted by both ends when they post.
+ *
+ * A sender never waits for a receiver: a pair whose slot its receiver has not taken yet (more
+ * than SLOTS calls outstanding), or that finds no room in /dev/shm, goes as one buffered
+ * message (the pair's bytes behind their hash), which the sender does not wait for and the
+ * receiver finds by probing.  So a program may post any number of calls, make blocking
+ * point-to-point calls, and only then wait.  Every message's tag names its call (tag_of), so a
+ * message can only be taken by the call that sent it, whatever route each end chose: counts
+ * that differ on an edge (erroneous) end in a completion on both ends.
  *
  * A non-blocking call returns a generalized request (MPI_Grequest_start); the completion calls
  * (MPI_Wait, Waitall, Waitany, Waitsome, the Test family, MPI_Request_get_status,
  * MPI_Request_free) are defined here too: they drive this library's calls, then hand the
- * request to the MPI's own.  Posting never waits for a peer, so a program may post, do
- * blocking point-to-point, and only then wait.  A communicator's calls complete in order.
+ * request to the MPI's own.  A request that is not the library's costs one relaxed load (no
+ * call of the library pending), or a load of a filter word more.
  *
  * Whether a call goes to the core depends only on the communicator (set up, collectively, as
  * for the allreduce, then over its graph once), never on a call's arguments: every rank
- * chooses alike. */
+ * chooses alike.  Datatypes other than named ones are duplicated for as long as the library
+ * uses them (a program may free its type once it has posted), and MPI_Type_free is defined
+ * here: a freed handle may name another type later, so plans of such types are made again. */
 #define _GNU_SOURCE
 #include "hm_pmpi.h"
 #include "hm_wait.h"
@@ -33,10 +42,6 @@
 #include <unistd.h>
 
 enum { N_FAST, N_NEXT, N_REFUSED };
-/* The tags of the messages of a pair that found no room at its sender, posted by its receiver
- * in its wait: their own (added to the edge's key), so that no receive a later call posted at
- * its post, for the same peer and key, takes one of them. */
-enum { LATE_TAGS = 1 << 14 };
 enum { F_ALLTOALLV, F_ALLTOALL, F_ALLGATHER, F_ALLGATHERV };
 static const char *const call_names[2][4] = {
     {"MPI_Neighbor_alltoallv", "MPI_Neighbor_alltoall", "MPI_Neighbor_allgather",
@@ -45,53 +50,56 @@ static const char *const call_names[2][4] = {
      "MPI_Ineighbor_allgatherv"}};
 
 /* One edge seen from this rank: its peer (MPI_PROC_NULL: none), the peer's node rank (-1:
- * another node) and its key, the same at both ends: the tag of its messages and its place
- * among the edges between the two (Cartesian: the sender's index of the edge, as the -1
+ * another node) and its key, the same at both ends: part of the tag of its messages and its
+ * place among the edges between the two (Cartesian: the sender's index of the edge, as the -1
  * neighbour receives in its +1 slot; a graph: its rank among the edges to, or from, that
  * peer, as MPI matches repeated edges in order). */
 typedef struct {
     int peer, node, key;
 } edge;
 
-/* A rank may be this many calls ahead of a peer on its node before its next call waits for
- * the peer to take one (its slots: a header and an area each, used by call number modulo
- * SLOTS). */
+/* A rank stages a pair's call e in slot e % SLOTS (a header and an area each); a slot its
+ * peer has not taken since is busy, and the call's pairs go as buffered messages. */
 enum { SLOTS = 16 };
 
-/* Where rank q's call e to rank r stands: in q's area, hdr(q)[r]; every word is q's but
- * `done`, which r writes once it took call e. */
+/* Rank q's slots for rank r, hdr(q)[r]: every word is q's but `done`, which r writes once it
+ * took the call staged in the slot.  Error bits in either: that rank failed. */
 typedef struct {
-    hm_counter ready;
-    hm_counter done;
-    _Atomic int64_t off[SLOTS];   /* by slot: where q's packed edges to r start, -1: as messages */
-    _Atomic uint64_t sig[SLOTS];  /* by slot: the edges' keys and sizes, hashed (both ends) */
-    char pad[48];
+    _Atomic uint64_t ready[SLOTS]; /* by slot: the call staged there (0: none yet) */
+    _Atomic int64_t off[SLOTS];    /* by slot: where in the slot's area */
+    _Atomic uint64_t sig[SLOTS];   /* by slot: the edges' keys and sizes, hashed (both ends) */
+    char pad[64];
+    _Atomic uint64_t done[SLOTS];  /* r's: by slot, the call it took */
 } pairhdr;
 
-/* A peer on this node and the edges to (or from) it, in key order: one channel of the core's
- * exchange, whose runs are the edges' bytes in the buffer (or in its packed copy). */
+/* A peer on this node and the edges to (or from) it, in key order. */
 typedef struct {
-    int node, n;
-    int *edge;               /* the edges' indices in the call's arrays */
-    int64_t *start, *len;
+    int node, peer, n;
+    int *edge;               /* the edges' indices in the call's arrays, by key */
+    int64_t *len;            /* their bytes */
     uint64_t bytes, sig;
     int msg;                 /* more than g->stage bytes: the MPI's messages (both ends) */
-    hm_chan chan;
 } pair;
 
 /* How one call moves: its arguments (the key of the cache) and what they give. */
 typedef struct plan {
     int refs, form;
     int64_t *sc, *sd, *rc, *rd;  /* per edge: counts and displacements, in elements */
-    MPI_Datatype st, rt;
+    MPI_Datatype ust, urt;       /* the program's handles (the key) */
+    MPI_Datatype st, rt;         /* the library's: the same named types, or duplicates */
+    int dup_st, dup_rt;
+    uint64_t types_freed;        /* type_frees when made (a plan of derived types) */
     MPI_Aint sext, rext;
-    int ssz, rsz, scontig, rcontig;
+    int64_t ssz, rsz;
+    int scontig, rcontig;
     int nsp, nrp;
     pair *sp, *rp;           /* on-node peers: sent to, received from */
-    uint64_t spacked, rpacked; /* bytes of the packed copies (types that are not contiguous) */
 } plan;
 
 struct ngh;
+
+/* Where a receive pair's call stands (op.route). */
+enum { R_OPEN, R_SLOT, R_EDGES, R_BUFFERED, R_DRAIN };
 
 /* One call in flight. */
 typedef struct op {
@@ -100,20 +108,33 @@ typedef struct op {
     plan *p;
     uint64_t e;
     const char *sb;
-    char *rb, *spack, *rpack;
-    int sent, left, done, rc, form;
-    unsigned char *taken;    /* per receive pair */
+    char *rb;
+    int left, done, rc, form;
+    unsigned char *route;    /* per receive pair (R_*) */
     MPI_Request *req;        /* messages */
     MPI_Status *st;
-    int64_t *expect;         /* per message: bytes it must carry (-1: a send) */
+    int64_t *expect;         /* per message: bytes it must carry (-1: a send; -2: a buffered
+                                pair's message, into bufs[pairof]) */
     int *from;               /* per message: the peer */
+    int *pairof;             /* per message: its receive pair (-1: none) */
+    char **tmp;              /* per message: a drained edge's buffer (expect -3) */
+    char **bufs;             /* per receive pair: its buffered message */
+    int *drained;            /* per receive pair: its edges drained so far */
     int soft, soft_peer;     /* an erroneous call whose protocol held (counts that differ on
                                 an edge): reported when it completes, the communicator kept */
-    int nreq, maxreq;
+    int nreq;
+    unsigned polls;
     MPI_Request greq;        /* the program's request (MPI_REQUEST_NULL: a blocking call) */
     _Atomic int refs;        /* the communicator's list, and MPI's request */
     struct op *next, *reg_next;
 } op;
+
+/* A buffered pair's message: the sender does not wait for it. */
+typedef struct sent {
+    MPI_Request req;
+    struct sent *next;
+    uint64_t data[];         /* the pair's hash, then its bytes */
+} sent;
 
 typedef struct ngh {
     int phase;
@@ -125,17 +146,27 @@ typedef struct ngh {
     uint64_t stage;          /* the most staged for one peer (the node's least setting) */
     uint64_t reserved[SLOTS]; /* of this rank's areas, the bytes reserved in /dev/shm */
     int fd;                  /* the segment's file, for the reservations (-1: none) */
+    int keys;                /* keys per call in a tag: every edge's, and a buffered pair's */
+    int64_t calls;           /* calls a tag tells apart (tag_of) */
     MPI_Comm msgs;
     uint64_t epoch;
     op *head, *tail;
+    sent *sends;             /* buffered messages not yet complete */
     plan *last;
     char why[224];           /* N_REFUSED: what is wrong with the graph */
+    _Atomic int refs;        /* the state's, and one per call */
     pthread_mutex_t lock;    /* (recursive) its calls and their list: threads may complete
                                 requests of one communicator at once */
 } ngh;
 
 #define HDR(g, q, r) ((pairhdr *)((g)->base + (g)->per * (size_t)(q)) + (r))
 #define AREA(g, q, slot) ((g)->base + (g)->per * (size_t)(q) + (g)->hdr + (size_t)(slot) * (g)->cap)
+
+/* The tag of call e's messages along edges of key `key` (key g->keys - 1: a buffered pair). */
+static int tag_of(const struct ngh *g, uint64_t e, int key)
+{
+    return (int)((int64_t)(e % (uint64_t)g->calls) * g->keys + key);
+}
 
 /* ------------------------------------------------------------------ the graph, once */
 
@@ -256,11 +287,52 @@ static int asymmetric(ngh *g, MPI_Comm comm, int size, int rank, int *failed)
     return bad;
 }
 
+
 static void plan_unref(plan *p);
+
+/* Buffered messages that outlived their communicator's part (it was freed before its peers
+ * took them): tested in later calls, never waited for. */
+static pthread_mutex_t orphan_lock = PTHREAD_MUTEX_INITIALIZER;
+static sent *orphans;
+
+/* The buffered messages of `*list` that completed are freed. */
+static void reap(sent **list)
+{
+    for (sent **at = list; *at;) {
+        int flag = 0;
+        if (PMPI_Test(&(*at)->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
+            sent *x = *at;
+            *at = x->next;
+            free(x);
+        } else {
+            at = &(*at)->next;
+        }
+    }
+}
+
+static void reap_orphans(void)
+{
+    if (atomic_load_explicit((_Atomic(sent *) *)&orphans, memory_order_relaxed) == NULL ||
+        pthread_mutex_trylock(&orphan_lock))
+        return;
+    reap(&orphans);
+    pthread_mutex_unlock(&orphan_lock);
+}
 
 /* Frees what set_up made (the shared segment, the messages' communicator, the edges). */
 static void drop(ngh *g)
 {
+    reap(&g->sends);
+    if (g->sends) {   /* (MPI completes them after the free of their communicator) */
+        pthread_mutex_lock(&orphan_lock);
+        sent *last = g->sends;
+        while (last->next)
+            last = last->next;
+        last->next = orphans;
+        orphans = g->sends;
+        pthread_mutex_unlock(&orphan_lock);
+        g->sends = NULL;
+    }
     if (g->base != NULL)
         munmap(g->base, g->bytes);
     g->base = NULL;
@@ -278,9 +350,16 @@ static void drop(ngh *g)
     g->last = NULL;
 }
 
+static void ngh_unref(ngh *g)
+{
+    if (atomic_fetch_sub(&g->refs, 1) != 1)
+        return;
+    pthread_mutex_destroy(&g->lock);
+    free(g);
+}
 
 /* This rank's area of `slot` holds `bytes` (at most g->cap) in /dev/shm, reserved before it
- * is written (a full /dev/shm fails here, and the edges go as messages): 1, else 0. */
+ * is written (a full /dev/shm fails here, and the pairs go as buffered messages): 1, else 0. */
 static int reserve(ngh *g, int slot, uint64_t bytes)
 {
     if (bytes <= g->reserved[slot])
@@ -309,6 +388,7 @@ static void set_up(state *s)
         g = memset(&spare, 0, sizeof spare);
     s->ngh = oom ? NULL : g;
     g->phase = N_NEXT;
+    g->refs = 1;
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
@@ -333,10 +413,9 @@ static void set_up(state *s)
         failed = find_nodes(g, comm, node) != 0 || g->nn != s->c.size || g->me != s->c.rank;
     }
     int asym = asymmetric(g, comm, size, rank, &failed);
-    int *ub = NULL, found = 0;
-    PMPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &found);
-    for (int i = 0; i < g->nout; i++)   /* keys are tags, and late messages' tags past them */
-        failed |= g->out[i].key >= LATE_TAGS || (found && g->out[i].key + LATE_TAGS > *ub);
+    int maxkey = 0;
+    for (int i = 0; i < g->nout; i++)
+        maxkey = g->out[i].key > maxkey ? g->out[i].key : maxkey;
     /* the areas, a slot's room for a call's staged edges (each peer's, cfg.ngh_stage at most;
      * all of them, cfg.ngh_bytes at most), mapped whole: each rank reserves its own header, and
      * of its areas what its calls use, as they grow */
@@ -366,40 +445,53 @@ static void set_up(state *s)
         g->msgs = MPI_COMM_NULL, failed = 1;
     else
         PMPI_Comm_set_errhandler(g->msgs, MPI_ERRORS_RETURN);
-    int local[2] = {failed, asym}, all[2] = {1, 0};
-    if (PMPI_Allreduce(local, all, 2, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS)
+    int local[3] = {failed, asym, maxkey}, all[3] = {1, 0, 0};
+    if (PMPI_Allreduce(local, all, 3, MPI_INT, MPI_MAX, comm) != MPI_SUCCESS)
         all[0] = 1;
     PMPI_Comm_set_errhandler(comm, was);
     PMPI_Errhandler_free(&was);
-    if (all[0] == 0 && all[1] == 0) {
+    /* tags: call number (modulo g->calls) and key; the bound is the communicator's, alike on
+     * every rank */
+    int *ub = NULL, found = 0;
+    if (g->msgs != MPI_COMM_NULL)
+        PMPI_Comm_get_attr(g->msgs, MPI_TAG_UB, &ub, &found);
+    g->keys = all[2] + 2;
+    g->calls = ((int64_t)(found ? *ub : 32767) + 1) / g->keys;
+    if (g->calls > (1 << 20))
+        g->calls = 1 << 20;
+    if (all[0] == 0 && all[1] == 0 && g->calls >= 4 * SLOTS) {
         g->phase = N_FAST;
         return;
     }
     drop(g);
     if (oom)
         return;
-    if (all[0] == 0) {   /* every rank could have: the graph is wrong */
+    if (all[0] == 0 && all[1] != 0) {   /* every rank could have: the graph is wrong */
         g->phase = N_REFUSED;
         if (!asym)
             snprintf(g->why, sizeof g->why, "the graph's edges do not match on another rank (MPI "
                      "requires every edge in both ranks' lists)");
-    } else if (cfg.stats && failed) {
+    } else if (cfg.stats && (failed || all[0] == 0)) {
         fprintf(stderr, "hybridmpi pmpi: rank %d: neighbourhood collectives stay on MPI: %s\n", rank,
-                why ? why : "the set-up failed");
+                why ? why : failed ? "the set-up failed" : "too many edges between two ranks for the tags");
     }
 }
 
 /* ------------------------------------------------------------------ plans */
+
+/* Every MPI_Type_free the program makes (its handle may name another type next). */
+static _Atomic uint64_t type_frees;
 
 /* Whether t's elements are its bytes in order, back to back: a named type whose extent is its
  * size, or a contiguous or duplicated one of such a type (other types, even gapless ones, may
  * order their bytes otherwise: an hindexed {4, 0} has no gap). */
 static int as_bytes(MPI_Datatype t, int depth)
 {
-    int ni, na, nd, combiner, size;
+    int ni, na, nd, combiner;
+    MPI_Count size;
     MPI_Aint lb, ext;
     if (depth > 8 || PMPI_Type_get_envelope(t, &ni, &na, &nd, &combiner) != MPI_SUCCESS ||
-        PMPI_Type_size(t, &size) != MPI_SUCCESS || PMPI_Type_get_extent(t, &lb, &ext) != MPI_SUCCESS ||
+        PMPI_Type_size_x(t, &size) != MPI_SUCCESS || PMPI_Type_get_extent(t, &lb, &ext) != MPI_SUCCESS ||
         lb != 0 || ext != size)
         return 0;
     if (combiner == MPI_COMBINER_NAMED)
@@ -416,18 +508,24 @@ static int as_bytes(MPI_Datatype t, int depth)
     return yes;
 }
 
-/* A datatype's size and extent; whether it moves as bytes (else packed). */
-static int type_info(MPI_Datatype t, int *size, MPI_Aint *ext, int *contig)
+/* A datatype's size and extent; whether it moves as bytes (else packed); whether it is named
+ * (never freed, so a handle seen before means what it meant). */
+static int type_info(MPI_Datatype t, int64_t *size, MPI_Aint *ext, int *contig, int *named)
 {
     MPI_Aint lb;
-    if (PMPI_Type_size(t, size) != MPI_SUCCESS || PMPI_Type_get_extent(t, &lb, ext) != MPI_SUCCESS)
+    MPI_Count sz;
+    int ni, na, nd, combiner;
+    if (PMPI_Type_size_x(t, &sz) != MPI_SUCCESS || PMPI_Type_get_extent(t, &lb, ext) != MPI_SUCCESS ||
+        PMPI_Type_get_envelope(t, &ni, &na, &nd, &combiner) != MPI_SUCCESS)
         return -1;
+    *size = (int64_t)sz;
+    *named = combiner == MPI_COMBINER_NAMED;
     *contig = as_bytes(t, 0);
     return 0;
 }
 
-/* Whether t is one of the predefined types DOLFINx, PETSc and mpi4py send (never freed, so a
- * handle seen before means what it meant). */
+/* Whether t is one of the predefined types DOLFINx, PETSc and mpi4py send (the plan's check
+ * skips its queries). */
 static int predefined(MPI_Datatype t)
 {
     static const MPI_Datatype known[] = {MPI_DOUBLE, MPI_FLOAT, MPI_INT, MPI_LONG, MPI_LONG_LONG,
@@ -452,7 +550,6 @@ static void edge_args(int form, int big, int send, int i, const void *c, const v
            : big ? ((const MPI_Aint *)d)[i] : ((const int *)d)[i];
 }
 
-
 static void plan_unref(plan *p)
 {
     if (p == NULL || --p->refs > 0)
@@ -460,9 +557,12 @@ static void plan_unref(plan *p)
     for (int k = 0; k < p->nsp + p->nrp; k++) {
         pair *q = k < p->nsp ? &p->sp[k] : &p->rp[k - p->nsp];
         free(q->edge);
-        free(q->start);
         free(q->len);
     }
+    if (p->dup_st)
+        PMPI_Type_free(&p->st);
+    if (p->dup_rt)
+        PMPI_Type_free(&p->rt);
     free(p->sp);
     free(p->rp);
     free(p->sc);
@@ -484,88 +584,85 @@ static int make_pairs(const ngh *g, plan *p, int send)
 {
     int n = send ? g->nout : g->nin;
     const edge *e = send ? g->out : g->in;
-    const int64_t *c = send ? p->sc : p->rc, *d = send ? p->sd : p->rd;
-    int contig = send ? p->scontig : p->rcontig, esz = send ? p->ssz : p->rsz;
-    MPI_Aint ext = send ? p->sext : p->rext;
+    const int64_t *c = send ? p->sc : p->rc;
+    int64_t esz = send ? p->ssz : p->rsz;
     pair *pr = calloc((size_t)n + 1, sizeof(pair));
-    int *order = malloc(sizeof(int) * ((size_t)n + 1));
-    if (pr == NULL || order == NULL) {
-        free(pr);
-        free(order);
+    if (pr == NULL)
         return -1;
-    }
-    int np = 0;
-    uint64_t packed = 0;
-    for (int i = 0; i < n; i++) {   /* packed copies: every on-node edge in index order */
+    int np = 0, rc = 0;
+    for (int i = 0; i < n; i++) {
         if (e[i].node < 0)
             continue;
         int k = 0;
         while (k < np && pr[k].node != e[i].node)
             k++;
         if (k == np)
-            pr[np++].node = e[i].node;
+            pr[np].node = e[i].node, pr[np++].peer = e[i].peer;
         pr[k].n++;
     }
-    int rc = 0;
     for (int k = 0; k < np && rc == 0; k++) {
         pair *q = &pr[k];
         q->edge = malloc(sizeof(int) * (size_t)q->n);
-        q->start = malloc(sizeof(int64_t) * (size_t)q->n);
         q->len = malloc(sizeof(int64_t) * (size_t)q->n);
-        if (!q->edge || !q->start || !q->len) {
+        if (!q->edge || !q->len) {
             rc = -1;
             break;
         }
         int m = 0;
         for (int i = 0; i < n; i++)
             if (e[i].node == q->node)
-                order[m++] = i;
+                q->edge[m++] = i;
         for (int a = 1; a < m; a++)   /* by key (insertion sort: a handful of edges) */
-            for (int b = a; b > 0 && e[order[b]].key < e[order[b - 1]].key; b--) {
-                int t = order[b];
-                order[b] = order[b - 1], order[b - 1] = t;
+            for (int b = a; b > 0 && e[q->edge[b]].key < e[q->edge[b - 1]].key; b--) {
+                int t = q->edge[b];
+                q->edge[b] = q->edge[b - 1], q->edge[b - 1] = t;
             }
-        for (int a = 0; a < m; a++)
-            q->edge[a] = order[a];
-    }
-    /* runs: bytes in the buffer, or in the packed copy (edges in index order) */
-    for (int i = 0; rc == 0 && i < n; i++) {
-        if (e[i].node < 0)
-            continue;
-        int k = 0, a = 0;
-        while (pr[k].node != e[i].node)
-            k++;
-        while (pr[k].edge[a] != i)
-            a++;
-        int64_t bytes = (int64_t)(c[i] > 0 ? c[i] : 0) * esz;
-        pr[k].len[a] = bytes;
-        pr[k].start[a] = contig ? (int64_t)d[i] * ext : (int64_t)packed;
-        packed += (uint64_t)bytes;
-    }
-    for (int k = 0; rc == 0 && k < np; k++) {
-        pair *q = &pr[k];
         q->sig = 0xcbf29ce484222325ULL;
-        for (int a = 0; a < q->n; a++) {
+        for (int a = 0; a < m; a++) {
+            int i = q->edge[a];
+            q->len[a] = (c[i] > 0 ? c[i] : 0) * esz;
             q->bytes += (uint64_t)q->len[a];
-            q->sig = sig_add(q->sig, e[q->edge[a]].key, (uint64_t)q->len[a]);
+            q->sig = sig_add(q->sig, e[i].key, (uint64_t)q->len[a]);
         }
-        /* staged (two copies, never waiting on the peer) up to cfg.ngh_stage bytes; past that
-         * the MPI's own messages, which copy once on a node (docs: "How a call moves") */
+        /* staged (two copies, never waiting on the peer) up to g->stage bytes; past that the
+         * MPI's own messages, which copy once on a node (docs: "How a call moves") */
         q->msg = q->bytes > g->stage;
-        q->chan.peer = q->node;
-        q->chan.nruns = q->n;
-        q->chan.count = (int64_t)q->bytes;
-        q->chan.run_start = q->start;
-        q->chan.run_len = q->len;
-        q->chan.ready = send ? &HDR(g, g->me, q->node)->ready : &HDR(g, q->node, g->me)->ready;
-        q->chan.done = send ? &HDR(g, g->me, q->node)->done : &HDR(g, q->node, g->me)->done;
     }
-    free(order);
     if (send)
-        p->sp = pr, p->nsp = np, p->spacked = contig ? 0 : packed;
+        p->sp = pr, p->nsp = np;
     else
-        p->rp = pr, p->nrp = np, p->rpacked = contig ? 0 : packed;
+        p->rp = pr, p->nrp = np;
     return rc;
+}
+
+/* Whether plan p serves a call with these arguments. */
+static int plan_fits(const ngh *g, const plan *p, int form, int big, const void *sc, const void *sd,
+                     int64_t scount, MPI_Datatype st, const void *rc, const void *rd, int64_t rcount,
+                     MPI_Datatype rt)
+{
+    if (p->ust != st || p->urt != rt || p->form != form)
+        return 0;
+    if (!(predefined(st) && predefined(rt))) {
+        /* a handle freed since may name another type now; and one freed by a way this library
+         * does not see (its sizes at least) */
+        int64_t ssz, rsz;
+        int sc_, rc_, sn, rn;
+        MPI_Aint sext, rext;
+        if ((p->dup_st || p->dup_rt) && p->types_freed != atomic_load(&type_frees))
+            return 0;
+        if (type_info(st, &ssz, &sext, &sc_, &sn) || type_info(rt, &rsz, &rext, &rc_, &rn) ||
+            ssz != p->ssz || rsz != p->rsz || sext != p->sext || rext != p->rext ||
+            sc_ != p->scontig || rc_ != p->rcontig || sn == p->dup_st || rn == p->dup_rt)
+            return 0;
+    }
+    int64_t cnt, dsp;
+    for (int i = 0; i < g->nout + g->nin; i++) {
+        int send = i < g->nout, k = send ? i : i - g->nout;
+        edge_args(form, big, send, k, send ? sc : rc, send ? sd : rd, send ? scount : rcount, &cnt, &dsp);
+        if (cnt != (send ? p->sc : p->rc)[k] || dsp != (send ? p->sd : p->rd)[k])
+            return 0;
+    }
+    return 1;
 }
 
 /* The plan of a call: the last one when its arguments are the same, else a new one. */
@@ -574,55 +671,35 @@ static plan *plan_for(ngh *g, int form, int big, const void *sc, const void *sd,
 {
     int no = g->nout, ni = g->nin;
     plan *p = g->last;
-    if (p && p->st == st && p->rt == rt && p->form == form) {
-        /* the same handles may name other types now (freed and made again): sizes too */
-        int ssz, rsz, sc_, rc_;
-        MPI_Aint sext, rext;
-        int same = (predefined(st) && predefined(rt)) ||
-                   (!type_info(st, &ssz, &sext, &sc_) && !type_info(rt, &rsz, &rext, &rc_) &&
-                    ssz == p->ssz && rsz == p->rsz && sext == p->sext && rext == p->rext &&
-                    sc_ == p->scontig && rc_ == p->rcontig);
-        int64_t cnt, dsp;
-        for (int i = 0; same && i < no + ni; i++) {
-            int send = i < no, k = send ? i : i - no;
-            edge_args(form, big, send, k, send ? sc : rc, send ? sd : rd, send ? scount : rcount, &cnt, &dsp);
-            same = cnt == (send ? p->sc : p->rc)[k] && dsp == (send ? p->sd : p->rd)[k];
-        }
-        if (same) {
-            p->refs++;
-            return p;
-        }
+    if (p && plan_fits(g, p, form, big, sc, sd, scount, st, rc, rd, rcount, rt)) {
+        p->refs++;
+        return p;
     }
-    int64_t *a = malloc(sizeof(int64_t) * (size_t)(2 * (no + ni) + 4));
-    if (a == NULL)
-        return NULL;
-    for (int i = 0; i < no; i++)
-        edge_args(form, big, 1, i, sc, sd, scount, &a[i], &a[no + i]);
-    for (int j = 0; j < ni; j++)
-        edge_args(form, big, 0, j, rc, rd, rcount, &a[2 * no + j], &a[2 * no + ni + j]);
     p = calloc(1, sizeof *p);
-    if (p == NULL) {
-        free(a);
+    if (p == NULL)
         return NULL;
-    }
     p->refs = 1;
     p->form = form;
-    p->st = st, p->rt = rt;
+    p->ust = p->st = st, p->urt = p->rt = rt;
+    p->types_freed = atomic_load(&type_frees);
     p->sc = malloc(sizeof(int64_t) * ((size_t)no + 1));
     p->sd = malloc(sizeof(int64_t) * ((size_t)no + 1));
     p->rc = malloc(sizeof(int64_t) * ((size_t)ni + 1));
     p->rd = malloc(sizeof(int64_t) * ((size_t)ni + 1));
+    int sn = 1, rn = 1;
     int bad = !p->sc || !p->sd || !p->rc || !p->rd ||
-              type_info(st, &p->ssz, &p->sext, &p->scontig) || type_info(rt, &p->rsz, &p->rext, &p->rcontig);
-    if (!bad) {
-        memcpy(p->sc, a, sizeof(int64_t) * (size_t)no);
-        memcpy(p->sd, a + no, sizeof(int64_t) * (size_t)no);
-        memcpy(p->rc, a + 2 * no, sizeof(int64_t) * (size_t)ni);
-        memcpy(p->rd, a + 2 * no + ni, sizeof(int64_t) * (size_t)ni);
-        bad = make_pairs(g, p, 1) || make_pairs(g, p, 0);
-    }
-    free(a);
-    if (bad) {
+              type_info(st, &p->ssz, &p->sext, &p->scontig, &sn) ||
+              type_info(rt, &p->rsz, &p->rext, &p->rcontig, &rn);
+    /* the library's own handles of derived types: the program may free its own once posted */
+    if (!bad && !sn)
+        bad = PMPI_Type_dup(st, &p->st) != MPI_SUCCESS, p->dup_st = !bad;
+    if (!bad && !rn)
+        bad = PMPI_Type_dup(rt, &p->rt) != MPI_SUCCESS, p->dup_rt = !bad;
+    for (int i = 0; !bad && i < no; i++)
+        edge_args(form, big, 1, i, sc, sd, scount, &p->sc[i], &p->sd[i]);
+    for (int j = 0; !bad && j < ni; j++)
+        edge_args(form, big, 0, j, rc, rd, rcount, &p->rc[j], &p->rd[j]);
+    if (bad || make_pairs(g, p, 1) || make_pairs(g, p, 0)) {
         plan_unref(p);
         return NULL;
     }
@@ -638,27 +715,47 @@ static plan *plan_for(ngh *g, int form, int big, const void *sc, const void *sd,
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static op *registry;            /* every call whose request MPI has not freed */
 static _Atomic int registered;
+/* By a hash of the request: how many of the registry's requests have it.  A request whose word
+ * is 0 is not the library's, seen without a lock. */
+enum { FILTER_BITS = 12 };
+static _Atomic uint16_t filter[1 << FILTER_BITS];
+
+static inline unsigned request_hash(MPI_Request r)
+{
+    uint64_t x = (uint64_t)(uintptr_t)r;
+    return (unsigned)((x * 0x9E3779B97F4A7C15ULL) >> (64 - FILTER_BITS));
+}
+
+/* Whether r may be one of this library's calls (0: it is not). */
+static inline int maybe_ours(MPI_Request r)
+{
+    return atomic_load_explicit(&registered, memory_order_relaxed) != 0 && r != MPI_REQUEST_NULL &&
+           atomic_load_explicit(&filter[request_hash(r)], memory_order_relaxed) != 0;
+}
 
 static void op_unref(op *o)
 {
     if (atomic_fetch_sub(&o->refs, 1) != 1)
         return;
-    free(o->spack);
-    free(o->rpack);
+    ngh *g = o->g;
     free(o);   /* (with its arrays; a failed call's messages are dropped, never freed) */
+    ngh_unref(g);
 }
 
 /* The pairs' words of a failed call get the error bits: its peers on the node fail too. */
 static void poison(op *o)
 {
     plan *p = o->p;
-    void *words[2 * (p->nsp + p->nrp) + 1];
-    int n = 0;
-    for (int k = 0; k < p->nsp; k++)
-        words[n++] = p->sp[k].chan.ready;
-    for (int k = 0; k < p->nrp; k++)
-        words[n++] = p->rp[k].chan.done;
-    hm_poison(n, words, HM_ERRBIT);
+    ngh *g = o->g;
+    if (g->base == NULL)
+        return;
+    for (int k = 0; k < p->nsp + p->nrp; k++) {
+        void *words[SLOTS];
+        for (int slot = 0; slot < SLOTS; slot++)
+            words[slot] = k < p->nsp ? (void *)&HDR(g, g->me, p->sp[k].node)->ready[slot]
+                                     : (void *)&HDR(g, p->rp[k - p->nsp].node, g->me)->done[slot];
+        hm_poison(SLOTS, words, HM_ERRBIT);
+    }
 }
 
 /* A failed call: says why, revokes the communicator and reports through its error handler.
@@ -704,151 +801,235 @@ static void report(op *o)
     pmpi_revoked(o->s);
 }
 
-/* A message of call o along edge e: a send from buf, or a receive into it that must carry
- * `expect` bytes; `late`: one of a pair that found no room at its sender. */
-static int message(op *o, int send, const char *buf, int count, MPI_Datatype t, const edge *e,
-                   int64_t expect, int late)
+static void mismatch(op *o, int peer)
+{
+    if (!o->soft)
+        o->soft = HM_EMISMATCH, o->soft_peer = peer;
+}
+
+/* A message of call o: a send from buf, or a receive into it that must carry `expect` bytes
+ * (-2: a buffered pair's), for receive pair `k` (-1: none). */
+static int message(op *o, int send, const char *buf, MPI_Count count, MPI_Datatype t, int peer, int tag,
+                   int64_t expect, int k)
 {
     MPI_Request *r = &o->req[o->nreq];
-    int tag = e->key + (late ? LATE_TAGS : 0);
-    int rc = send ? PMPI_Isend(buf, count, t, e->peer, tag, o->g->msgs, r)
-                  : PMPI_Irecv((void *)buf, count, t, e->peer, tag, o->g->msgs, r);
+    int rc = send ? PMPI_Isend(buf, (int)count, t, peer, tag, o->g->msgs, r)
+                  : PMPI_Irecv((void *)buf, (int)count, t, peer, tag, o->g->msgs, r);
     if (rc != MPI_SUCCESS)
-        return fail(o, HM_ENET, e->peer);
-    o->from[o->nreq] = e->peer;
+        return fail(o, HM_ENET, peer);
+    o->from[o->nreq] = peer;
+    o->pairof[o->nreq] = k;
     o->expect[o->nreq++] = send ? -1 : expect;
     return HM_OK;
 }
 
-/* The edges of an on-node pair that go as messages: a large pair's (`late` 0: posted at post
- * by both ends), or one that found no room at its sender (late 1). */
-static int pair_messages(op *o, const pair *q, int send, int late)
+/* The edges of an on-node pair as the MPI's messages, one per edge (receive pair k, or -1). */
+static int edge_messages(op *o, const pair *q, int send, int k)
 {
     plan *p = o->p;
+    const edge *e = send ? o->g->out : o->g->in;
     for (int a = 0; a < q->n; a++) {
-        int i = q->edge[a];
-        int rc = send ? message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, &o->g->out[i], -1,
-                                late)
-                      : message(o, 0, o->rb + (MPI_Aint)p->rd[i] * p->rext, p->rc[i], p->rt, &o->g->in[i],
-                                (int64_t)p->rc[i] * p->rsz, late);
+        int i = q->edge[a], tag = tag_of(o->g, o->e, e[i].key);
+        int rc = send ? message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, q->peer, tag, -1, -1)
+                      : message(o, 0, o->rb + (MPI_Aint)p->rd[i] * p->rext, p->rc[i], p->rt, q->peer, tag,
+                                p->rc[i] * p->rsz, k);
         if (rc)
             return rc;
     }
     return HM_OK;
 }
 
-/* The send side, once every peer on the node took call e - SLOTS (this slot is free): each
- * pair's header, its edges packed into this rank's area (a pair of more than cfg.ngh_stage
- * bytes went as messages at post; one that finds no room in /dev/shm goes so now), then
- * READY. */
+/* A pair's edges into `to`, back to back in key order (packed when their type is not
+ * contiguous), or out of `from`. */
+static void pack_pair(op *o, const pair *q, char *to)
+{
+    plan *p = o->p;
+    for (int a = 0; a < q->n; a++) {
+        int i = q->edge[a], pos = 0;
+        const char *x = o->sb + (MPI_Aint)p->sd[i] * p->sext;
+        if (p->scontig)
+            memcpy(to, x, (size_t)q->len[a]);
+        else if (q->len[a] > 0)   /* (at most g->stage bytes: an int) */
+            PMPI_Pack(x, (int)p->sc[i], p->st, to, (int)q->len[a], &pos, o->g->msgs);
+        to += q->len[a];
+    }
+}
+
+static void unpack_pair(op *o, const pair *q, const char *from)
+{
+    plan *p = o->p;
+    for (int a = 0; a < q->n; a++) {
+        int i = q->edge[a], pos = 0;
+        char *x = o->rb + (MPI_Aint)p->rd[i] * p->rext;
+        if (p->rcontig)
+            memcpy(x, from, (size_t)q->len[a]);
+        else if (q->len[a] > 0)
+            PMPI_Unpack(from, (int)q->len[a], &pos, x, (int)p->rc[i], p->rt, o->g->msgs);
+        from += q->len[a];
+    }
+}
+
+/* A pair that finds its slot busy, or no room: its bytes behind their hash as one message,
+ * which the call does not wait for. */
+static int buffered(op *o, const pair *q)
+{
+    ngh *g = o->g;
+    sent *x = malloc(sizeof(sent) + 8 + q->bytes);
+    if (x == NULL)
+        return fail(o, HM_ENET, q->peer);
+    x->data[0] = q->sig;
+    pack_pair(o, q, (char *)&x->data[1]);
+    if (PMPI_Isend(x->data, (int)(8 + q->bytes), MPI_BYTE, q->peer, tag_of(g, o->e, g->keys - 1), g->msgs,
+                   &x->req) != MPI_SUCCESS) {
+        free(x);
+        return fail(o, HM_ENET, q->peer);
+    }
+    x->next = g->sends;
+    g->sends = x;
+    return HM_OK;
+}
+
+/* The send side of the staged pairs, at post: into this rank's area of the call's slot once
+ * every peer took what the slot held last, else (or without room in /dev/shm) buffered. */
 static int publish(op *o)
 {
     ngh *g = o->g;
     plan *p = o->p;
     uint64_t e = o->e;
-    int slot = (int)(e % SLOTS);
+    int slot = (int)(e % SLOTS), free_ = 1;
     for (int k = 0; k < p->nsp; k++) {
-        uint64_t v = load_acq((hm_counter *)p->sp[k].chan.done, HM_ACQ_REL);
-        if (v & HM_FLAGS)
-            return fail(o, HM_EPEER, g->out[p->sp[k].edge[0]].peer);
-        if (e > SLOTS && v < e - SLOTS)
-            return HM_OK;   /* not yet */
+        pairhdr *h = HDR(g, g->me, p->sp[k].node);
+        uint64_t d = load_acq(&h->done[slot], HM_ACQ_REL);
+        if (d & HM_FLAGS)
+            return fail(o, HM_EPEER, p->sp[k].peer);
+        free_ &= (atomic_load_explicit(&h->ready[slot], memory_order_relaxed) & ~HM_FLAGS) == d;
     }
-    const char *x = p->scontig ? o->sb : o->spack;
     uint64_t off = 0;
     for (int k = 0; k < p->nsp; k++) {
         pair *q = &p->sp[k];
-        pairhdr *h = HDR(g, g->me, q->node);
-        atomic_store_explicit(&h->sig[slot], q->sig, memory_order_relaxed);
-        if (!q->msg && off + q->bytes <= g->cap && reserve(g, slot, off + q->bytes)) {
-            atomic_store_explicit(&h->off[slot], (int64_t)off, memory_order_relaxed);
-            hm_chan c = q->chan;   /* (DONE was read above: the core's send waits for nothing) */
-            c.done = NULL;
-            c.buf[e & 1] = AREA(g, g->me, slot) + off;
-            hm_xchg one = {.n = 1, .chan = &c, .esz = 1, .dtype = HM_U8, .policy = o->s->c.policy};
-            hm_xchg_send(&one, x, e);
-            off += (q->bytes + 63) & ~(uint64_t)63;
+        if (q->msg)
             continue;
-        }
-        atomic_store_explicit(&h->off[slot], -1, memory_order_relaxed);
-        if (!q->msg && pair_messages(o, q, 1, 1))
+        if (free_ && off + q->bytes <= g->cap && reserve(g, slot, off + q->bytes)) {
+            pairhdr *h = HDR(g, g->me, q->node);
+            pack_pair(o, q, AREA(g, g->me, slot) + off);
+            atomic_store_explicit(&h->off[slot], (int64_t)off, memory_order_relaxed);
+            atomic_store_explicit(&h->sig[slot], q->sig, memory_order_relaxed);
+            store_rel(&h->ready[slot], e, HM_ACQ_REL);
+            off += (q->bytes + 63) & ~(uint64_t)63;
+        } else if (buffered(o, q)) {
             return o->rc;
-        store_rel((hm_counter *)q->chan.ready, e, HM_ACQ_REL);
+        }
     }
-    o->sent = 1;
     return HM_OK;
 }
 
-/* The receive side: each pair whose READY shows call e is unpacked (or its messages posted),
- * then DONE. */
-static int take(op *o)
+/* The messages this call posted for receive pair k are cancelled (none will come). */
+static void cancel_pair(op *o, int k)
 {
-    const uint64_t e = o->e;
+    for (int i = 0; i < o->nreq; i++)
+        if (o->pairof[i] == k && o->expect[i] >= 0 && o->req[i] != MPI_REQUEST_NULL)
+            PMPI_Cancel(&o->req[i]);
+}
+
+/* Receive pair k: its sender's route, once seen.  The slot (call e staged there), a buffered
+ * message, or (this end staging, that end sending) messages per edge; probing each few steps. */
+static int take_pair(op *o, int k)
+{
     ngh *g = o->g;
     plan *p = o->p;
-    for (int k = 0, slot = (int)(e % SLOTS); k < p->nrp; k++) {
-        pair *q = &p->rp[k];
-        if (o->taken[k])
-            continue;
-        int peer = g->in[q->edge[0]].peer;
-        pairhdr *h = HDR(g, q->node, g->me);
-        uint64_t v = load_acq(&h->ready, HM_ACQ_REL);
-        if ((v & HM_FLAGS) && (v & ~HM_FLAGS) < e)
-            return fail(o, HM_EPEER, peer);
-        if (v < e)
-            continue;
-        int64_t off = atomic_load_explicit(&h->off[slot], memory_order_relaxed);
-        if (atomic_load_explicit(&h->sig[slot], memory_order_relaxed) != q->sig) {
-            /* counts that differ on an edge (erroneous): nothing taken from that peer, its
-             * slot given back, the messages this rank posted for it cancelled */
-            if (!o->soft)
-                o->soft = HM_EMISMATCH, o->soft_peer = peer;
-            for (int i = 0; q->msg && i < o->nreq; i++)
-                if (o->from[i] == peer && o->expect[i] >= 0 && o->req[i] != MPI_REQUEST_NULL) {
-                    PMPI_Cancel(&o->req[i]);
-                    o->expect[i] = -1;
-                }
-            store_rel(&h->done, e, HM_ACQ_REL);
-            o->taken[k] = 3;
-            o->left--;
-            continue;
-        }
-        if (off < 0) {   /* messages: posted at post, or (no room at the sender) now */
-            if (!q->msg && pair_messages(o, q, 0, 1))
-                return o->rc;
-            store_rel(&h->done, e, HM_ACQ_REL);
-            o->taken[k] = 2;
+    pair *q = &p->rp[k];
+    int slot = (int)(o->e % SLOTS);
+    pairhdr *h = HDR(g, q->node, g->me);
+    uint64_t v = load_acq(&h->ready[slot], HM_ACQ_REL);
+    if ((v & ~HM_FLAGS) == o->e) {
+        if (atomic_load_explicit(&h->sig[slot], memory_order_relaxed) != q->sig || q->msg) {
+            mismatch(o, q->peer);   /* counts that differ on an edge: nothing taken */
+            cancel_pair(o, k);
         } else {
-            q->chan.buf[e & 1] = AREA(g, q->node, slot) + off;
-            hm_xchg one = {.n = 1, .chan = &q->chan, .esz = 1, .dtype = HM_U8, .policy = o->s->c.policy};
-            if (hm_xchg_recv(&one, p->rcontig ? o->rb : o->rpack, e, HM_INSERT, 0) != HM_OK)
-                return fail(o, HM_EPEER, peer);
-            o->taken[k] = 1;
+            unpack_pair(o, q, AREA(g, q->node, slot) + atomic_load_explicit(&h->off[slot], memory_order_relaxed));
         }
-        o->left--;
-    }
-    if (o->left || p->rcontig || !o->rpack)
+        store_rel(&h->done[slot], o->e, HM_ACQ_REL);
+        o->route[k] = R_SLOT;
         return HM_OK;
-    /* a type that is not contiguous: from the packed copy, edges in index order */
-    int pos = 0;
-    for (int j = 0; j < g->nin; j++) {
-        if (g->in[j].node < 0)
-            continue;
-        int k = 0;
-        while (p->rp[k].node != g->in[j].node)
-            k++;
-        if (o->taken[k] == 1)
-            PMPI_Unpack(o->rpack, (int)p->rpacked, &pos, o->rb + (MPI_Aint)p->rd[j] * p->rext, p->rc[j],
-                        p->rt, g->msgs);
-        else
-            pos += p->rc[j] * p->rsz;
     }
-    free(o->rpack);
-    o->rpack = NULL;
+    if (v & HM_FLAGS)
+        return fail(o, HM_EPEER, q->peer);
+    if (o->polls % 16 != 1)
+        return HM_OK;
+    int found = 0;
+    MPI_Status st;
+    if (PMPI_Iprobe(q->peer, tag_of(g, o->e, g->keys - 1), g->msgs, &found, &st) != MPI_SUCCESS)
+        return fail(o, HM_ENET, q->peer);
+    if (found) {
+        MPI_Count n = 0;
+        PMPI_Get_elements_x(&st, MPI_BYTE, &n);
+        o->bufs[k] = n <= INT_MAX ? malloc((size_t)n + 8) : NULL;
+        if (o->bufs[k] == NULL)
+            return fail(o, HM_ENET, q->peer);
+        if (q->msg)   /* (its sender staged what this end sends: erroneous) */
+            cancel_pair(o, k);
+        o->route[k] = R_BUFFERED;
+        return message(o, 0, o->bufs[k], n, MPI_BYTE, q->peer, tag_of(g, o->e, g->keys - 1), -2, k);
+    }
+    if (q->msg)
+        return HM_OK;
+    if (PMPI_Iprobe(q->peer, tag_of(g, o->e, g->in[q->edge[0]].key), g->msgs, &found, MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS)
+        return fail(o, HM_ENET, q->peer);
+    if (found) {   /* its sender sends what this end stages (erroneous): taken as they are */
+        mismatch(o, q->peer);
+        o->route[k] = R_DRAIN;
+    }
     return HM_OK;
 }
 
-/* The messages: 1 once every one completed with the bytes its edge expects. */
+/* Receive pair k's messages per edge, of sizes this end does not know (its sender's counts
+ * differ), each into a buffer of its own, dropped: 1 once every edge's is posted. */
+static int drain(op *o, int k)
+{
+    ngh *g = o->g;
+    pair *q = &o->p->rp[k];
+    for (; o->drained[k] < q->n; o->drained[k]++) {
+        int found = 0;
+        MPI_Message m;
+        MPI_Status st;
+        MPI_Count n = 0;
+        if (PMPI_Improbe(q->peer, tag_of(g, o->e, g->in[q->edge[o->drained[k]]].key), g->msgs, &found, &m,
+                         &st) != MPI_SUCCESS)
+            return fail(o, HM_ENET, q->peer), 1;
+        if (!found)
+            return 0;
+        PMPI_Get_elements_x(&st, MPI_BYTE, &n);
+        char *buf = n <= INT_MAX ? malloc((size_t)n + 1) : NULL;
+        if (buf == NULL || PMPI_Imrecv(buf, (int)n, MPI_BYTE, &m, &o->req[o->nreq]) != MPI_SUCCESS)
+            return fail(o, HM_ENET, q->peer), 1;
+        o->from[o->nreq] = q->peer;
+        o->pairof[o->nreq] = k;
+        o->tmp[o->nreq] = buf;
+        o->expect[o->nreq++] = -3;
+    }
+    return 1;
+}
+
+/* A buffered pair's message, received: its edges copied out when both ends agree on them. */
+static void take_buffered(op *o, int k, const MPI_Status *st)
+{
+    pair *q = &o->p->rp[k];
+    MPI_Count n = 0;
+    PMPI_Get_elements_x(st, MPI_BYTE, &n);
+    uint64_t sig = 0;
+    if (n >= 8)
+        memcpy(&sig, o->bufs[k], 8);
+    if (q->msg || n != (MPI_Count)(8 + q->bytes) || sig != q->sig)
+        mismatch(o, q->peer);
+    else
+        unpack_pair(o, q, o->bufs[k] + 8);
+    free(o->bufs[k]);
+    o->bufs[k] = NULL;
+}
+
+/* The messages: 1 once every one completed (with the bytes its edge expects, else the call is
+ * reported). */
 static int messages_done(op *o)
 {
     if (o->nreq == 0)
@@ -864,17 +1045,29 @@ static int messages_done(op *o)
         if (pending || truncated < 0)
             return fail(o, HM_ENET, truncated), 0;
         flag = 1;   /* every request completed: the call goes on, reported at its end */
+        mismatch(o, truncated);
     }
     for (int i = 0; flag && i < o->nreq; i++) {
-        int n = 0, cancelled = 0;
+        int cancelled = 0;
+        MPI_Count n = 0;
         PMPI_Test_cancelled(&o->st[i], &cancelled);
-        if (o->expect[i] < 0 || cancelled)
+        if (o->expect[i] == -1 || cancelled)
             continue;
-        PMPI_Get_count(&o->st[i], MPI_BYTE, &n);
-        if ((n != o->expect[i] || truncated >= 0) && !o->soft)
-            o->soft = HM_EMISMATCH, o->soft_peer = o->from[i];
-        o->expect[i] = -1;
+        if (o->expect[i] == -2) {
+            take_buffered(o, o->pairof[i], &o->st[i]);
+            continue;
+        }
+        if (o->expect[i] == -3) {   /* (a drained edge's) */
+            free(o->tmp[i]);
+            o->tmp[i] = NULL;
+            continue;
+        }
+        PMPI_Get_elements_x(&o->st[i], MPI_BYTE, &n);
+        if (n != o->expect[i])
+            mismatch(o, o->from[i]);
     }
+    if (flag)
+        o->nreq = 0;
     return flag;
 }
 
@@ -885,27 +1078,29 @@ static int step(op *o)
         return 1;
     if (o->s->phase == S_BROKEN)
         return fail(o, HM_EELSEWHERE, -1), 1;
-    if ((!o->sent && publish(o)) || (o->left && take(o)))
-        return o->done;
-    if (messages_done(o) && o->sent && !o->left && !o->rpack && !o->done) {
+    o->polls++;
+    for (int k = 0; k < o->p->nrp && !o->done; k++) {
+        if (o->route[k] != R_OPEN)
+            continue;
+        /* a pair sent per edge by both ends is complete with its messages; until then its
+         * sender may have chosen otherwise (erroneous counts) */
+        if (o->p->rp[k].msg && o->nreq == 0)
+            o->route[k] = R_EDGES;
+        else if (take_pair(o, k))
+            return 1;
+        o->left -= o->route[k] != R_OPEN && o->route[k] != R_DRAIN && !o->p->rp[k].msg;
+    }
+    for (int k = 0; k < o->p->nrp && !o->done; k++)
+        if (o->route[k] == R_DRAIN && drain(o, k) && !o->done)
+            o->route[k] = R_EDGES, o->left--;
+    if (!o->done && !o->left && messages_done(o) && !o->done) {
+        for (int k = 0; k < o->p->nrp; k++)
+            o->route[k] = o->route[k] == R_OPEN ? R_EDGES : o->route[k];
         o->done = 1;
         if (o->soft)
             report(o);
     }
     return o->done;
-}
-
-/* The sends of the calls after the first, in order, as far as their areas are free: a call
- * posted behind others is published at once where it can be (its peers need not wait for
- * this rank's wait); its receives wait for its turn. */
-static void publish_all(ngh *g)
-{
-    for (op *o = g->head; o; o = o->next) {
-        if (!o->sent && !o->done && o->s->phase != S_BROKEN)
-            publish(o);
-        if (!o->sent)
-            return;
-    }
 }
 
 /* Call o is out of the communicator's list: its request is complete for MPI. */
@@ -914,17 +1109,23 @@ static void retire(ngh *g, op *o)
     g->head = o->next;
     if (g->head == NULL)
         g->tail = NULL;
-    plan_unref(o->p);
+    if (o->nreq == 0) {   /* (a failed call's buffers may still be MPI's: kept) */
+        for (int k = 0; k < o->p->nrp; k++)
+            free(o->bufs[k]);
+    }
+    plan_unref(o->p);   /* (under g's lock, as plans are made) */
     o->p = NULL;
     if (o->greq != MPI_REQUEST_NULL)
         PMPI_Grequest_complete(o->greq);
     op_unref(o);
 }
 
-/* The communicator's calls, in order, as far as they go; with `block`, until `upto` is
+/* The communicator's calls, each a step, retired in order; with `block`, until `upto` is
  * complete, waiting under the node's policy (a timeout, a peer's process gone). */
 static void advance(ngh *g, op *upto, int block)
 {
+    reap(&g->sends);
+    reap_orphans();
     if (g->head == NULL)
         return;
     state *s = g->head->s;
@@ -932,9 +1133,10 @@ static void advance(ngh *g, op *upto, int block)
     int64_t polls = 0;
     HM_SLOW(w);
     for (;;) {
-        while (g->head && step(g->head))
+        for (op *o = g->head; o; o = o->next)
+            step(o);
+        while (g->head && g->head->done)
             retire(g, g->head);
-        publish_all(g);
         if (!block || upto->done)
             return;
         if (polls++ < pol->spin) {
@@ -945,11 +1147,13 @@ static void advance(ngh *g, op *upto, int block)
             slow_start(&w, pol);
         pmpi_poke(s);
         op *o = g->head;
+        while (o->done)
+            o = o->next;
         for (int k = 0; polls % 256 == 0 && k < o->p->nrp + o->p->nsp; k++) {
             pair *q = k < o->p->nrp ? &o->p->rp[k] : &o->p->sp[k - o->p->nrp];
-            int waits = k < o->p->nrp ? !o->taken[k] : !o->sent;
+            int waits = k < o->p->nrp ? o->route[k] == R_OPEN || o->route[k] == R_DRAIN : q->msg && o->nreq;
             if (waits && q->node != g->me && pmpi_gone(s, q->node))
-                fail(o, HM_EPEER, k < o->p->nrp ? g->in[q->edge[0]].peer : g->out[q->edge[0]].peer);
+                fail(o, HM_EPEER, q->peer);
         }
         if (!o->done && slow_tick(&w, pol, NULL, 0, 0))
             fail(o, HM_ETIMEOUT, -1);
@@ -977,6 +1181,7 @@ static int greq_free(void *extra)
     for (op **at = &registry; *at; at = &(*at)->reg_next)
         if (*at == o) {
             *at = o->reg_next;
+            atomic_fetch_sub(&filter[request_hash(o->greq)], 1);
             atomic_fetch_sub(&registered, 1);
             break;
         }
@@ -995,7 +1200,7 @@ static int greq_cancel(void *extra, int complete)
 /* The call behind request r, with a reference the caller drops (op_unref), or NULL. */
 static op *ours(MPI_Request r)
 {
-    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || r == MPI_REQUEST_NULL)
+    if (!maybe_ours(r))
         return NULL;
     pthread_mutex_lock(&reg_lock);
     op *o = registry;
@@ -1035,45 +1240,96 @@ static int counts_valid(const args *a, const ngh *g)
         int send = i < g->nout, k = send ? i : i - g->nout;
         edge_args(a->form, a->big, send, k, send ? a->sc : a->rc, send ? a->sd : a->rd,
                   send ? a->scount : a->rcount, &cnt, &dsp);
-        if (cnt < 0 || cnt > INT_MAX)   /* (messages and packing take an int) */
+        if (cnt < 0 || cnt > INT_MAX)   /* (messages take an int) */
             return 0;
     }
     return 1;
 }
 
-/* Posts call o: its messages across nodes, its packed copy, a first step. */
+/* Posts call o: its receives (edges across nodes, large pairs), its sends, its staged pairs.
+ * It never waits. */
 static int post(op *o)
 {
     ngh *g = o->g;
     plan *p = o->p;
-    o->spack = p->spacked ? malloc(p->spacked) : NULL;
-    o->rpack = p->rpacked ? malloc(p->rpacked) : NULL;
-    if ((p->spacked && !o->spack) || (p->rpacked && !o->rpack))
-        return fail(o, HM_ENET, -1);
-    int pos = 0;
-    for (int i = 0; o->spack && i < g->nout; i++)
-        if (g->out[i].node >= 0)
-            PMPI_Pack(o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, o->spack, (int)p->spacked,
-                      &pos, g->msgs);
     for (int j = 0; j < g->nin; j++)
         if (g->in[j].peer != MPI_PROC_NULL && g->in[j].node < 0 &&
-            message(o, 0, o->rb + (MPI_Aint)p->rd[j] * p->rext, p->rc[j], p->rt, &g->in[j],
-                    (int64_t)p->rc[j] * p->rsz, 0))
+            message(o, 0, o->rb + (MPI_Aint)p->rd[j] * p->rext, p->rc[j], p->rt, g->in[j].peer,
+                    tag_of(g, o->e, g->in[j].key), p->rc[j] * p->rsz, -1))
             return o->rc;
     for (int k = 0; k < p->nrp; k++)   /* the node's peers whose edges are large: the MPI's */
-        if (p->rp[k].msg && pair_messages(o, &p->rp[k], 0, 0))
+        if (p->rp[k].msg && edge_messages(o, &p->rp[k], 0, k))
             return o->rc;
     for (int i = 0; i < g->nout; i++)
         if (g->out[i].peer != MPI_PROC_NULL && g->out[i].node < 0 &&
-            message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, &g->out[i], -1, 0))
+            message(o, 1, o->sb + (MPI_Aint)p->sd[i] * p->sext, p->sc[i], p->st, g->out[i].peer,
+                    tag_of(g, o->e, g->out[i].key), -1, -1))
             return o->rc;
     for (int k = 0; k < p->nsp; k++)
-        if (p->sp[k].msg && pair_messages(o, &p->sp[k], 1, 0))
+        if (p->sp[k].msg && edge_messages(o, &p->sp[k], 1, -1))
             return o->rc;
-    return HM_OK;
+    return publish(o);
 }
 
-static int start(ngh *g, state *s, const args *a, MPI_Request *req);
+/* Call `a` on the core (PASS: on to MPI after all), under g's lock. */
+static int start(ngh *g, state *s, const args *a, MPI_Request *req)
+{
+    plan *p = plan_for(g, a->form, a->big, a->sc, a->sd, a->scount, a->st, a->rc, a->rd, a->rcount,
+                       a->rt);
+    /* the call and its arrays in one block: messages (an edge's, and per receive pair a
+     * buffered or drained one more), then per receive pair */
+    size_t nm = (size_t)g->nout + 2 * (size_t)g->nin + 1, np = p ? (size_t)p->nrp + 1 : 0;
+    size_t at_st = (sizeof(op) + nm * sizeof(MPI_Request) + 15) & ~(size_t)15;
+    size_t at_x = (at_st + nm * sizeof(MPI_Status) + 15) & ~(size_t)15;   /* (a status: 20 bytes) */
+    size_t at_tmp = at_x + nm * sizeof(int64_t), at_bufs = at_tmp + nm * sizeof(char *);
+    size_t at_f = at_bufs + np * sizeof(char *), at_d = at_f + 2 * nm * sizeof(int);
+    size_t at_r = at_d + np * sizeof(int);
+    op *o = p ? calloc(1, at_r + np) : NULL;
+    if (o == NULL) {   /* a type MPI does not know (it says so), or no memory */
+        if (p)
+            plan_unref(p);
+        COUNT(C_NEXT_NEIGHBOR);
+        return PASS;
+    }
+    *o = (op){.g = g, .s = s, .p = p, .e = ++g->epoch, .sb = a->sb, .rb = a->rb, .form = a->form,
+              .greq = MPI_REQUEST_NULL, .refs = 2, .req = (MPI_Request *)(o + 1),
+              .st = (MPI_Status *)((char *)o + at_st), .expect = (int64_t *)((char *)o + at_x),
+              .tmp = (char **)((char *)o + at_tmp), .bufs = (char **)((char *)o + at_bufs),
+              .from = (int *)((char *)o + at_f), .pairof = (int *)((char *)o + at_f) + nm,
+              .drained = (int *)((char *)o + at_d), .route = (unsigned char *)o + at_r};
+    for (int k = 0; k < p->nrp; k++)
+        o->left += !p->rp[k].msg;
+    atomic_fetch_add(&g->refs, 1);
+    if (g->tail)
+        g->tail->next = o;
+    else
+        g->head = o;
+    g->tail = o;
+    COUNT(C_FAST_NEIGHBOR);
+    s->fast++;
+    if (req != NULL) {
+        if (PMPI_Grequest_start(greq_query, greq_free, greq_cancel, o, &o->greq) != MPI_SUCCESS) {
+            o->greq = MPI_REQUEST_NULL;
+            req = NULL;   /* (no request: the call completes here) */
+        } else {
+            pthread_mutex_lock(&reg_lock);
+            o->reg_next = registry;
+            registry = o;
+            atomic_fetch_add(&filter[request_hash(o->greq)], 1);
+            atomic_fetch_add(&registered, 1);
+            pthread_mutex_unlock(&reg_lock);
+            *req = o->greq;
+        }
+    }
+    /* a non-blocking call is posted here, taken in a wait (the copies to this rank are the
+     * wait's work) */
+    if (post(o) != HM_OK || req == NULL)
+        advance(g, o, 1);
+    int rc = o->rc;
+    if (req == NULL)
+        op_unref(o);
+    return rc == HM_OK || req != NULL ? MPI_SUCCESS : MPI_ERR_OTHER;
+}
 
 /* Call `a` on the core, or PASS: the entry point passes it on to what comes next (`name`,
  * found once into *next). */
@@ -1102,59 +1358,6 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
     int rc = start(g, s, a, req);
     pthread_mutex_unlock(&g->lock);
     return rc;
-}
-
-/* Call `a` on the core (PASS: on to MPI after all), under g's lock. */
-static int start(ngh *g, state *s, const args *a, MPI_Request *req)
-{
-    plan *p = plan_for(g, a->form, a->big, a->sc, a->sd, a->scount, a->st, a->rc, a->rd, a->rcount,
-                       a->rt);
-    /* the call and its arrays in one block: messages (any edge may be one), pairs taken */
-    size_t nm = (size_t)(g->nin + g->nout) + 1, at_st = sizeof(op) + nm * sizeof(MPI_Request);
-    at_st = (at_st + 15) & ~(size_t)15;
-    size_t at_x = (at_st + nm * sizeof(MPI_Status) + 15) & ~(size_t)15;   /* (a status: 20 bytes) */
-    size_t at_f = at_x + nm * sizeof(int64_t), at_t = at_f + nm * sizeof(int);
-    op *o = p ? malloc(at_t + (size_t)(p ? p->nrp : 0) + 1) : NULL;
-    if (o == NULL) {   /* a type MPI does not know (it says so), or no memory */
-        plan_unref(p);
-        COUNT(C_NEXT_NEIGHBOR);
-        return PASS;
-    }
-    *o = (op){.g = g, .s = s, .p = p, .e = ++g->epoch, .sb = a->sb, .rb = a->rb, .form = a->form,
-              .greq = MPI_REQUEST_NULL, .refs = 2, .left = p->nrp, .req = (MPI_Request *)(o + 1),
-              .st = (MPI_Status *)((char *)o + at_st), .expect = (int64_t *)((char *)o + at_x),
-              .from = (int *)((char *)o + at_f), .taken = (unsigned char *)o + at_t};
-    memset(o->taken, 0, (size_t)p->nrp + 1);
-    if (g->tail)
-        g->tail->next = o;
-    else
-        g->head = o;
-    g->tail = o;
-    COUNT(C_FAST_NEIGHBOR);
-    s->fast++;
-    if (req != NULL) {
-        if (PMPI_Grequest_start(greq_query, greq_free, greq_cancel, o, &o->greq) != MPI_SUCCESS) {
-            o->greq = MPI_REQUEST_NULL;
-            req = NULL;   /* (no request: the call completes here) */
-        } else {
-            pthread_mutex_lock(&reg_lock);
-            o->reg_next = registry;
-            registry = o;
-            atomic_fetch_add(&registered, 1);
-            pthread_mutex_unlock(&reg_lock);
-            *req = o->greq;
-        }
-    }
-    /* a non-blocking call is posted and published here, taken in a wait (the copies to this
-     * rank are the wait's work) */
-    if (post(o) == HM_OK && req != NULL)
-        publish_all(g);
-    else
-        advance(g, o, 1);
-    int rc = o->rc;
-    if (req == NULL)
-        op_unref(o);
-    return rc == HM_OK || req != NULL ? MPI_SUCCESS : MPI_ERR_OTHER;
 }
 
 /* The entry points, C the count type and D the displacement type of each (the _c forms:
@@ -1200,7 +1403,6 @@ ENTRIES(, int, int, 0)
 #if MPI_VERSION >= 4
 ENTRIES(_c, MPI_Count, MPI_Aint, 1)
 #endif
-
 /* ------------------------------------------------------------------ communicators with a graph */
 
 /* A communicator made with a graph is set up in the (collective) call that made it: a
@@ -1244,40 +1446,57 @@ MADE(MPI_Cart_sub, P_SUB, old, remain, newcomm)
 
 /* The completion calls drive this library's calls among `reqs` (all of them to their end with
  * `block`, else a step each), then hand the array to the MPI's own.  bad[i]: request i was
- * one of this library's calls, and it failed. */
+ * one of this library's calls, and it failed (bad may be NULL where none is the library's). */
 static int drive(int n, const MPI_Request *reqs, int block, unsigned char *bad)
 {
     int any = 0;
     for (int i = 0; i < n; i++) {
-        op *o = ours(reqs[i]);
-        bad[i] = 0;
+        if (bad)
+            bad[i] = 0;
+        op *o = maybe_ours(reqs[i]) ? ours(reqs[i]) : NULL;
         if (o == NULL)
             continue;
         any = 1;
-        if (!o->done) {   /* (a done call's communicator may be freed already) */
-            pthread_mutex_lock(&o->g->lock);
-            advance(o->g, o, block);
-            pthread_mutex_unlock(&o->g->lock);
-        }
-        bad[i] = o->done && o->rc != HM_OK;
+        ngh *g = o->g;   /* (kept by the call's reference, past its communicator's free) */
+        pthread_mutex_lock(&g->lock);
+        if (!o->done)
+            advance(g, o, block);
+        if (bad)
+            bad[i] = o->done && o->rc != HM_OK;
+        pthread_mutex_unlock(&g->lock);
         op_unref(o);
     }
     return any;
 }
 
+/* Whether any of `reqs` may be this library's (a filter load each). */
+static int any_ours(int n, const MPI_Request *reqs)
+{
+    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (maybe_ours(reqs[i]))
+            return 1;
+    return 0;
+}
+
 /* What the MPI's call returned, with this library's failures: MPI_ERR_IN_STATUS and each
- * status's error for calls on arrays, MPI_ERR_OTHER for one request. */
-static int with_failures(int rc, int n, const unsigned char *bad, MPI_Status *st, int array)
+ * status's error for calls on arrays (every returned status's, as the standard wants),
+ * MPI_ERR_OTHER for one request.  `idx`: the statuses' requests (Waitsome, Testsome; NULL:
+ * status i is request i), `count` of them. */
+static int with_failures(int rc, int count, const int *idx, const unsigned char *bad, MPI_Status *st,
+                         int array)
 {
     int any = 0;
-    for (int i = 0; i < n; i++)
-        any |= bad[i];
+    for (int k = 0; k < count; k++)
+        any |= bad[idx ? idx[k] : k];
     if (!any)
         return rc;
     if (!array)
         return MPI_ERR_OTHER;
-    for (int i = 0; st != MPI_STATUSES_IGNORE && i < n; i++)
-        st[i].MPI_ERROR = bad[i] ? MPI_ERR_OTHER : rc == MPI_ERR_IN_STATUS ? st[i].MPI_ERROR : MPI_SUCCESS;
+    for (int k = 0; st != MPI_STATUSES_IGNORE && k < count; k++)
+        st[k].MPI_ERROR = bad[idx ? idx[k] : k] ? MPI_ERR_OTHER
+                          : rc == MPI_ERR_IN_STATUS ? st[k].MPI_ERROR : MPI_SUCCESS;
     return MPI_ERR_IN_STATUS;
 }
 
@@ -1289,44 +1508,57 @@ typedef int (*waitany_fn)(int, MPI_Request *, int *, MPI_Status *);
 typedef int (*testany_fn)(int, MPI_Request *, int *, int *, MPI_Status *);
 typedef int (*some_fn)(int, MPI_Request *, int *, int *, MPI_Status *);
 typedef int (*free_fn)(MPI_Request *);
-#define NEXT(T, name) static T f_; if (f_ == NULL) f_ = (T)pmpi_next(name, "P" name)
+#define NEXT(T, name)                                                                            \
+    static T f_;                                                                                 \
+    if (__builtin_expect(f_ == NULL, 0))                                                         \
+    f_ = (T)pmpi_next(name, "P" name)
+/* One request that may be the library's (r may be NULL: MPI says so). */
+#define MINE(r) __builtin_expect((r) != NULL && maybe_ours(*(r)), 0)
+
+static int __attribute__((noinline)) wait_ours(MPI_Request *r, MPI_Status *st, wait_fn f)
+{
+    unsigned char bad;
+    drive(1, r, 1, &bad);
+    return with_failures(f(r, st), 1, NULL, &bad, st, 0);
+}
 
 EXPORT int MPI_Wait(MPI_Request *r, MPI_Status *st)
 {
     NEXT(wait_fn, "MPI_Wait");
-    unsigned char bad;
-    if (!drive(1, r, 1, &bad))
+    if (!MINE(r))
         return f_(r, st);
-    return with_failures(f_(r, st), 1, &bad, st, 0);
+    return wait_ours(r, st, f_);
 }
 
 EXPORT int MPI_Test(MPI_Request *r, int *flag, MPI_Status *st)
 {
     NEXT(test_fn, "MPI_Test");
-    unsigned char bad;
-    if (!drive(1, r, 0, &bad))
+    if (!MINE(r))
         return f_(r, flag, st);
+    unsigned char bad;
+    drive(1, r, 0, &bad);
     int rc = f_(r, flag, st);
-    return *flag ? with_failures(rc, 1, &bad, st, 0) : rc;
+    return *flag ? with_failures(rc, 1, NULL, &bad, st, 0) : rc;
 }
 
 EXPORT int MPI_Request_get_status(MPI_Request r, int *flag, MPI_Status *st)
 {
     typedef int (*status_fn)(MPI_Request, int *, MPI_Status *);
     NEXT(status_fn, "MPI_Request_get_status");
-    unsigned char bad;
-    if (!drive(1, &r, 0, &bad))
+    if (!MINE(&r))
         return f_(r, flag, st);
+    unsigned char bad;
+    drive(1, &r, 0, &bad);
     int rc = f_(r, flag, st);
-    return *flag ? with_failures(rc, 1, &bad, st, 0) : rc;
+    return *flag ? with_failures(rc, 1, NULL, &bad, st, 0) : rc;
 }
 
 /* A freed call still completes: in later calls on its communicator, or when it is freed. */
 EXPORT int MPI_Request_free(MPI_Request *r)
 {
     NEXT(free_fn, "MPI_Request_free");
-    unsigned char bad;
-    drive(1, r, 0, &bad);
+    if (MINE(r))
+        drive(1, r, 0, NULL);
     return f_(r);
 }
 
@@ -1345,10 +1577,11 @@ static void free_flags(unsigned char *bad, const unsigned char *small)
 EXPORT int MPI_Waitall(int n, MPI_Request reqs[], MPI_Status st[])
 {
     NEXT(waitall_fn, "MPI_Waitall");
-    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+    if (!any_ours(n, reqs))
         return f_(n, reqs, st);
     BAD_FLAGS(n);
-    int rc = drive(n, reqs, 1, bad) ? with_failures(f_(n, reqs, st), n, bad, st, 1) : f_(n, reqs, st);
+    drive(n, reqs, 1, bad);
+    int rc = with_failures(f_(n, reqs, st), n, NULL, bad, st, 1);
     free_flags(bad, small_);
     return rc;
 }
@@ -1356,12 +1589,13 @@ EXPORT int MPI_Waitall(int n, MPI_Request reqs[], MPI_Status st[])
 EXPORT int MPI_Testall(int n, MPI_Request reqs[], int *flag, MPI_Status st[])
 {
     NEXT(testall_fn, "MPI_Testall");
-    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+    if (!any_ours(n, reqs))
         return f_(n, reqs, flag, st);
     BAD_FLAGS(n);
-    int ours_ = drive(n, reqs, 0, bad), rc = f_(n, reqs, flag, st);
-    if (ours_ && *flag)
-        rc = with_failures(rc, n, bad, st, 1);
+    drive(n, reqs, 0, bad);
+    int rc = f_(n, reqs, flag, st);
+    if (*flag)
+        rc = with_failures(rc, n, NULL, bad, st, 1);
     free_flags(bad, small_);
     return rc;
 }
@@ -1373,13 +1607,14 @@ static void expire(int n, const MPI_Request *reqs)
         op *o = ours(reqs[i]);
         if (o == NULL)
             continue;
-        pthread_mutex_lock(&o->g->lock);
-        for (op *p = o->g->head; p && !o->done; p = o->g->head) {   /* (in order, up to it) */
+        ngh *g = o->g;
+        pthread_mutex_lock(&g->lock);
+        for (op *p = g->head; p && !o->done; p = g->head) {   /* (in order, up to it) */
             if (!p->done)
                 fail(p, HM_ETIMEOUT, -1);
-            retire(o->g, p);
+            retire(g, p);
         }
-        pthread_mutex_unlock(&o->g->lock);
+        pthread_mutex_unlock(&g->lock);
         op_unref(o);
     }
 }
@@ -1405,12 +1640,8 @@ static int first_of(int n, MPI_Request reqs[], int *idx, int *flagp, int *outcou
         } else {
             rc = some(n, reqs, outcount, indices, st);
             flag = *outcount != 0;
-            for (int k = 0; mine && flag && *outcount != MPI_UNDEFINED && k < *outcount; k++)
-                if (bad[indices[k]]) {
-                    if (st != MPI_STATUSES_IGNORE)
-                        st[k].MPI_ERROR = MPI_ERR_OTHER;
-                    rc = MPI_ERR_IN_STATUS;
-                }
+            if (mine && flag && *outcount != MPI_UNDEFINED)
+                rc = with_failures(rc, *outcount, indices, bad, st, 1);
         }
         if (flag || rc != MPI_SUCCESS || !block)
             break;
@@ -1433,10 +1664,10 @@ EXPORT int MPI_Waitany(int n, MPI_Request reqs[], int *idx, MPI_Status *st)
 {
     NEXT(waitany_fn, "MPI_Waitany");
     static testany_fn any;
+    if (!any_ours(n, reqs))
+        return f_(n, reqs, idx, st);
     if (any == NULL)
         any = (testany_fn)pmpi_next("MPI_Testany", "PMPI_Testany");
-    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
-        return f_(n, reqs, idx, st);
     return first_of(n, reqs, idx, NULL, NULL, NULL, st, any, NULL, 1);
 }
 
@@ -1444,17 +1675,17 @@ EXPORT int MPI_Waitsome(int n, MPI_Request reqs[], int *outcount, int indices[],
 {
     NEXT(some_fn, "MPI_Waitsome");
     static some_fn some;
+    if (!any_ours(n, reqs))
+        return f_(n, reqs, outcount, indices, st);
     if (some == NULL)
         some = (some_fn)pmpi_next("MPI_Testsome", "PMPI_Testsome");
-    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
-        return f_(n, reqs, outcount, indices, st);
     return first_of(n, reqs, NULL, NULL, outcount, indices, st, NULL, some, 1);
 }
 
 EXPORT int MPI_Testany(int n, MPI_Request reqs[], int *idx, int *flag, MPI_Status *st)
 {
     NEXT(testany_fn, "MPI_Testany");
-    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+    if (!any_ours(n, reqs))
         return f_(n, reqs, idx, flag, st);
     return first_of(n, reqs, idx, flag, NULL, NULL, st, f_, NULL, 0);
 }
@@ -1462,26 +1693,42 @@ EXPORT int MPI_Testany(int n, MPI_Request reqs[], int *idx, int *flag, MPI_Statu
 EXPORT int MPI_Testsome(int n, MPI_Request reqs[], int *outcount, int indices[], MPI_Status st[])
 {
     NEXT(some_fn, "MPI_Testsome");
-    if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
+    if (!any_ours(n, reqs))
         return f_(n, reqs, outcount, indices, st);
     return first_of(n, reqs, NULL, NULL, outcount, indices, st, NULL, f_, 0);
 }
 
+/* ------------------------------------------------------------------ datatypes */
+
+/* A freed handle may name another type later: the plans of derived types are made again. */
+typedef int (*type_free_fn)(MPI_Datatype *);
+EXPORT int MPI_Type_free(MPI_Datatype *t)
+{
+    NEXT(type_free_fn, "MPI_Type_free");
+    atomic_fetch_add(&type_frees, 1);
+    return f_(t);
+}
+
 /* ------------------------------------------------------------------ teardown */
 
+/* The communicator is freed: its calls still pending (requests freed, or never waited for)
+ * complete first, under its lock (a thread may be waiting on one of them); the part itself
+ * lives on while a call holds it. */
 int pmpi_ngh_release(state *s)
 {
     ngh *g = s->ngh;
     if (g == NULL)
         return 1;
-    if (g->head != NULL) {   /* calls still pending (requests freed, or never waited for) */
+    pthread_mutex_lock(&g->lock);
+    if (g->head != NULL) {
         op *last = g->tail;
         atomic_fetch_add(&last->refs, 1);
         advance(g, last, 1);
         op_unref(last);
     }
     drop(g);
-    free(g);
+    pthread_mutex_unlock(&g->lock);
     s->ngh = NULL;
+    ngh_unref(g);
     return 1;
 }

@@ -138,7 +138,7 @@ typedef struct sent {
 
 typedef struct ngh {
     int phase;
-    int nin, nout, nn, me;
+    int nin, nout, nn, me, rank;   /* (rank: in the communicator) */
     edge *in, *out;
     char *base;
     size_t bytes, per, hdr;
@@ -400,6 +400,7 @@ static void set_up(state *s)
     int rank, size, failed = 0;
     PMPI_Comm_rank(comm, &rank);
     PMPI_Comm_size(comm, &size);
+    g->rank = rank;
     int r = read_graph(g, comm);
     if (r == 1)   /* no graph on any rank: nothing collective happens */
         return;
@@ -758,6 +759,15 @@ static void poison(op *o)
     }
 }
 
+/* Call o is complete (or failed): so is its request, for MPI (its place in the list is
+ * given up in order, retire). */
+static void finish(op *o)
+{
+    o->done = 1;
+    if (o->greq != MPI_REQUEST_NULL)
+        PMPI_Grequest_complete(o->greq);
+}
+
 /* A failed call: says why, revokes the communicator and reports through its error handler.
  * `peer`: the other rank, or -1. */
 static int fail(op *o, int code, int peer)
@@ -770,12 +780,11 @@ static int fail(op *o, int code, int peer)
         [HM_EELSEWHERE] = "an earlier call on the communicator failed"};
     state *s = o->s;
     o->rc = code;
-    o->done = 1;
     poison(o);
+    finish(o);
     if (s->phase == S_BROKEN)   /* said once, by the call that failed first */
         return code;
-    int rank;
-    PMPI_Comm_rank(s->comm, &rank);
+    int rank = o->g->rank;
     char with[40] = "";
     if (peer >= 0)
         snprintf(with, sizeof with, "with rank %d, ", peer);
@@ -791,8 +800,7 @@ static int fail(op *o, int code, int peer)
  * communicator stays (its peers never learn of it, and need not). */
 static void report(op *o)
 {
-    int rank;
-    PMPI_Comm_rank(o->s->comm, &rank);
+    int rank = o->g->rank;
     fprintf(stderr, "hybridmpi pmpi: rank %d: %s: rank %d sent a different count on an edge than this "
             "rank receives, or called another collective (call %llu); what it sent here is not all received\n",
             rank, call_names[o->greq != MPI_REQUEST_NULL][o->form], o->soft_peer,
@@ -1096,14 +1104,14 @@ static int step(op *o)
     if (!o->done && !o->left && messages_done(o) && !o->done) {
         for (int k = 0; k < o->p->nrp; k++)
             o->route[k] = o->route[k] == R_OPEN ? R_EDGES : o->route[k];
-        o->done = 1;
         if (o->soft)
             report(o);
+        finish(o);
     }
     return o->done;
 }
 
-/* Call o is out of the communicator's list: its request is complete for MPI. */
+/* Call o, complete, is out of the communicator's list. */
 static void retire(ngh *g, op *o)
 {
     g->head = o->next;
@@ -1115,12 +1123,10 @@ static void retire(ngh *g, op *o)
     }
     plan_unref(o->p);   /* (under g's lock, as plans are made) */
     o->p = NULL;
-    if (o->greq != MPI_REQUEST_NULL)
-        PMPI_Grequest_complete(o->greq);
     op_unref(o);
 }
 
-/* The communicator's calls, each a step, retired in order; with `block`, until `upto` is
+/* The communicator's calls, each a step (each completes when it can), retired in order; with `block`, until `upto` is
  * complete, waiting under the node's policy (a timeout, a peer's process gone). */
 static void advance(ngh *g, op *upto, int block)
 {
@@ -1145,7 +1151,9 @@ static void advance(ngh *g, op *upto, int block)
         }
         if (!w.start)
             slow_start(&w, pol);
-        pmpi_poke(s);
+        int flag;   /* MPI's progress, on the library's communicator (the program's may be in
+                       its free, on another thread) */
+        PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g->msgs, &flag, MPI_STATUS_IGNORE);
         op *o = g->head;
         while (o->done)
             o = o->next;

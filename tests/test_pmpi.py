@@ -14,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import HERE, MPIEXEC, mpi_flavor, no_cleanup
+from conftest import DEEP, HERE, MPIEXEC, mpi_flavor, no_cleanup
 
 from hybridmpi.tools import pmpi
 
@@ -36,7 +36,7 @@ def built(tmp_path_factory):
     progs = {}
     # linked against the libmpi that mpi4py loads (Intel MPI's, with an MPICH wrapper: one ABI)
     link = [f"-L{t.libmpi.parent}", f"-Wl,-rpath,{t.libmpi.parent}", f"-l:{t.libmpi.name}"]
-    for name, extra in (("matrix", []), ("cases", ["-lpthread"])):
+    for name, extra in (("matrix", []), ("cases", ["-lpthread"]), ("ngh_legal", ["-lpthread"])):
         progs[name] = str(out / name)
         subprocess.run([*shlex.split(t.mpicc), "-O1", os.path.join(PROGRAMS, f"{name}.c"), "-o",
                         progs[name], *extra, *link], check=True, capture_output=True, text=True)
@@ -478,4 +478,73 @@ def test_neighbor_waitany_times_out(built):
     rc, out, err = run(2, lib, [sys.executable, NGH, "late"], {"HYBRIDMPI_PMPI_TIMEOUT": "2"}, timeout=60)
     m = re.search(r"ngh_matrix late: rank 0: raised \d+ after ([\d.]+) s", err)
     assert rc == 0 and m and 1.5 <= float(m.group(1)) < 20, f"rc={rc}\n{out}\n{err}"
+    assert "MPI_Ineighbor_alltoall: a wait timed out" in err, err
+
+
+# -- legal programs that broke the neighbourhood collectives once (tests/pmpi/ngh_legal.c), run
+# with and without the library, every rank's verdict compared
+
+LEGAL = ("threadfree", "typefree", "outstanding")
+
+
+def legal_both(built, n, cases, env=None, timeout=120):
+    """ngh_legal ``cases`` on ``n`` ranks without the library and with it: the same verdicts
+    (every case ok), and with it the calls went to the core."""
+    lib, progs = built
+    verdicts = []
+    for preload in ("", lib):
+        rc, out, err = run(n, preload, [progs["ngh_legal"], *cases], env, timeout)
+        verdicts.append(sorted(re.findall(r"ngh_legal (\w+) (ok|FAILED)", out)))
+        assert rc == 0 and verdicts[-1] == sorted((c, "ok") for c in cases), \
+            f"{'with' if preload else 'without'} the library: rc={rc}\n{out}\n{err}"
+    seen = counters(err)
+    assert sorted(seen) == list(range(n)), err
+    for c in seen.values():
+        assert c["calls that failed"] == 0 and c.get("neighbor fast", 0) > 0, seen
+
+
+@pytest.mark.parametrize("ranks,node_size", [(2, None), (3, None), (4, 2), (3, 1)])
+def test_neighbor_legal_programs(built, ranks, node_size):
+    """A thread waits on a pending call while the main thread frees its communicator (it
+    crashed); a vector type freed right after posting, a new type made at once, then the wait,
+    and a type of another layout under a freed handle (garbage: the library unpacked with the
+    freed handle, and a plan kept by handle served the new type); 40 calls outstanding, 1 KB
+    and 40 KB edges, an even rank then blocked in a receive from a partner that sends only once
+    its calls completed (it hung past 16 calls): right values, as without the library."""
+    legal_both(built, ranks, LEGAL, {"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size)} if node_size else None)
+
+
+def test_neighbor_edge_past_2_gib(built):
+    """One edge of 2^28 + 16 doubles (2 GiB + 128 bytes, a count below 2^31) and a small self
+    edge in the same call, with MPI_DOUBLE and with a packed type of one double, under
+    MPI_ERRORS_RETURN: right values, no false error (an int overflowed: a false count mismatch,
+    and with the packed type the self edge was never delivered).  Deep run only (4 GiB a rank)."""
+    if not DEEP:
+        pytest.skip("deep run only (HYBRIDMPI_TEST_DEEP=1): 4 GiB a rank")
+    legal_both(built, 2, ("huge",), timeout=300)
+
+
+def test_neighbor_counts_differ_across_the_staging_limit(built):
+    """Counts that differ on an edge (erroneous) on either side of the staging limit (12,400
+    bytes sent, 12,000 expected, and back; 40,000 against 400, and back), also with 16 matching
+    calls outstanding before (busy slots): every call completes on every rank, each reporting
+    its error, the matching calls succeed; no hang (the receiver reported the mismatch and
+    never received, and the sender waited for ever).  One node: across nodes each edge is the
+    MPI's own message, and a longer one is MPI's truncation error (docs/guide/pmpi.md)."""
+    lib, progs = built
+    env = {"HYBRIDMPI_PMPI_TIMEOUT": "20"}
+    rc, out, err = run(2, lib, [progs["ngh_legal"], "straddle"], env, timeout=60)
+    assert rc == 0 and "ngh_legal straddle ok" in out, f"rc={rc}\n{out}\n{err}"
+    said = re.findall(r"ngh_legal straddle: rank (\d): call (\d+): (\w+)", err)
+    assert sorted(said) == sorted((str(r), str(c), "error") for r in range(2) for c in range(12)), err
+    assert "timed out" not in err, err
+
+
+def test_neighbor_waitsome_sets_every_status(built):
+    """MPI_Waitsome over two of the library's calls that failed (HYBRIDMPI_PMPI_TIMEOUT=1: their
+    peer posts 3 s late) and two plain requests that completed: MPI_ERR_IN_STATUS, and every
+    returned status's MPI_ERROR set, MPI_SUCCESS for the plain ones (they were left unwritten)."""
+    lib, progs = built
+    rc, out, err = run(2, lib, [progs["ngh_legal"], "statuses"], {"HYBRIDMPI_PMPI_TIMEOUT": "1"}, timeout=60)
+    assert rc == 0 and "ngh_legal statuses ok" in out, f"rc={rc}\n{out}\n{err}"
     assert "MPI_Ineighbor_alltoall: a wait timed out" in err, err

@@ -125,6 +125,7 @@ typedef struct op {
     int nreq;
     unsigned polls;
     MPI_Request greq;        /* the program's request (MPI_REQUEST_NULL: a blocking call) */
+    int slot;                /* its live slot (-1: none) */
     _Atomic int refs;        /* the communicator's list, and MPI's request */
     struct op *next, *reg_next;
 } op;
@@ -727,6 +728,13 @@ static inline unsigned request_hash(MPI_Request r)
     return (unsigned)((x * 0x9E3779B97F4A7C15ULL) >> (64 - FILTER_BITS));
 }
 
+/* The registry's first LIVE requests, by slot (a slot keeps its request until MPI frees it):
+ * the array calls compare each entry with them, in a loop the compiler vectorises. */
+enum { LIVE = 8 };
+static MPI_Request live[LIVE];
+static _Atomic int live_used[LIVE];
+static _Atomic int unlisted;    /* the registry's requests in no slot */
+
 /* Whether r may be one of this library's calls (0: it is not). */
 static inline int maybe_ours(MPI_Request r)
 {
@@ -1190,6 +1198,10 @@ static int greq_free(void *extra)
         if (*at == o) {
             *at = o->reg_next;
             atomic_fetch_sub(&filter[request_hash(o->greq)], 1);
+            if (o->slot >= 0)
+                atomic_store(&live_used[o->slot], 0);
+            else
+                atomic_fetch_sub(&unlisted, 1);
             atomic_fetch_sub(&registered, 1);
             break;
         }
@@ -1324,6 +1336,15 @@ static int start(ngh *g, state *s, const args *a, MPI_Request *req)
             o->reg_next = registry;
             registry = o;
             atomic_fetch_add(&filter[request_hash(o->greq)], 1);
+            o->slot = -1;
+            for (int i = 0; i < LIVE && o->slot < 0; i++)
+                if (!atomic_load(&live_used[i])) {
+                    __atomic_store_n(&live[i], o->greq, __ATOMIC_RELAXED);
+                    atomic_store_explicit(&live_used[i], 1, memory_order_release);
+                    o->slot = i;
+                }
+            if (o->slot < 0)
+                atomic_fetch_add(&unlisted, 1);
             atomic_fetch_add(&registered, 1);
             pthread_mutex_unlock(&reg_lock);
             *req = o->greq;
@@ -1477,11 +1498,36 @@ static int drive(int n, const MPI_Request *reqs, int block, unsigned char *bad)
     return any;
 }
 
-/* Whether any of `reqs` may be this library's (a filter load each). */
+/* Whether any of reqs[0:n] is one of l[0:LIVE]: no branch in the loop. */
+__attribute__((optimize("O3"))) static int any_of(int n, const MPI_Request *reqs, const MPI_Request *l)
+{
+    int hit = 0;
+    for (int i = 0; i < n; i++) {
+        MPI_Request r = reqs[i];
+        hit |= (r == l[0]) | (r == l[1]) | (r == l[2]) | (r == l[3]) | (r == l[4]) | (r == l[5]) |
+               (r == l[6]) | (r == l[7]);
+    }
+    return hit;
+}
+
+/* Whether any of `reqs` may be this library's: compared with the live slots, or (more of the
+ * library's requests than slots) a filter load each. */
 static int any_ours(int n, const MPI_Request *reqs)
 {
     if (atomic_load_explicit(&registered, memory_order_relaxed) == 0 || n <= 0)
         return 0;
+    if (atomic_load_explicit(&unlisted, memory_order_relaxed) == 0) {
+        MPI_Request l[LIVE];
+        int k = 0;
+        for (int i = 0; i < LIVE; i++)
+            if (atomic_load_explicit(&live_used[i], memory_order_acquire))
+                l[k++] = __atomic_load_n(&live[i], __ATOMIC_RELAXED);
+        if (k == 0)   /* (one being registered now: not one of these) */
+            return 0;
+        for (int i = k; i < LIVE; i++)
+            l[i] = l[0];
+        return any_of(n, reqs, l);
+    }
     for (int i = 0; i < n; i++)
         if (maybe_ours(reqs[i]))
             return 1;

@@ -510,15 +510,29 @@ static int as_bytes(MPI_Datatype t, int depth)
     return yes;
 }
 
+/* t's combiner: 0, else -1 (MPI does not know t). */
+static int combiner_of(MPI_Datatype t, int *combiner)
+{
+    int ni, na, nd;
+    if (PMPI_Type_get_envelope(t, &ni, &na, &nd, combiner) == MPI_SUCCESS)
+        return 0;
+#if MPI_VERSION >= 4
+    MPI_Count cni, cna, cnc, cnd;   /* (a type made by a large-count constructor) */
+    if (PMPI_Type_get_envelope_c(t, &cni, &cna, &cnc, &cnd, combiner) == MPI_SUCCESS)
+        return 0;
+#endif
+    return -1;
+}
+
 /* A datatype's size and extent; whether it moves as bytes (else packed); whether it is named
  * (never freed, so a handle seen before means what it meant). */
 static int type_info(MPI_Datatype t, int64_t *size, MPI_Aint *ext, int *contig, int *named)
 {
     MPI_Aint lb;
     MPI_Count sz;
-    int ni, na, nd, combiner;
+    int combiner;
     if (PMPI_Type_size_x(t, &sz) != MPI_SUCCESS || PMPI_Type_get_extent(t, &lb, ext) != MPI_SUCCESS ||
-        PMPI_Type_get_envelope(t, &ni, &na, &nd, &combiner) != MPI_SUCCESS)
+        combiner_of(t, &combiner))
         return -1;
     *size = (int64_t)sz;
     *named = combiner == MPI_COMBINER_NAMED;

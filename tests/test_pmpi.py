@@ -337,7 +337,7 @@ def test_short_lived_communicators_defer_their_set_up(built):
 # are computed from the MPI standard and compared bit for bit (it passes on MPI alone too)
 
 NGH = os.path.join(PROGRAMS, "ngh_matrix.py")
-NGH_CASES = ("adjacent", "general", "completion", "cart", "interleave", "threads", "lifetimes")
+NGH_CASES = ("adjacent", "general", "completion", "cart", "interleave", "threads", "lifetimes", "legal")
 
 
 def ngh(n, lib, cases, env=None, timeout=120):
@@ -364,7 +364,9 @@ def ngh_passed(n, lib, cases, env=None):
     for c in seen.values():
         assert c["calls that failed"] == 0, err
         fast, passed_on = c.get("neighbor fast", 0), c.get("neighbor passed on", 0)
-        assert fast > 0 or n == 1 and passed_on > 0, seen
+        # above one rank every call is the library's (a type it could not read once sent those
+        # calls to MPI: a large-count constructor's, which MPI_Type_get_envelope refuses)
+        assert (fast > 0 and passed_on == 0) if n > 1 else passed_on > 0, seen
     return seen
 
 
@@ -376,8 +378,9 @@ def test_neighbor_matrix(built, ranks, node_size):
     shuffled displacements, different types of one signature), symmetric MPI_Graph_create graphs
     and Cartesian grids (one or two ranks a periodic dimension, MPI_PROC_NULL ends), completed by
     every wait and test (mixed with plain requests, MPI_Request_free), beside allreduces, blocking
-    point-to-point and any-source receives, in threads: on one node and across virtual ones
-    (NODE_SIZE=1: every edge a message)."""
+    point-to-point and any-source receives, in threads, free-running legal sequences (up to 40
+    calls outstanding around a blocking Sendrecv, types freed once posted, counts near the
+    staging limit): on one node and across virtual ones (NODE_SIZE=1: every edge a message)."""
     lib, _ = built
     cases = NGH_CASES
     if ranks == 1 and mpi_flavor() in ("openmpi", "impi"):

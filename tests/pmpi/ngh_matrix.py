@@ -32,6 +32,9 @@ Cases:
               MPI_ANY_SOURCE/ANY_TAG receive beside one, two pending calls completed in reverse
               order, and random sleeps between the calls
   threads     with MPI_THREAD_MULTIPLE: a thread a communicator, all at once
+  legal       free-running sequences: up to 40 calls outstanding (counts near the staging limit,
+              400 kB edges), derived types freed once posted and new types made at once, a
+              blocking MPI_Sendrecv before any wait, completion in a random order by any call
   asymmetric  (erroneous, run alone) rank 0 lists 1 as destination, 1 does not list 0 as source:
               three calls on every rank; each rank prints on stderr the first error it was told
               ("rank R: call K failed: ...") and which calls failed ("rank R: calls [...] failed"
@@ -58,6 +61,7 @@ WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 SCALE = float(os.environ.get("NGH_MATRIX_ITER", "1"))
 BIG = 400_000   # bytes of a large edge: past every eager limit and a small staging area
+STAGE = 12_288  # bytes a peer's edges are staged up to (HYBRIDMPI_PMPI_NEIGHBOR_STAGE's default)
 KEEP = []       # the buffers of freed requests: MPI may still use them
 
 
@@ -144,13 +148,16 @@ VARIANTS = [
 ]
 
 
-def granules(rng, var, n, big):
+def granules(rng, var, n, big, near=False):
     """``n`` counts in granules, drawn from ``rng`` (the same on every rank): a fifth zero, most
-    small, some up to a few kB, and with ``big`` about a third of BIG bytes."""
+    small, some up to a few kB, with ``big`` about a third of BIG bytes, and with ``near`` half
+    of them within a few granules of STAGE bytes (the staging limit)."""
     pick = rng.random(n)
     out = np.where(pick < 0.2, 0, np.where(pick < 0.6, rng.integers(1, 5, n), rng.integers(5, 400, n)))
     if big:
         out = np.where(rng.random(n) < 0.3, BIG // var.g, out)
+    if near:
+        out = np.where(rng.random(n) < 0.5, np.maximum(STAGE // var.g + rng.integers(-3, 4, n), 0), out)
     return [int(c) for c in out]
 
 
@@ -323,7 +330,7 @@ class Call:
     contents.  Every rank makes the same Calls in the same order (``rng`` is shared; ``local``
     is this rank's own, for the layout of its buffers)."""
 
-    def __init__(self, topo, op, var, rng, local, *, big=False):
+    def __init__(self, topo, op, var, rng, local, *, big=False, near=False):
         self.topo, self.op, self.var = topo, op, var
         n, r = topo.size, topo.rank
         # counts in granules, the job's: cnt[s][k] for send block k of rank s (one block for
@@ -331,12 +338,12 @@ class Call:
         self.gather = op.startswith("allgather")
         uniform = op in ("alltoall", "allgather")
         if uniform:
-            c = granules(rng, var, 1, big)[0]
+            c = granules(rng, var, 1, big, near)[0]
             cnt = [[c] * (1 if self.gather else len(topo.dests[s])) for s in range(n)]
         elif op == "alltoallv":
-            cnt = [granules(rng, var, len(topo.dests[s]), big) for s in range(n)]
+            cnt = [granules(rng, var, len(topo.dests[s]), big, near) for s in range(n)]
         else:
-            cnt = [[c] for c in granules(rng, var, n, big)]
+            cnt = [[c] for c in granules(rng, var, n, big, near)]
         # send blocks: (element offset, elements, block index)
         sizes = cnt[r]
         if op == "alltoallv":
@@ -419,8 +426,8 @@ class Case:
         self.rng = np.random.default_rng([SEED, number])
         self.local = np.random.default_rng([SEED, number, 1 + RANK])
 
-    def call(self, topo, op, var, *, big=False):
-        return Call(topo, op, var, self.rng, self.local, big=big).fill(self.key())
+    def call(self, topo, op, var, *, big=False, near=False):
+        return Call(topo, op, var, self.rng, self.local, big=big, near=near).fill(self.key())
 
     def key(self):
         """A new call's key: its values differ from every other call's of the run."""
@@ -669,6 +676,48 @@ def case_interleave(c):
     comm.Free()
 
 
+def case_legal(c):
+    """Free-running sequences a legal program may make: up to 40 calls outstanding (counts near
+    the staging limit, large edges), some with a derived type freed right after posting and a
+    new type made at once (it may get the freed handle), a blocking MPI_Sendrecv with a peer
+    (past the eager limit, now and then) before any wait, the calls completed in a random order
+    by a random completion call, a rank late now and then."""
+    topo = adjacent_graph(c.rng, c.local, c.fails)
+    comm = topo.comm
+    nxt, prv = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    modes = ("wait", "waitall", "test", "testall", "waitany", "testany", "waitsome", "testsome")
+    for it in range(iterations(12)):
+        k = int(c.rng.integers(17, 41)) if it % 2 else int(c.rng.integers(1, 5))
+        calls, reqs, spare = [], [], []
+        for j in range(k):
+            t = None
+            if c.rng.random() < 0.3:   # a vector of doubles back to back: packed by the library
+                t = MPI.DOUBLE.Create_vector(int(c.rng.integers(1, 4)), 1, 1).Commit()
+                var = Variant(f"float64 vector of {t.Get_size() // 8}", np.float64, t, t)
+            else:
+                var = c.pick(VARIANTS[:4])
+            call = c.call(topo, c.pick(OPS), var, big=c.rng.random() < 0.1, near=c.rng.random() < 0.5)
+            reqs.append(call.start(True))
+            calls.append((call, call.name(True)))
+            if t is not None:
+                t.Free()   # legal once posted: the call completes as if it were not freed
+                spare.append(MPI.DOUBLE.Create_contiguous(int(c.rng.integers(1, 9))).Commit())
+        if c.local.random() < 0.3:   # free-running: a rank comes late
+            time.sleep(c.local.random() * 0.003)
+        n = int(c.pick((16, 25_000)))
+        sbuf, rbuf = values(np.float64, n, c.key(), RANK, 7), np.zeros(n)
+        comm.Sendrecv([sbuf, MPI.DOUBLE], nxt, 9, [rbuf, MPI.DOUBLE], prv, 9)
+        mode = c.pick(modes)
+        order = [int(i) for i in c.local.permutation(k)]
+        what = f"legal sequence {it} ({k} calls, {mode})"
+        complete(mode, [reqs[i] for i in order], c.fails, what)
+        for j, (call, name) in enumerate(calls):
+            call.check(c.fails, f"{what}: call {j}: {name}")
+        for t in spare:
+            t.Free()
+    comm.Free()
+
+
 def case_threads(c):
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         if RANK == 0:
@@ -842,7 +891,7 @@ def case_late(c):
 
 CASES = {"adjacent": case_adjacent, "general": case_general, "completion": case_completion,
          "cart": case_cart, "interleave": case_interleave, "threads": case_threads,
-         "lifetimes": case_lifetimes}
+         "lifetimes": case_lifetimes, "legal": case_legal}
 ERRONEOUS = {"asymmetric": case_asymmetric, "mismatch": case_mismatch, "killed": case_killed,
              "late": case_late}
 

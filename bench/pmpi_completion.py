@@ -55,8 +55,10 @@ def main() -> None:
                 cmd += ["--timeout", "300"] + (["-x", f"LD_PRELOAD={lib}"] if mode == "with" else [])
             elif mode == "with":
                 cmd += ["-genv", "LD_PRELOAD", lib]
-            out = subprocess.run(cmd + [str(prog)], env=env, check=True, capture_output=True, text=True).stdout
-            runs[mode].append({k: float(v) for k, v in (line.split() for line in out.splitlines() if line)})
+            out = subprocess.run(cmd + [str(prog)], env=env, check=True, capture_output=True,
+                                 text=True).stdout
+            lines = (line.split() for line in out.splitlines() if line)
+            runs[mode].append({k: float(v) for k, v in lines})
             print(f"# run {i + 1}/{a.runs} {mode}: {runs[mode][-1]}", file=sys.stderr)
     print("# the completion calls on the program's own requests, 2 ranks; medians of "
           f"{a.runs} runs each way")

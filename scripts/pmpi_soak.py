@@ -52,7 +52,8 @@ def main():
         if straddle:
             ranks, node = 2, None
         seed = random.randrange(1 << 30)
-        env = dict(os.environ, NGH_MATRIX_SEED=str(seed), NGH_MATRIX_ITER=str(a.iter), HYBRIDMPI_PMPI_TIMEOUT="30")
+        env = dict(os.environ, NGH_MATRIX_SEED=str(seed), NGH_MATRIX_ITER=str(a.iter),
+                   HYBRIDMPI_PMPI_TIMEOUT="30")
         if node:
             env["HYBRIDMPI_PMPI_NODE_SIZE"] = str(node)
         cmd = [a.mpiexec, "-n", str(ranks)]
@@ -84,7 +85,8 @@ def main():
             said = re.findall(r"ngh_legal straddle: rank (\d): call (\d+): (\w+)", err)
             if rc != 0 or len(said) != 24:
                 totals["wrong"] += 12
-                totals["failures"].append(f"straddle incomplete (rc {rc}, {len(said)} of 24): {what}\n{err[-2000:]}")
+                totals["failures"].append(f"straddle incomplete (rc {rc}, {len(said)} of 24): {what}\n"
+                                          f"{err[-2000:]}")
         elif rc != 0 or "ngh_matrix legal ok" not in out:
             bad = len(set(re.findall(r"legal sequence (\d+)", err))) or n
             totals["wrong"] += bad

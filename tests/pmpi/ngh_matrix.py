@@ -689,7 +689,7 @@ def case_legal(c):
     for it in range(iterations(12)):
         k = int(c.rng.integers(17, 41)) if it % 2 else int(c.rng.integers(1, 5))
         calls, reqs, spare = [], [], []
-        for j in range(k):
+        for _ in range(k):
             t = None
             if c.rng.random() < 0.3:   # a vector of doubles back to back: packed by the library
                 t = MPI.DOUBLE.Create_vector(int(c.rng.integers(1, 4)), 1, 1).Commit()

@@ -13,7 +13,8 @@
  *               from its odd partner, which sends once its own calls completed: no hang, right
  *               values
  *   huge        one edge of 2^28 + 16 doubles (more than 2 GiB) and a small self edge, with
- *               MPI_DOUBLE and with a packed type of one double, MPI_ERRORS_RETURN
+ *               MPI_DOUBLE and with a packed type of one double, MPI_ERRORS_RETURN; and (MPI-4)
+ *               one of 2^31 + 16 bytes by MPI_Neighbor_alltoallv_c
  *   straddle    (erroneous) counts that differ on an edge across the staging limit, each way
  *               (12,400 bytes sent, 12,000 expected, and 12,000 sent, 12,400 expected), and
  *               across a slot that is busy: every rank completes every call; each prints
@@ -276,6 +277,35 @@ static void huge(void)
             CHECK(mine[i] == self[i], "huge (%s): the self edge's [%d] is %g", packed ? "packed" : "double", i,
                   mine[i]);
     }
+#if MPI_VERSION >= 4
+    {   /* the _c form: 2^31 + 16 bytes on the edge, a count past 2^31 - 1 */
+        const MPI_Count NB = ((MPI_Count)1 << 31) + 16;
+        MPI_Count sc[2] = {10, NB}, rc[2] = {10, NB};
+        MPI_Aint sd[2] = {0, 16}, rd[2] = {0, 16};
+        char self[10], mine[10];
+        unsigned char *b = (unsigned char *)big;
+        for (int i = 0; i < 10; i++)
+            self[i] = (char)(rank * 10 + i), mine[i] = -1;
+        int rc_;
+        if (rank == 0) {
+            for (MPI_Count i = 0; i < NB; i++)
+                b[16 + i] = (unsigned char)(i % 251);
+            memcpy(b, self, sizeof self);
+            rc_ = MPI_Neighbor_alltoallv_c(b, sc, sd, MPI_BYTE, mine, rc, rd, MPI_BYTE, g);
+        } else {
+            memset(b, 0, (size_t)NB + 16);
+            rc_ = MPI_Neighbor_alltoallv_c(self, sc, sd, MPI_BYTE, b, rc, rd, MPI_BYTE, g);
+            memcpy(mine, b, sizeof mine);
+            long wrong = 0;
+            for (MPI_Count i = 0; i < NB; i++)
+                wrong += b[16 + i] != (unsigned char)(i % 251);
+            CHECK(wrong == 0, "huge (_c, bytes): %ld of the edge's bytes wrong", wrong);
+        }
+        CHECK(rc_ == MPI_SUCCESS, "huge (_c): rank %d's call returned %d", rank, rc_);
+        for (int i = 0; i < 10; i++)
+            CHECK(mine[i] == self[i], "huge (_c): the self edge's [%d] is %d", i, mine[i]);
+    }
+#endif
     MPI_Type_free(&one);
     free(big);
     MPI_Comm_free(&g);

@@ -188,6 +188,12 @@ class Collectives:
         keep = self._net_keep
         return keep if keep is not None and lib.hm_net_pending(keep.net) else None
 
+    def free_between_nodes(self) -> None:
+        """Free the leaders' MPI objects of the ``Net`` (its ops), when no request of it is
+        pending (:meth:`pending_between_nodes` is None); before the leaders' comm."""
+        if self._net_keep is not None:
+            self._net_keep.free()
+
     def _bad_call(self, exc):
         """Raise ``exc``, a local argument error, after telling the peers: the call is made
         as a barrier with an 'invalid arguments' signature, which completes when every rank

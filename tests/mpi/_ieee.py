@@ -16,7 +16,8 @@ def reference(values, op):
     is commutative and associative), element by element: where a NaN is met, a quiet NaN whose
     bits are the or of the NaNs' (quieted); else the least (greatest) value, of two zeros
     -0.0 for min and +0.0 for max whatever their order."""
-    v = np.asarray(values)
+    given = np.asarray(values)
+    v = given.reshape(given.shape[0], -1)
     uint, quiet = BITS[v.dtype]
     bits = v.view(uint)
     nan = np.isnan(v)
@@ -30,7 +31,7 @@ def reference(values, op):
     any_nan = nan.any(axis=0)
     nan_bits = np.bitwise_or.reduce(np.where(nan, bits, 0).astype(uint), axis=0) | uint(quiet)
     out_bits[any_nan] = nan_bits[any_nan]
-    return out_bits.view(v.dtype)
+    return out_bits.view(v.dtype).reshape(given.shape[1:])
 
 
 def nan_of(dtype, rng, negative=False):

@@ -360,7 +360,9 @@ class Collectives:
             x: Python int, float or complex; numpy scalar; or numpy array of
                 float64, float32, int64, int32 or complex128 (a copy is made
                 if it is not contiguous).
-            op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or the MPI ops.
+            op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or the MPI ops.  Min and max of
+                floats are IEEE 754-2019's minimum and maximum, whatever the algorithm and
+                layout (a NaN gives a NaN; -0.0 is below 0.0); the complex product is C99's.
 
         Returns:
             The result, of the same kind as ``x`` (a new array for arrays).

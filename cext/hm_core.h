@@ -517,7 +517,11 @@ void hm_signal_invalid(hm_pairs *p);
  * ([failed, kind, -kind, count, -count, dtype, -dtype, op, -op]); then, only when every node
  * is well and called the same, an allreduce's data step, a reduce to the first leader and
  * its broadcast, so that every leader gets the same bits (MPICH's allreduce may give them
- * different ones: the sign of a zero minimum, which NaN).  A failure or a disagreement
+ * different ones: the sign of a zero minimum, which NaN).  Floating min and max and the
+ * complex product go there through user-defined ops of the core's own combination
+ * (hm_net_make_ops), so that the result does not depend on how many nodes there are: MPI
+ * leaves a NaN's min and max unspecified (MPICH's MPI_MIN gives the other operand in one of
+ * the two orders), and the complex product to the library.  A failure or a disagreement
  * anywhere poisons every node, so that every rank of every node fails the same call.
  *
  * The core is built without mpi.h: it reaches the MPI through the entry points and handles
@@ -538,6 +542,11 @@ typedef int (*hm_mpi_allreduce)(const void *send, void *recv, int count, intptr_
 typedef int (*hm_mpi_reduce)(const void *send, void *recv, int count, intptr_t type, intptr_t op,
                              int root, intptr_t comm);
 typedef int (*hm_mpi_bcast)(void *buf, int count, intptr_t type, int root, intptr_t comm);
+/* An MPI_User_function (its MPI_Datatype * as void *), MPI_Op_create and MPI_Op_free.  An op
+ * made is written into a zeroed intptr_t (MPICH's int handle into its low half). */
+typedef void (*hm_mpi_user_fn)(void *in, void *inout, int *len, void *type);
+typedef int (*hm_mpi_op_create)(hm_mpi_user_fn fn, int commute, void *op);
+typedef int (*hm_mpi_op_free)(void *op);
 
 /* Return codes of the calls between the nodes, beside the core's: MPI failed between the
  * nodes; the call failed on another node; another node called another collective or with
@@ -563,12 +572,16 @@ typedef struct hm_net {
     hm_mpi_allreduce allreduce;
     hm_mpi_reduce reduce;
     hm_mpi_bcast bcast;
+    hm_mpi_op_create op_create;     /* for hm_net_make_ops and hm_net_free_ops */
+    hm_mpi_op_free op_free;
     intptr_t comm;                  /* the leaders' communicator */
     int rank;                       /* this leader's rank in it */
     intptr_t int64, max, in_place;  /* MPI_INT64_T, MPI_MAX, MPI_IN_PLACE */
     intptr_t types[12];             /* by the core's type code (HM_NTYPES): an MPI type of its
                                      * size and kind, 0 where the caller has none */
     intptr_t ops[11];               /* by the core's op code (through HM_BXOR), 0: none */
+    intptr_t own_ops[5];            /* made by hm_net_make_ops, 0 before: taken instead of ops[]
+                                     * for float and double min and max, complex prod */
     /* Polled every 64th poll of a wait that stopped spinning: the rank whose failure notice
      * came, else -1 (NULL: none).  A wait goes on for 0.2 s after a notice came (a peer that
      * failed in a later call may have sent what this one needs). */
@@ -592,6 +605,13 @@ int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64
  * its arguments invalid): HM_OK when every node's did, else HM_EDIFFERS (and the node is
  * poisoned) or the agreement's failure. */
 int hm_net_bad(hm_coll *c, hm_net *n);
+/* Make n's own_ops: commutative user-defined ops (n->op_create) that combine float and double
+ * min and max and the complex product by hm_combine; HM_OK, or HM_ENET with none made.  Once,
+ * before n's first allreduce, on a zeroed hm_net (else its allreduces of those fail with
+ * HM_EARG); hm_net_free_ops frees them (n->op_free), while MPI still runs and no request of
+ * n's is pending (hm_net_pending). */
+int hm_net_make_ops(hm_net *n);
+void hm_net_free_ops(hm_net *n);
 /* 1 while a request of n's is incomplete (a wait that failed left it): MPI may still write
  * into n's buffers and the node's slot, and use the leaders' communicator, so none of these
  * may be freed (MPI offers no cancel for a collective). */

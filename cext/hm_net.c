@@ -15,6 +15,60 @@
 _Static_assert(HM_NTYPES == sizeof(((hm_net *)0)->types) / sizeof(intptr_t), "one MPI type per core type");
 _Static_assert(HM_BXOR + 1 == sizeof(((hm_net *)0)->ops) / sizeof(intptr_t), "one MPI op per core op");
 
+/* The leaders' combinations of what an MPI's own op may combine otherwise (hm_net_make_ops):
+ * MPI's inoutvec[i] = invec[i] op inoutvec[i], by hm_combine (each op commutes). */
+#define OWN_OP(name, dtype, op)                                                    \
+    static void name(void *in, void *inout, int *len, void *type)                  \
+    {                                                                              \
+        (void)type;                                                                \
+        hm_combine(inout, in, (uint64_t)*len, dtype, op);                          \
+    }
+OWN_OP(min_f64, HM_F64, HM_MIN)
+OWN_OP(max_f64, HM_F64, HM_MAX)
+OWN_OP(min_f32, HM_F32, HM_MIN)
+OWN_OP(max_f32, HM_F32, HM_MAX)
+OWN_OP(prod_c128, HM_C128, HM_PROD)
+
+static const struct {
+    int dtype, op;
+    hm_mpi_user_fn fn;
+} own[] = {{HM_F64, HM_MIN, min_f64}, {HM_F64, HM_MAX, max_f64}, {HM_F32, HM_MIN, min_f32},
+           {HM_F32, HM_MAX, max_f32}, {HM_C128, HM_PROD, prod_c128}};
+enum { NOWN = sizeof own / sizeof own[0] };
+_Static_assert(NOWN == sizeof(((hm_net *)0)->own_ops) / sizeof(intptr_t), "one MPI op per own op");
+
+/* The index in own[] of what the leaders combine with an op of the core's, else -1. */
+static int own_op(int dtype, int op)
+{
+    if (dtype == HM_PYINT)   /* reduced as HM_F64 */
+        dtype = HM_F64;
+    for (int i = 0; i < NOWN; i++)
+        if (own[i].dtype == dtype && own[i].op == op)
+            return i;
+    return -1;
+}
+
+int hm_net_make_ops(hm_net *n)
+{
+    for (int i = 0; i < NOWN; i++) {
+        if (n->op_create(own[i].fn, 1, &n->own_ops[i]) != 0) {
+            n->own_ops[i] = 0;
+            hm_net_free_ops(n);
+            return HM_ENET;
+        }
+    }
+    return HM_OK;
+}
+
+void hm_net_free_ops(hm_net *n)
+{
+    for (int i = 0; i < NOWN; i++) {
+        if (n->own_ops[i] != 0)
+            n->op_free(&n->own_ops[i]);
+        n->own_ops[i] = 0;   /* (MPI_OP_NULL is not 0 in MPICH) */
+    }
+}
+
 /* the status of a node whose own call failed (1: its ranks disagreed) */
 enum { FAILED = 2 };
 /* seconds a wait goes on after a failure notice came */
@@ -114,7 +168,8 @@ static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t co
 static int combine(hm_coll *c, hm_net *n, uint64_t count, int dt, int op)
 {
     void *slot = hm_coll_slot(c, 0);
-    intptr_t type = n->types[dt], mop = n->ops[op];
+    int k = own_op(dt, op);
+    intptr_t type = n->types[dt], mop = k >= 0 ? n->own_ops[k] : n->ops[op];
     if (type == 0 || mop == 0)
         return poisoned(c, HM_EARG);
     const void *send = n->rank == 0 ? (const void *)n->in_place : slot;

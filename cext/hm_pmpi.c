@@ -248,8 +248,10 @@ static int release(state *s)
     s->seg = NULL;
     free(s->suspect);
     s->suspect = NULL;
-    if (s->leaders != MPI_COMM_NULL)
+    if (s->leaders != MPI_COMM_NULL) {
+        hm_net_free_ops(&s->net);
         PMPI_Comm_free(&s->leaders);
+    }
     if (s->node != MPI_COMM_NULL)
         PMPI_Comm_free(&s->node);
     return 1;
@@ -436,21 +438,34 @@ static int net_test(void *req, int *flag, void *status)
     return PMPI_Test((MPI_Request *)req, flag, MPI_STATUS_IGNORE);
 }
 
+static int net_op_create(hm_mpi_user_fn fn, int commute, void *op)
+{
+    return PMPI_Op_create((MPI_User_function *)(void (*)(void))fn, commute, (MPI_Op *)op);
+}
+
+static int net_op_free(void *op)
+{
+    return PMPI_Op_free((MPI_Op *)op);
+}
+
 /* A leader's hm_net over its leaders' communicator: each core type and op as the first named
- * one of this MPI that the tables above give it. */
-static void net_init(state *s)
+ * one of this MPI that the tables above give it, and the core's own ops (float and double min
+ * and max, complex prod: hm_net_make_ops, freed with the leaders' communicator by release);
+ * 0 on success. */
+static int net_init(state *s)
 {
     hm_net *n = &s->net;
     *n = (hm_net){.iallreduce = net_iallreduce, .ireduce = net_ireduce, .ibcast = net_ibcast,
                   .test = net_test, .allreduce = net_allreduce, .reduce = net_reduce,
-                  .bcast = net_bcast, .comm = (intptr_t)s->leaders,
-                  .int64 = (intptr_t)MPI_INT64_T, .max = (intptr_t)MPI_MAX,
-                  .in_place = (intptr_t)MPI_IN_PLACE};
+                  .bcast = net_bcast, .op_create = net_op_create, .op_free = net_op_free,
+                  .comm = (intptr_t)s->leaders, .int64 = (intptr_t)MPI_INT64_T,
+                  .max = (intptr_t)MPI_MAX, .in_place = (intptr_t)MPI_IN_PLACE};
     PMPI_Comm_rank(s->leaders, &n->rank);
     for (int i = ntypes - 1; i >= 0; i--)
         n->types[types[i].code] = (intptr_t)types[i].type;
     for (int i = (int)(sizeof ops / sizeof ops[0]) - 1; i >= 0; i--)
         n->ops[ops[i].code] = (intptr_t)ops[i].op;
+    return hm_net_make_ops(n) != HM_OK;
 }
 
 /* ------------------------------------------------------------------ set-up */
@@ -601,7 +616,8 @@ static void set_up_returning(state *s, int rank, int *local, int *all)
             s->leaders = MPI_COMM_NULL, failure = "MPI_Comm_split failed";
         if (s->leaders != MPI_COMM_NULL) {
             PMPI_Comm_set_errhandler(s->leaders, MPI_ERRORS_RETURN);
-            net_init(s);
+            if (net_init(s))
+                bad = 1, failure = "MPI_Op_create failed";
         }
         int any = 1;
         if (PMPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, s->comm) != MPI_SUCCESS || any)

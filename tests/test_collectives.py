@@ -33,3 +33,17 @@ def test_collectives(config, ranks):
         # virtual nodes (3, 3, 2), and the tree allreduce two levels deep
         pytest.skip("8 ranks: one node, uneven virtual nodes and the tree only")
     run_mpi("collectives_cases.py", ranks, *args, env=env)
+
+
+@pytest.mark.parametrize("ranks,config", [(2, "node"), (3, "node"), (4, "node"), (2, "node_size1"),
+                                          (3, "node_size1"), (4, "node_size1"), (3, "node_size2"),
+                                          (4, "node_size2")])
+def test_one_rule_whatever_the_algorithm(config, ranks):
+    """Float min and max and the complex product give one result, bit for bit, whatever
+    combines the values (each allreduce option forced, sizes either side of the thresholds, one
+    node, virtual nodes of one and two ranks: the leaders' step between the nodes): the cases
+    case_min_max_one_rule and case_complex_product_c99 at 2, 3 and 4 ranks (the matrix above
+    runs them too, in its layouts)."""
+    args, _ = CONFIGS[config]
+    run_mpi("collectives_cases.py", ranks, *args, "--only",
+            "case_min_max_one_rule,case_complex_product_c99", timeout=120)

@@ -1,5 +1,6 @@
 """The C core and the package, without MPI."""
 
+import os
 import subprocess
 import sys
 
@@ -7,6 +8,9 @@ import numpy as np
 import pytest
 
 from hybridmpi._native.clib import ffi, lib
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi"))
+from _ieee import BITS, COMPLEX_SPECIALS, complex_expected, nan_of, reference, rows  # noqa: E402
 
 
 def test_import_does_not_initialize_mpi():
@@ -41,10 +45,77 @@ def test_combine_kernels(dtype, code, op):
     assert rc == lib.HM_OK
     want = {"sum": a + b, "prod": a * b, "min": np.minimum(a, b), "max": np.maximum(a, b)}[op]
     if np.dtype(dtype).kind == "c" and op == "prod":
-        # the textbook formula, as MPI libraries use it; numpy may fuse
+        # C99's product, numpy's the textbook formula: the same for finite values, but numpy may fuse
         np.testing.assert_allclose(d, want, rtol=1e-14)
     else:
         assert np.array_equal(d, want)
+
+
+_CODES = {np.dtype(np.float64): lib.HM_F64, np.dtype(np.float32): lib.HM_F32}
+_OPS = {"min": lib.HM_MIN, "max": lib.HM_MAX}
+
+
+def _combine(d, s, op):
+    """d = d op s by the C core (hm_combine), in place."""
+    code = _CODES.get(d.dtype, lib.HM_C128)
+    assert lib.hm_combine(ffi.from_buffer(d), ffi.from_buffer(s), d.size, code,
+                          _OPS.get(op, lib.HM_PROD)) == lib.HM_OK
+
+
+def _tree_fold(columns, op, rng):
+    """The columns combined by a random binary tree, each pair in a random order: what any of
+    the collectives' algorithms does."""
+    parts = [c.copy() for c in columns]
+    while len(parts) > 1:
+        i, j = rng.choice(len(parts), 2, replace=False)
+        a, b = parts[i], parts[j]
+        _combine(a, b, op)
+        parts = [p for k, p in enumerate(parts) if k != j]
+    return parts[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_min_max_one_rule(dtype, op):
+    """hm_combine's min and max of floats are IEEE 754-2019's minimum and maximum, bit for bit
+    (tests/mpi/_ieee.py): every pair of special values in both orders (NaN either side, a
+    signalling NaN quieted, -0.0 and +0.0 both ways), and the values of every case at 2-5 ranks
+    combined by random trees in random orders, with one result (C's `<` kept the first of two
+    zeros and dropped a NaN that came second)."""
+    rng = np.random.default_rng()
+    uint, _ = BITS[np.dtype(dtype)]
+    signalling = np.array(0x7FF0000000000001 if uint is np.uint64 else 0x7F800001, uint).view(dtype)
+    specials = np.array([np.nan, nan_of(dtype, rng, negative=True), signalling, -0.0, 0.0, 1.0, -1.0,
+                         np.inf, -np.inf, 5.0, np.finfo(dtype).smallest_subnormal], dtype)
+    a, b = (m.ravel() for m in np.meshgrid(specials, specials))
+    got = a.copy()
+    _combine(got, b, op)
+    want = reference(np.stack([a, b]), op)
+    bad = np.flatnonzero(got.view(uint) != want.view(uint))
+    assert bad.size == 0, [(a[i], b[i], got[i], want[i]) for i in bad[:4]]
+    for size in (2, 3, 4, 5):
+        table = rows(size, rng, dtype)
+        want = reference(table.T, op)
+        for _ in range(20):
+            got = _tree_fold(list(table.T), op, rng)
+            bad = np.flatnonzero(got.view(uint) != want.view(uint))
+            assert bad.size == 0, [(table[i], got[i], want[i]) for i in bad[:4]]
+
+
+def test_complex_product_is_c99():
+    """hm_combine's complex product is C99's (Annex G, as MPICH's MPI_PROD of
+    MPI_C_DOUBLE_COMPLEX): (inf + nan i)(1 + 0i) is inf + nan i, not the textbook formula's
+    nan + nan i; the special values at any position among +-1 factors, combined in any order."""
+    rng = np.random.default_rng()
+    for special in COMPLEX_SPECIALS:
+        for size in (2, 3, 4):
+            signs = rng.choice([-1.0, 1.0], size)
+            for p in range(size):
+                column = [np.array([complex(signs[k], 0.0)]) for k in range(size)]
+                column[p] = np.array([special])
+                sign = np.prod(np.delete(signs, p))
+                got = _tree_fold(column, "prod", rng)[0]
+                assert complex_expected(special, sign)(got), (special, signs, p, got)
 
 
 def test_single_process_protocol():

@@ -123,6 +123,20 @@ def test_cases(built, case, ranks):
     assert all(seen[r]["allreduce fast"] > 0 for r in in_calls), seen
 
 
+@pytest.mark.parametrize("ranks,node_size", [(2, None), (3, None), (3, 1), (4, 2)])
+def test_min_max_and_complex_product_one_rule(built, ranks, node_size):
+    """MPI_MIN and MPI_MAX of doubles and floats give IEEE 754-2019's minimum and maximum bit for
+    bit (a NaN anywhere, -0.0 below +0.0), and MPI_PROD of MPI_C_DOUBLE_COMPLEX C99's product
+    (MPICH's bits), on one node (the butterfly and the direct allreduce) and across virtual nodes
+    (the tree and the leaders' step, which MPICH's MPI_MIN had made NaN-dependent on the order),
+    every call on the core."""
+    lib, progs = built
+    env = {"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size)} if node_size else {}
+    seen = passed(ranks, lib, [progs["cases"], "minmax"], "minmax ok", env)
+    for c in seen.values():
+        assert c["allreduce fast"] > 200 and c["allreduce passed on"] == 0, seen
+
+
 @pytest.mark.parametrize("fail_rank,ranks,node_size", [(0, 3, None), (2, 3, None), (3, 4, 2)])
 def test_set_up_fails_on_one_rank(built, fail_rank, ranks, node_size):
     """One rank's set-up fails (as with no room in /dev/shm): every rank stays on MPI, results

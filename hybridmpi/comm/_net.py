@@ -1,10 +1,12 @@
 """A leader's part of the protocol between the nodes: the C core's (``cext/hm_net.c``, which
 the PMPI library runs too) over the leaders' communicator.
 
-The core is built without ``mpi.h``; :func:`make` gives it mpi4py's MPI: the addresses of that
-MPI's nonblocking collectives and ``MPI_Test`` (looked up from mpi4py's extension module, whose
-dependencies hold them), the handles of the communicator, types and ops (``MPI._handleof``),
-and the comm's failure notices, which the C wait polls through :func:`hm_py_notice`.
+The core is built without ``mpi.h``; :class:`Net` gives it mpi4py's MPI: the addresses of that
+MPI's nonblocking collectives, ``MPI_Test``, ``MPI_Op_create`` and ``MPI_Op_free`` (looked up
+from mpi4py's extension module, whose dependencies hold them), the handles of the
+communicator, types and ops (``MPI._handleof``), the core's own ops for float min and max and
+the complex product (made by the core with ``MPI_Op_create``, freed by :meth:`Net.free`), and
+the comm's failure notices, which the C wait polls through :func:`hm_py_notice`.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from .._native.clib import ffi
+from .._native import errmap
+from .._native.clib import ffi, lib
 from .._native.tables import MPI_OPS, MPI_TYPES
 from ._waits import notice_hook
 
 #: the entry points hm_net calls, by its field
 _ENTRY_POINTS = {"iallreduce": "MPI_Iallreduce", "ireduce": "MPI_Ireduce", "ibcast": "MPI_Ibcast",
-                 "test": "MPI_Test"}
+                 "test": "MPI_Test", "op_create": "MPI_Op_create", "op_free": "MPI_Op_free"}
 _ADDRESSES: dict[str, int] = {}
 
 
@@ -42,7 +45,11 @@ def _handle(MPI: Any, obj: Any) -> int:
 
 
 class Net:
-    """The ``hm_net`` of a leader across nodes (kept with what it points to)."""
+    """The ``hm_net`` of a leader across nodes (kept with what it points to).
+
+    Raises:
+        RuntimeError: MPI_Op_create failed (the core's own ops).
+    """
 
     __slots__ = ("net", "_handle")
 
@@ -60,3 +67,11 @@ class Net:
             net.ops[code] = _handle(MPI, getattr(MPI, name))
         net.notice, self._handle = notice_hook(notices)
         net.notice_arg = self._handle
+        if not errmap.ok(lib.hm_net_make_ops(net)):
+            raise RuntimeError(f"hybridmpi: node leader {net.rank}: MPI_Op_create failed (the ops "
+                               "of float min and max and of the complex product between the nodes)")
+
+    def free(self) -> None:
+        """Free the core's own ops (MPI_Op_free); call it while MPI runs and no request of the
+        net is pending (``lib.hm_net_pending``)."""
+        lib.hm_net_free_ops(self.net)

@@ -188,6 +188,12 @@ class Collectives:
         keep = self._net_keep
         return keep if keep is not None and lib.hm_net_pending(keep.net) else None
 
+    def free_between_nodes(self) -> None:
+        """Free the leaders' MPI objects of the ``Net`` (its ops), when no request of it is
+        pending (:meth:`pending_between_nodes` is None); before the leaders' comm."""
+        if self._net_keep is not None:
+            self._net_keep.free()
+
     def _bad_call(self, exc):
         """Raise ``exc``, a local argument error, after telling the peers: the call is made
         as a barrier with an 'invalid arguments' signature, which completes when every rank
@@ -354,7 +360,9 @@ class Collectives:
             x: Python int, float or complex; numpy scalar; or numpy array of
                 float64, float32, int64, int32 or complex128 (a copy is made
                 if it is not contiguous).
-            op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or the MPI ops.
+            op: ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or the MPI ops.  Min and max of
+                floats are IEEE 754-2019's minimum and maximum, whatever the algorithm and
+                layout (a NaN gives a NaN; -0.0 is below 0.0); the complex product is C99's.
 
         Returns:
             The result, of the same kind as ``x`` (a new array for arrays).

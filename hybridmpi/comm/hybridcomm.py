@@ -430,9 +430,11 @@ class HybridComm:
             self._win.Free()
         if self.leader_comm != MPI.COMM_NULL:
             pending = self._coll.pending_between_nodes() if self._coll is not None else None
-            if pending is not None:   # MPI may still complete it: its buffers and comm stay
+            if pending is not None:   # MPI may still complete it: its buffers, ops and comm stay
                 _KEPT.append((pending, self.leader_comm))
             else:
+                if self._coll is not None:
+                    self._coll.free_between_nodes()
                 self._free_comm(self.leader_comm)
         self._free_comm(self.node_comm)
         self._free_comm(self.comm)

@@ -491,8 +491,9 @@ class Halo(Freed):
         Args:
             x: the vector.
             op: ``"add"``, ``"insert"`` (the highest sending rank's value
-                wins), ``"min"`` or ``"max"`` (C's comparison, as MPI_MIN: a NaN ghost
-                value is not taken, an owned one stays).
+                wins), ``"min"`` or ``"max"`` (of floats, IEEE 754-2019's minimum and
+                maximum, as the collectives': a NaN, owned or ghost, gives a NaN; -0.0 is
+                below 0.0).
 
         Raises:
             TypeError, ValueError: bad ``x`` or ``op`` (nothing was sent; with method

@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _harness import agree, main, skip
+from _ieee import BITS, COMPLEX_SPECIALS, complex_expected, reference, rows
 
 import hybridmpi
 
@@ -21,6 +22,11 @@ OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 #: across the C core's thresholds: recursive doubling (up to 96 bytes), the direct allreduce (up to
 #: 32 KiB over the node's ranks, 16 KiB at most), the tree, and its 256 KiB chunks
 LENGTHS = [0, 1, 7, 300, 1000, 100000]
+#: the HybridComm's allreduce options, each forced in turn by the cases of one rule
+ALGORITHMS = ("recursive_doubling", "tree")
+#: lengths either side of the thresholds for float64 and float32 (96 bytes: recursive doubling;
+#: 16 KiB, and 32 KiB over the node's ranks: the direct allreduce; the tree's 256 KiB chunks)
+RULE_LENGTHS = (12, 13, 24, 25, 2049, 4097, 40000)
 
 
 def make(rng, dtype, n, op):
@@ -101,6 +107,89 @@ def case_values_match_mpi4py(comm, rng, **cfg):
                 got = hc.allreduce(s, opname)
                 assert type(got) is type(s), (type(got), type(s))
                 assert close(np.array([got]), np.array([comm.allreduce(s, mop)]), dtype)
+
+
+def shared_draws(comm, rng):
+    """A generator that gives the same draws on every rank (seeded by rank 0's)."""
+    return np.random.default_rng(comm.bcast(int(rng.integers(2**63)), root=0))
+
+
+def case_min_max_one_rule(comm, rng, **cfg):
+    """float64 and float32 min and max give the bits of IEEE 754-2019's minimum and maximum
+    (tests/mpi/_ieee.py) on every rank, whatever the algorithm: each allreduce option forced, in
+    every form (a Python float, a numpy scalar, an array of one; arrays of lengths either side
+    of the thresholds through allreduce, Allreduce and Allreduce in place), for each of the
+    cases that tell the rule from C's `<`: a NaN at each rank position, two NaNs of other bits,
+    -0.0 and +0.0 in every order, zeros beside other values (each rank's values known to all:
+    the draws are shared).  The butterfly, the direct allreduce, the tree and MPI_MIN between
+    the leaders each gave another of 4.0, 1.0 and NaN for 5, 4, NaN, 1, and -0.0 or 0.0 for
+    5, 0.0, -0.0."""
+    draws = shared_draws(comm, rng)
+    wrong = []
+    for algorithm in ALGORITHMS:
+        with hybridmpi.HybridComm(comm, node_size=cfg["node_size"], memory_order=cfg["memory_order"],
+                                  allreduce=algorithm) as hc:
+            for dtype in (np.float64, np.float32):
+                uint = BITS[np.dtype(dtype)][0]
+                table = rows(comm.size, draws, dtype)   # a case per row, a rank per column
+                scalar = {"a numpy scalar": lambda x, op: np.array([hc.allreduce(x[0], op)]),
+                          "an array of one": lambda x, op: hc.allreduce(x, OPS[op])}
+                if dtype == np.float64:
+                    scalar["a Python float"] = lambda x, op: np.array([hc.allreduce(float(x[0]), op)])
+                arrays = {"allreduce": lambda x, op: hc.allreduce(x, op),
+                          "Allreduce": lambda x, op: (hc.Allreduce(x, y := np.empty_like(x), OPS[op]), y)[1],
+                          "Allreduce in place": lambda x, op: (
+                              hc.Allreduce(MPI.IN_PLACE, y := x.copy(), op), y)[1]}
+                for op in ("min", "max"):
+                    want = reference(table.T, op)
+                    calls = [(name, form, np.array([k])) for k in range(len(table))
+                             for name, form in scalar.items()]
+                    calls += [(f"{name} of {n}", form, (start + np.arange(n)) % len(table))
+                              for n in RULE_LENGTHS for start in range(0, len(table), n)
+                              for name, form in arrays.items()]
+                    for what, form, cases in calls:
+                        got = form(table[cases, comm.rank], op)
+                        assert got.dtype == np.dtype(dtype) and got.shape == cases.shape
+                        bad = np.flatnonzero(got.view(uint) != want[cases].view(uint))
+                        if bad.size:
+                            i = cases[bad[0]]
+                            wrong.append(f"{algorithm}, {np.dtype(dtype)} {op}, {what}: "
+                                         f"{table[i].tolist()} gave {got[bad[0]]!r}, not {want[i]!r}")
+    assert not wrong, (len(wrong), wrong[:6])
+
+
+def case_complex_product_c99(comm, rng, **cfg):
+    """The complex product is C99's (Annex G), as MPICH's MPI_PROD of MPI_C_DOUBLE_COMPLEX: a
+    value of infinite parts at each rank position, the others +-1 + 0i, gives the infinities
+    signed by the others' signs (inf + nan i for inf + nan i and 1s, where the textbook formula
+    gave nan + nan i), whatever the algorithm (each allreduce option forced), for a Python
+    complex, a numpy scalar and arrays either side of the thresholds; on MPICH, bit for bit its
+    own MPI_Allreduce's result."""
+    draws = shared_draws(comm, rng)
+    on_mpich = MPI.Get_library_version().startswith("MPICH")
+    wrong = []
+    for algorithm in ALGORITHMS:
+        with hybridmpi.HybridComm(comm, node_size=cfg["node_size"], memory_order=cfg["memory_order"],
+                                  allreduce=algorithm) as hc:
+            forms = [("a Python complex", 1, lambda z, n: np.array([hc.allreduce(z, "prod")])),
+                     ("a numpy scalar", 1, lambda z, n: np.array([hc.allreduce(np.complex128(z), "prod")]))]
+            forms += [(f"allreduce of {n}", n, lambda z, n: hc.allreduce(np.full(n, z), "prod"))
+                      for n in (1, 6, 7, 1025)]
+            forms += [(f"Allreduce of {n}", n, lambda z, n: (
+                hc.Allreduce(np.full(n, z), y := np.empty(n, complex), MPI.PROD), y)[1]) for n in (6, 1024)]
+            for special in COMPLEX_SPECIALS:
+                for p in range(comm.size):
+                    signs = draws.choice([-1.0, 1.0], comm.size)
+                    mine = special if comm.rank == p else complex(signs[comm.rank], 0.0)
+                    ok = complex_expected(special, np.prod(np.delete(signs, p)))
+                    for what, n, form in forms:
+                        got = form(mine, n)
+                        by_mpi = np.empty(n, complex)
+                        comm.Allreduce(np.full(n, mine), by_mpi, MPI.PROD)
+                        if not all(ok(z) for z in got) or on_mpich and got.tobytes() != by_mpi.tobytes():
+                            wrong.append(f"{algorithm}, {what}: {special} at rank {p} of signs "
+                                         f"{signs.tolist()} gave {got[0]!r} (MPI: {by_mpi[0]!r})")
+    assert not wrong, (len(wrong), wrong[:6])
 
 
 def case_python_scalars(comm, rng, **cfg):
@@ -650,7 +739,8 @@ def case_one_rank_in_another_collective(comm, rng, **cfg):
     assert not wrong, wrong[:8]
 
 
-CASES = [case_layout, case_values_match_mpi4py, case_array_calls, case_python_scalars, case_python_ints_exact,
+CASES = [case_layout, case_values_match_mpi4py, case_array_calls, case_min_max_one_rule,
+         case_complex_product_c99, case_python_scalars, case_python_ints_exact,
          case_stress_interleaved,
          case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_waits_let_other_threads_run,
          case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank,

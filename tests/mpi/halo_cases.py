@@ -15,6 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _harness import agree, main, skip
+from _ieee import nan_of, reference
 
 import hybridmpi
 from hybridmpi import FreedError, GhostPattern, Halo, PatternError, SyncTimeout
@@ -89,10 +90,10 @@ def ref_reverse(comm, lay, x, op):
                 out[i] = out[i] + val
             elif op == "insert":
                 out[i] = val
-            elif op == "min":
-                out[i] = np.minimum(out[i], val)
+            elif out.dtype.kind == "f":   # the collectives' rule, IEEE 754-2019's
+                out[i] = reference(np.stack([out[i], val]), op)
             else:
-                out[i] = np.maximum(out[i], val)
+                out[i] = (np.minimum if op == "min" else np.maximum)(out[i], val)
     return out
 
 
@@ -623,6 +624,39 @@ def case_methods_identical(comm, rng, **cfg):
         agree(comm, True)
 
 
+def planted(rng, dtype, shape):
+    """Random values with NaNs (of other bits and sign too), -0.0 and +0.0 planted: what tells
+    IEEE 754-2019's minimum and maximum from C's `<`."""
+    x = rand(rng, dtype, shape)
+    pick = rng.random(shape)
+    x[pick < 0.15] = np.nan
+    x[(pick >= 0.15) & (pick < 0.2)] = nan_of(dtype, rng, negative=True)
+    x[(pick >= 0.2) & (pick < 0.45)] = -0.0
+    x[(pick >= 0.45) & (pick < 0.7)] = 0.0
+    return x
+
+
+def case_reverse_min_max_one_rule(comm, rng, **cfg):
+    """reverse(x, "min") and reverse(x, "max") of float64 and float32 combine by the collectives'
+    rule (IEEE 754-2019's minimum and maximum: tests/mpi/_ieee.py): NaNs and zeros of both signs
+    planted among the owned and ghost values give the reference's bits, every method, scattered
+    ids and long runs, blocks of 1 and 3 (C's `<` dropped a NaN ghost value and kept the
+    owner's zero)."""
+    with hc_of(comm, cfg) as hc:
+        for lay in (Layout(comm, 41), RunLayout(comm)):
+            pat = GhostPattern.from_global(hc, lay.owned, lay.ghosts)
+            for method in METHODS:
+                for dtype in (np.float64, np.float32):
+                    for block in (1, 3):
+                        shape = (pat.size,) if block == 1 else (pat.size, block)
+                        with Halo(pat, dtype=dtype, block=block, method=method) as h:
+                            for op in ("min", "max"):
+                                x = planted(rng, dtype, shape)
+                                want = ref_reverse(comm, lay, x, op)
+                                h.reverse(x, op)
+                                assert same(x, want), (method, np.dtype(dtype), block, op)
+
+
 def case_no_neighbors(comm, rng, **cfg):
     """Ranks with nothing to exchange, and patterns with no traffic at all."""
     with hc_of(comm, cfg) as hc:
@@ -824,7 +858,8 @@ CASES = [case_pattern_from_global, case_every_method_dtype_block, case_shared_ve
          case_cross_memory_attach, case_cross_memory_attach_failure, case_mismatched_vectors,
          case_neighbor_order, case_one_rank_bad_arguments, case_end_without_begin_on_one_rank,
          case_consecutive_updates, case_hot_path_edges,
-         case_methods_identical, case_no_neighbors, case_bad_patterns, case_bad_halo_calls,
+         case_methods_identical, case_reverse_min_max_one_rule, case_no_neighbors, case_bad_patterns,
+         case_bad_halo_calls,
          case_timeout_names_peer, case_waits_let_other_threads_run]
 
 

@@ -28,10 +28,18 @@
  *             (the test compares them with MPI's own);
  *   churn     dup, 8 allreduces, free, many times: prints the time per cycle;
  *   sessions  (MPI-4) a sessions program, no MPI_Init: a communicator from the WORLD process set,
- *             reduced on many times.
+ *             reduced on many times;
+ *   minmax    MPI_MIN and MPI_MAX of doubles and floats, a NaN at each rank position, -0.0 and
+ *             +0.0 in every order, beside other values and a NaN, at counts of each of the core's
+ *             algorithms, in place and not: bit for bit IEEE 754-2019's minimum and maximum
+ *             (computed here); MPI_PROD of MPI_C_DOUBLE_COMPLEX with an infinite part at each
+ *             rank position among +-1: C99's product (on MPICH: PMPI_Allreduce's bits).
  * Prints "<case> ok" on rank 0. */
 #include <mpi.h>
+#include <complex.h>
+#include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,6 +304,109 @@ static void churn(void)
         printf("churn %.2f us per cycle\n", best * 1e6);
 }
 
+/* IEEE 754-2019's minimum (maximum with `max`) of a and b, as the library gives it: a NaN met
+ * gives the or of the NaNs' bits, quieted; of two zeros -0.0 is the least. */
+#define IEEE_MINMAX(T, U, QUIET)                                                        \
+    static T ieee_##T(T a, T b, int max)                                                \
+    {                                                                                   \
+        U ua, ub, r = 0;                                                                \
+        memcpy(&ua, &a, sizeof a);                                                      \
+        memcpy(&ub, &b, sizeof b);                                                      \
+        if (isnan(a) || isnan(b)) {                                                     \
+            r = (isnan(a) ? ua : 0) | (isnan(b) ? ub : 0) | (QUIET);                    \
+            memcpy(&a, &r, sizeof a);                                                   \
+            return a;                                                                   \
+        }                                                                               \
+        if (a == b && ua != ub)   /* -0.0 and +0.0 */                                    \
+            return max ? (T)0.0 : (T)-0.0;                                              \
+        return (a < b) != max ? a : b;                                                  \
+    }
+IEEE_MINMAX(double, uint64_t, UINT64_C(1) << 51)
+IEEE_MINMAX(float, uint32_t, UINT32_C(1) << 22)
+
+/* Case e of rank r (the others' values known to every rank): a NaN at one rank position
+ * (5, 4, NaN, 1 ...), two NaNs of other bits, zeros of every sign pattern, zeros beside 5
+ * and -5, a NaN beside zeros. */
+static double minmax_value(int e, int r)
+{
+    int zeros = 1 << size, n = e % (3 * size + 3 * zeros);
+    if (n < size)
+        return r == n ? NAN : 5.0 - r;
+    if (n < 2 * size) {
+        uint64_t bits = UINT64_C(0x7FF8000000000000) | (uint64_t)(r + 1) << 40 |   /* (a float's too) */
+                        (uint64_t)(r % 2) << 63;
+        double x;
+        memcpy(&x, &bits, sizeof x);
+        return r == n - size || r == (n - size + 1) % size ? x : 1.0;
+    }
+    n -= 2 * size;
+    if (n < 3 * zeros) {
+        int mask = n % zeros, beside = n / zeros;   /* beside 0: zeros only; 1: 5; 2: -5 */
+        if (beside && r == mask % size)
+            return beside == 1 ? 5.0 : -5.0;
+        return mask >> r & 1 ? -0.0 : 0.0;
+    }
+    n -= 3 * zeros;
+    return r == n ? NAN : (r + n) % 2 ? -0.0 : 0.0;
+}
+
+#define MINMAX_CHECK(T, MPITYPE)                                                        \
+    static void minmax_##T(int count, int max, int in_place, int offset)                \
+    {                                                                                   \
+        T *x = malloc(count * sizeof *x), *y = malloc(count * sizeof *y);               \
+        for (int e = 0; e < count; e++)                                                 \
+            x[e] = (T)minmax_value(e + offset, rank);                                   \
+        memcpy(y, x, count * sizeof *y);                                                \
+        MPI_Allreduce(in_place ? MPI_IN_PLACE : x, y, count, MPITYPE, max ? MPI_MAX : MPI_MIN, \
+                      MPI_COMM_WORLD);                                                  \
+        for (int e = 0; e < count; e++) {                                               \
+            T want = (T)minmax_value(e + offset, 0);                                    \
+            for (int r = 1; r < size; r++)                                              \
+                want = ieee_##T(want, (T)minmax_value(e + offset, r), max);             \
+            CHECK(memcmp(&want, &y[e], sizeof want) == 0, "%s %s of %d, element %d (case %d): " \
+                  "%g, not %g", #T, max ? "max" : "min", count, e, e + offset, (double)y[e], \
+                  (double)want);                                                        \
+        }                                                                               \
+        free(x);                                                                        \
+        free(y);                                                                        \
+    }
+MINMAX_CHECK(double, MPI_DOUBLE)
+MINMAX_CHECK(float, MPI_FLOAT)
+
+static void minmax(void)
+{
+    warm(MPI_COMM_WORLD);   /* the library sets up at the 6th call: the rest go to the core */
+    int cases = 3 * size + 3 * (1 << size);
+    static const int counts[] = {1, 12, 13, 24, 25, 200, 256};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+        for (int offset = 0; offset < cases; offset += counts[k])
+            for (int max = 0; max < 2; max++)
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    minmax_double(counts[k], max, in_place, offset);
+                    minmax_float(counts[k], max, in_place, offset);
+                }
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len;
+    MPI_Get_library_version(version, &len);
+    double complex specials[] = {CMPLX(INFINITY, NAN), CMPLX(INFINITY, INFINITY), CMPLX(NAN, INFINITY)};
+    for (int k = 0; k < 3; k++)
+        for (int p = 0; p < size; p++) {
+            double complex x = rank == p ? specials[k] : CMPLX((rank + p) % 2 ? -1.0 : 1.0, 0.0), y, mpi;
+            double sign = 1;
+            for (int r = 0; r < size; r++)
+                sign *= r == p ? 1 : (r + p) % 2 ? -1 : 1;
+            MPI_Allreduce(&x, &y, 1, MPI_C_DOUBLE_COMPLEX, MPI_PROD, MPI_COMM_WORLD);
+            PMPI_Allreduce(&x, &mpi, 1, MPI_C_DOUBLE_COMPLEX, MPI_PROD, MPI_COMM_WORLD);
+            int re_inf = !isnan(creal(specials[k])), im_inf = !isnan(cimag(specials[k]));
+            CHECK((re_inf ? creal(y) == sign * INFINITY : isnan(creal(y))) &&
+                  (im_inf ? cimag(y) == sign * INFINITY : isnan(cimag(y))),
+                  "product %d, special at rank %d: %g%+gi", k, p, creal(y), cimag(y));
+            CHECK(strncmp(version, "MPICH", 5) != 0 || memcmp(&y, &mpi, sizeof y) == 0,
+                  "product %d, special at rank %d: %g%+gi, MPICH's %g%+gi", k, p, creal(y), cimag(y),
+                  creal(mpi), cimag(mpi));
+        }
+}
+
 #if MPI_VERSION >= 4
 static int sessions(void)
 {
@@ -365,6 +476,8 @@ int main(int argc, char **argv)
         buffers();
     else if (!strcmp(which, "churn"))
         churn();
+    else if (!strcmp(which, "minmax"))
+        minmax();
     else
         CHECK(0, "unknown case '%s'", which);
     if (rank == 0)

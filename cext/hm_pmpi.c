@@ -315,6 +315,7 @@ static int at_finalize(MPI_Comm comm, int key, void *value, void *extra)
         if (stuck)
             break;
     }
+    pmpi_ngh_drain();
     if (cfg.stats)
         print_counters();
     return MPI_SUCCESS;

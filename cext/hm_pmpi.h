@@ -70,5 +70,7 @@ int pmpi_gone(state *s, int node_rank);
  * calls still pending are completed first); 0 when it must be kept (a request MPI may still
  * complete into it). */
 int pmpi_ngh_release(state *s);
+/* ... and at MPI_Finalize, once every state is freed: the messages still on their way go. */
+void pmpi_ngh_drain(void);
 
 #endif

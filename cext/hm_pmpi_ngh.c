@@ -133,6 +133,7 @@ typedef struct op {
 /* A buffered pair's message: the sender does not wait for it. */
 typedef struct sent {
     MPI_Request req;
+    int broken;              /* its communicator was revoked: its peer may never take it */
     struct sent *next;
     uint64_t data[];         /* the pair's hash, then its bytes */
 } sent;
@@ -320,15 +321,16 @@ static void reap_orphans(void)
     pthread_mutex_unlock(&orphan_lock);
 }
 
-/* Frees what set_up made (the shared segment, the messages' communicator, the edges). */
-static void drop(ngh *g)
+/* Frees what set_up made (the shared segment, the messages' communicator, the edges); the
+ * buffered messages not yet sent become orphans (`broken`: of a revoked communicator). */
+static void drop(ngh *g, int broken)
 {
     reap(&g->sends);
     if (g->sends) {   /* (MPI completes them after the free of their communicator) */
         pthread_mutex_lock(&orphan_lock);
         sent *last = g->sends;
-        while (last->next)
-            last = last->next;
+        for (sent *x = g->sends; x; x = x->next)
+            x->broken = broken, last = x;
         last->next = orphans;
         orphans = g->sends;
         pthread_mutex_unlock(&orphan_lock);
@@ -465,7 +467,7 @@ static void set_up(state *s)
         g->phase = N_FAST;
         return;
     }
-    drop(g);
+    drop(g, 0);
     if (oom)
         return;
     if (all[0] == 0 && all[1] != 0) {   /* every rank could have: the graph is wrong */
@@ -1393,8 +1395,11 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
     }
     state *s = pmpi_state(a->comm, 0);
     ngh *g = s ? s->ngh : NULL;   /* (set up when the communicator was made, else none) */
-    if (s != NULL && s->phase == S_BROKEN && (g == NULL || g->phase != N_NEXT))
+    if (s != NULL && s->phase == S_BROKEN && (g == NULL || g->phase != N_NEXT)) {
+        if (req != NULL)   /* (a request the program may still pass to a completion call) */
+            *req = MPI_REQUEST_NULL;
         return pmpi_revoked(s);
+    }
     if (g == NULL || g->phase == N_NEXT || !counts_valid(a, g)) {
         COUNT(C_NEXT_NEIGHBOR);
         return PASS;
@@ -1403,6 +1408,8 @@ static int neighbor(const args *a, MPI_Request *req, void **next, const char *na
         int rank;
         PMPI_Comm_rank(a->comm, &rank);
         fprintf(stderr, "hybridmpi pmpi: rank %d: %s: %s\n", rank, name, g->why);
+        if (req != NULL)
+            *req = MPI_REQUEST_NULL;
         return pmpi_revoked(s);
     }
     pthread_mutex_lock(&g->lock);
@@ -1802,9 +1809,52 @@ int pmpi_ngh_release(state *s)
         advance(g, last, 1);
         op_unref(last);
     }
-    drop(g);
+    drop(g, s->phase == S_BROKEN);
     pthread_mutex_unlock(&g->lock);
     s->ngh = NULL;
     ngh_unref(g);
     return 1;
+}
+
+/* MPI_Finalize: the buffered messages still on their way are sent first (their receivers take
+ * them in calls that must complete before their own MPI_Finalize; a program that ends with them
+ * pending lost them in a rendezvous).  Those of revoked communicators are not waited for, and
+ * HYBRIDMPI_PMPI_TIMEOUT bounds the wait. */
+void pmpi_ngh_drain(void)
+{
+    pthread_mutex_lock(&orphan_lock);
+    int64_t polls = 0;
+    hm_wait_policy pol = {.spin = 1000, .yield_ns = 2000000000, .sleep_ns = 50000,
+                          .timeout_ns = (int64_t)(cfg.timeout_s * 1e9)};
+    HM_SLOW(w);
+    for (;;) {
+        for (sent **at = &orphans; *at;) {
+            if ((*at)->broken) {   /* (kept: MPI may still read it) */
+                at = &(*at)->next;
+                continue;
+            }
+            int flag = 0;
+            if (PMPI_Test(&(*at)->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
+                sent *x = *at;
+                *at = x->next;
+                free(x);
+            } else {
+                at = &(*at)->next;
+            }
+        }
+        int left = 0;
+        for (sent *x = orphans; x; x = x->next)
+            left += !x->broken;
+        if (!left)
+            break;
+        if (polls++ < pol.spin) {
+            cpu_relax();
+            continue;
+        }
+        if (!w.start)
+            slow_start(&w, &pol);
+        if (slow_tick(&w, &pol, NULL, 0, 0))
+            break;
+    }
+    pthread_mutex_unlock(&orphan_lock);
 }

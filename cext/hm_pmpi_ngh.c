@@ -297,19 +297,27 @@ static void plan_unref(plan *p);
 static pthread_mutex_t orphan_lock = PTHREAD_MUTEX_INITIALIZER;
 static sent *orphans;
 
-/* The buffered messages of `*list` that completed are freed. */
-static void reap(sent **list)
+/* The buffered messages of `*list` that completed are freed (with `keep_broken`, those of a
+ * revoked communicator are not tested: MPI may still read them).  The number left. */
+static int reap(sent **list, int keep_broken)
 {
-    for (sent **at = list; *at;) {
+    int left = 0;
+    for (sent **at = list; *at; left++) {
+        if (keep_broken && (*at)->broken) {
+            at = &(*at)->next;
+            continue;
+        }
         int flag = 0;
         if (PMPI_Test(&(*at)->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
             sent *x = *at;
             *at = x->next;
             free(x);
+            left--;
         } else {
             at = &(*at)->next;
         }
     }
+    return left;
 }
 
 static void reap_orphans(void)
@@ -317,7 +325,7 @@ static void reap_orphans(void)
     if (atomic_load_explicit((_Atomic(sent *) *)&orphans, memory_order_relaxed) == NULL ||
         pthread_mutex_trylock(&orphan_lock))
         return;
-    reap(&orphans);
+    reap(&orphans, 0);
     pthread_mutex_unlock(&orphan_lock);
 }
 
@@ -325,7 +333,7 @@ static void reap_orphans(void)
  * buffered messages not yet sent become orphans (`broken`: of a revoked communicator). */
 static void drop(ngh *g, int broken)
 {
-    reap(&g->sends);
+    reap(&g->sends, 0);
     if (g->sends) {   /* (MPI completes them after the free of their communicator) */
         pthread_mutex_lock(&orphan_lock);
         sent *last = g->sends;
@@ -1159,7 +1167,7 @@ static void retire(ngh *g, op *o)
  * complete, waiting under the node's policy (a timeout, a peer's process gone). */
 static void advance(ngh *g, op *upto, int block)
 {
-    reap(&g->sends);
+    reap(&g->sends, 0);
     reap_orphans();
     if (g->head == NULL)
         return;
@@ -1702,6 +1710,26 @@ static void expire(int n, const MPI_Request *reqs)
     }
 }
 
+/* The wait of calls that are not one communicator's (the completion calls on arrays, the
+ * buffered messages at MPI_Finalize): spin, then yield and sleep, HYBRIDMPI_PMPI_TIMEOUT. */
+static hm_wait_policy plain_policy(void)
+{
+    return (hm_wait_policy){.spin = 1000, .yield_ns = 2000000000, .sleep_ns = 50000,
+                            .timeout_ns = (int64_t)(cfg.timeout_s * 1e9)};
+}
+
+/* One idle turn of such a wait: 1 once its deadline passed. */
+static int idle(int64_t *polls, hm_slow *w, const hm_wait_policy *pol)
+{
+    if ((*polls)++ < pol->spin) {
+        cpu_relax();
+        return 0;
+    }
+    if (!w->start)
+        slow_start(w, pol);
+    return slow_tick(w, pol, NULL, 0, 0);
+}
+
 /* Waitany and Waitsome (`block`), Testany and Testsome: this library's calls a step at a time
  * between tests of the whole array, so that whichever request completes first ends the wait
  * (as MPI's own).  *flagp: Testany's flag (NULL for the others). */
@@ -1711,8 +1739,7 @@ static int first_of(int n, MPI_Request reqs[], int *idx, int *flagp, int *outcou
     BAD_FLAGS(n);
     int rc, flag = 0;
     int64_t polls = 0;
-    hm_wait_policy pol = {.spin = 1000, .yield_ns = 2000000000, .sleep_ns = 50000,
-                          .timeout_ns = (int64_t)(cfg.timeout_s * 1e9)};
+    hm_wait_policy pol = plain_policy();
     HM_SLOW(w);
     for (;;) {
         int mine = drive(n, reqs, 0, bad);
@@ -1728,13 +1755,7 @@ static int first_of(int n, MPI_Request reqs[], int *idx, int *flagp, int *outcou
         }
         if (flag || rc != MPI_SUCCESS || !block)
             break;
-        if (polls++ < pol.spin) {
-            cpu_relax();
-            continue;
-        }
-        if (!w.start)
-            slow_start(&w, &pol);
-        if (slow_tick(&w, &pol, NULL, 0, 0) && mine)   /* the deadline: this library's calls fail */
+        if (idle(&polls, &w, &pol) && mine)   /* the deadline: this library's calls fail */
             expire(n, reqs);
     }
     if (flagp)
@@ -1824,36 +1845,13 @@ void pmpi_ngh_drain(void)
 {
     pthread_mutex_lock(&orphan_lock);
     int64_t polls = 0;
-    hm_wait_policy pol = {.spin = 1000, .yield_ns = 2000000000, .sleep_ns = 50000,
-                          .timeout_ns = (int64_t)(cfg.timeout_s * 1e9)};
+    hm_wait_policy pol = plain_policy();
     HM_SLOW(w);
     for (;;) {
-        for (sent **at = &orphans; *at;) {
-            if ((*at)->broken) {   /* (kept: MPI may still read it) */
-                at = &(*at)->next;
-                continue;
-            }
-            int flag = 0;
-            if (PMPI_Test(&(*at)->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
-                sent *x = *at;
-                *at = x->next;
-                free(x);
-            } else {
-                at = &(*at)->next;
-            }
-        }
-        int left = 0;
+        int left = reap(&orphans, 1);
         for (sent *x = orphans; x; x = x->next)
-            left += !x->broken;
-        if (!left)
-            break;
-        if (polls++ < pol.spin) {
-            cpu_relax();
-            continue;
-        }
-        if (!w.start)
-            slow_start(&w, &pol);
-        if (slow_tick(&w, &pol, NULL, 0, 0))
+            left -= x->broken;
+        if (left <= 0 || idle(&polls, &w, &pol))
             break;
     }
     pthread_mutex_unlock(&orphan_lock);

@@ -1139,8 +1139,6 @@ static int step(op *o)
         if (o->route[k] == R_DRAIN && drain(o, k) && !o->done)
             o->route[k] = R_EDGES, o->left--;
     if (!o->done && !o->left && messages_done(o) && !o->done) {
-        for (int k = 0; k < o->p->nrp; k++)
-            o->route[k] = o->route[k] == R_OPEN ? R_EDGES : o->route[k];
         if (o->soft)
             report(o);
         finish(o);

@@ -22,6 +22,14 @@ from .._native.tables import mpi
 #: spinning (one per live HybridComm of several ranks)
 _PROGRESS: list[Any] = []
 
+#: the tag of that Iprobe: no message ever carries it.  A probe that matches returns without
+#: driving progress (Open MPI's ob1 runs opal_progress only when nothing matched), and a probe
+#: for any tag matched the first unreceived message on the comm (a flat Halo's message begun
+#: by a peer, a failure notice): the spinning rank then never moved its own nonblocking
+#: collectives and sends, and the peer waiting inside MPI for them waited out its deadline
+#: (fuzz finding 41)
+PROGRESS_TAG = 32701
+
 
 def _held(_kind: Any, exc: BaseException, _tb: Any) -> None:
     """An exception that left the progress hook (a signal's: Python runs its handler as the
@@ -36,7 +44,7 @@ def hm_py_progress() -> None:
     this rank (a nonblocking collective or message this rank started, RMA aimed at it) while
     this rank waits on shared memory for that peer (Open MPI progresses nothing by itself)."""
     if _PROGRESS:
-        _PROGRESS[0].Iprobe()
+        _PROGRESS[0].Iprobe(mpi().ANY_SOURCE, PROGRESS_TAG)
 
 
 @ffi.def_extern(onerror=_held, error=-1)

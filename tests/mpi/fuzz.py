@@ -192,6 +192,7 @@ class Program(Judge, Steps, Misuse):
         self.broken = {}  # rank -> key at which it first raised a breaking exception
         self.broken_why = {}  # rank -> that exception
         self.broken_t = {}  # rank -> when it raised it (that rank's clock: a group's order differs)
+        self.t0_at = {}  # (step key, rank) -> when that rank began that call (its own clock)
         self.begins = {}  # (hid, call no) -> key of the begin
         self.failure = None
         self.stats = {"steps": 0, "calls": 0, "raised": 0}

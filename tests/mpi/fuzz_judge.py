@@ -65,6 +65,9 @@ class Judge:
                      and isa(x.cls, BREAKING | {"ValueError", "TypeError"})), default=None)
             if t is not None:
                 self.any_breaks.append((key, t))
+        for key in keys:
+            for r, x in by[key].items():
+                self.t0_at[(key, r)] = x.t0
         for n, key in enumerate(keys):
             recs = by[key]
             f = self.judge(key, recs)
@@ -292,8 +295,12 @@ class Judge:
                     continue
                 ds = range(P) if deps is None else deps.get(s_, ())
                 for r in ds:
+                    # rank r's part is owed when it broke before it began the call: for an end,
+                    # before its begin, on rank r's own clock (a group's begin may run before
+                    # an earlier step's call on that rank, and send its part: fuzz finding 46)
+                    began = self.t0_at.get((since, r), raised[r].t0 if r in raised else 0.0)
                     if (r != s_ and r in raised and r in self.broken and self.broken[r] < since
-                            and self.broken_t[r] <= raised[r].t0):   # (rank r's own clock)
+                            and self.broken_t[r] <= began):
                         return fail(
                             "disagree",
                             f"rank {s_} returned normally although rank {r}, whose part "

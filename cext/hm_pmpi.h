@@ -63,7 +63,7 @@ int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node);
 char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why, int *fd);
 int pmpi_failed(state *s, const char *call, int rc);
 int pmpi_revoked(state *s);
-void pmpi_poke(state *s);
+void pmpi_poke(MPI_Comm fallback);
 int pmpi_gone(state *s, int node_rank);
 
 /* hm_pmpi_ngh.c: frees the neighbourhood part of a state whose communicator is freed (its

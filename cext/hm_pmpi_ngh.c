@@ -1186,9 +1186,8 @@ static void advance(ngh *g, op *upto, int block)
         }
         if (!w.start)
             slow_start(&w, pol);
-        int flag;   /* MPI's progress, on the library's communicator (the program's may be in
-                       its free, on another thread) */
-        PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g->msgs, &flag, MPI_STATUS_IGNORE);
+        pmpi_poke(g->msgs);   /* MPI's progress, never on the program's communicator (it may
+                                 be in its free, on another thread) */
         op *o = g->head;
         while (o->done)
             o = o->next;

@@ -1,7 +1,8 @@
 /* Programs that try to break the PMPI library (tests/test_pmpi.py), one per argument:
  *   progress  rank 0 is in MPI_Ssend to rank 1 while rank 1 is in MPI_Allreduce on another
  *             communicator, whose last rank joins only once that Ssend completed: the wait
- *             must drive MPI's progress, or the three wait for each other forever;
+ *             must drive MPI's progress, or the three wait for each other forever (with a
+ *             message unexpected at rank 1 all along, which a probe must not match);
  *   rma       passive-target RMA (lock, put, unlock) aimed at ranks that sit in the library's
  *             barrier and allreduce;
  *   threads   MPI_THREAD_MULTIPLE: every thread reduces and synchronizes on its own
@@ -72,6 +73,11 @@ static void progress(void)
     MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? MPI_UNDEFINED : 0, rank, &other);
     if (other != MPI_COMM_NULL)
         warm(other);
+    /* a message rank 1 receives only at the end lies unexpected in its queue meanwhile: a
+     * progress probe that matched it drove no progress in Open MPI (ob1) */
+    int early = 7;
+    if (rank == 2)
+        MPI_Send(&early, 1, MPI_INT, 0, 7, other);
     enum { N = 1 << 20 };
     char *buf = calloc(N, 1);
     for (int round = 0; round < 20; round++) {
@@ -94,6 +100,11 @@ static void progress(void)
         }
     }
     free(buf);
+    if (rank == 1) {
+        int got = 0;
+        MPI_Recv(&got, 1, MPI_INT, 1, 7, other, MPI_STATUS_IGNORE);
+        CHECK(got == 7, "the early message %d", got);
+    }
     if (other != MPI_COMM_NULL)
         MPI_Comm_free(&other);
 }

@@ -280,8 +280,10 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
         # one breaks too, on every rank (the leader's verdict says which: finding 8)
         why = ("ValueError" if err.bad_rank == lib.HM_BAD_INVALID_ELSEWHERE or other_node_invalid
                else None)
-        return (PeerArgumentError(f"hybridmpi: {what}: ranks on different nodes passed different "
-                                  "arguments (count, dtype or op), or invalid ones", rank=rank),
+        return (PeerArgumentError(f"hybridmpi: {what}: ranks on different nodes are in different "
+                                  "collective calls (a barrier and an allreduce) or passed "
+                                  "different arguments (count, dtype or op), or invalid ones",
+                                  rank=rank),
                 why, False)
     if rc == _EMISMATCH and err.bad_kind != err.root_kind:
         bad, me = node_ranks[err.bad_rank], node_ranks[err.peer]

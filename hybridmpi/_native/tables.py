@@ -62,8 +62,8 @@ def op_code(op: Any, MPI: Any = None) -> int:
         ValueError: unknown operation name.
         TypeError: neither a string nor one of those MPI operations.
     """
-    if type(op) is str:
-        code = OPS.get(op)
+    if isinstance(op, str):   # a str subclass too (numpy's str_)
+        code = OPS.get(str(op))
         if code is None:
             raise ValueError(f"hybridmpi: unknown op {op!r}; use one of {sorted(OPS)}")
         return code

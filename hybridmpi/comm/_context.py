@@ -133,5 +133,9 @@ class Context:
 def earlier_error(why: str | None, by: int | None) -> str:
     """The earlier error that broke a HybridComm, as its later errors name it: ``(PeerError)``,
     or ``(PeerError, seen from rank 2)``: the peer whose error bits or failure notice this rank
-    met (the failure may have begun at another rank, which that peer passed on)."""
-    return f"({why})" if by is None else f"({why}, seen from rank {by})"
+    met (the failure may have begun at another rank, which that peer passed on).  A peer's
+    argument error reads as the class this rank raised for it, ``PeerArgumentError`` (``why``
+    says "ValueError" for any argument error: the kind of error bits the comm leaves)."""
+    if by is None:
+        return f"({why})"
+    return f"({'PeerArgumentError' if why == 'ValueError' else why}, seen from rank {by})"

@@ -424,7 +424,7 @@ class Halo(Freed):
 
     @staticmethod
     def _op(op, dtype):
-        code = _REVERSE_OPS.get(op) if type(op) is str else None
+        code = _REVERSE_OPS.get(str(op)) if isinstance(op, str) else None   # numpy's str_ too
         if code is None:
             raise ValueError(f"hybridmpi: Halo.reverse: op must be one of {list(_REVERSE_OPS)}, "
                              f"got {safe_repr(op)}")

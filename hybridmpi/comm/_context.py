@@ -99,7 +99,7 @@ class Context:
     def earlier_error(self) -> str:
         """The earlier error that broke the HybridComm, in words (its kind, and the peer whose
         failure it was when known)."""
-        return earlier_error(self._broken(), self._broken_by())
+        return earlier_error(self._broken(), *self._broken_by())
 
     def service(self, name: str, make: Callable[[Context], Any]) -> Any:
         """The state that a lower layer keeps once per HybridComm, made by ``make(context)`` on
@@ -130,12 +130,12 @@ class Context:
         self.hooks.pop(id(obj), None)
 
 
-def earlier_error(why: str | None, by: int | None) -> str:
+def earlier_error(why: str | None, by: int | None, raised: str | None = None) -> str:
     """The earlier error that broke a HybridComm, as its later errors name it: ``(PeerError)``,
     or ``(PeerError, seen from rank 2)``: the peer whose error bits or failure notice this rank
-    met (the failure may have begun at another rank, which that peer passed on).  A peer's
-    argument error reads as the class this rank raised for it, ``PeerArgumentError`` (``why``
-    says "ValueError" for any argument error: the kind of error bits the comm leaves)."""
-    if by is None:
-        return f"({why})"
-    return f"({'PeerArgumentError' if why == 'ValueError' else why}, seen from rank {by})"
+    met (the failure may have begun at another rank, which that peer passed on).  It names
+    ``raised``, the class this rank raised, where known: ``why`` says "ValueError" for any
+    argument error (the kind of error bits the comm leaves), a peer's (``PeerArgumentError``
+    here) or this rank's own (which may be a ``TypeError``)."""
+    name = raised or ("PeerArgumentError" if by is not None and why == "ValueError" else why)
+    return f"({name})" if by is None else f"({name}, seen from rank {by})"

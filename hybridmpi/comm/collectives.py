@@ -172,7 +172,7 @@ class Collectives:
             calls.serve(name, Coll(kind, address, fn_address,
                                    functools.partial(self._fail, what=what), OPS, arrays))
 
-    def stop(self, why: str | None, by: int | None = None) -> None:
+    def stop(self, why: str | None, by: int | None = None, raised: str | None = None) -> None:
         """Every later call raises: the comm broke (``why``; ``by``: the peer whose error this
         rank met, when known) or was freed (None)."""
         self._live = None
@@ -180,7 +180,7 @@ class Collectives:
             self._st = None
             self._bufs = {}
         elif self._broken is None:
-            self._broken, self._broken_words = why, earlier_error(why, by)
+            self._broken, self._broken_words = why, earlier_error(why, by, raised)
 
     def pending_between_nodes(self) -> Any:
         """The leaders' ``Net`` while a request of it is incomplete (a wait between the nodes
@@ -234,7 +234,7 @@ class Collectives:
                                          if self._leader_waits_on_nodes(call) else None),
             missing=self.not_entered, other_leaders=self._other_leaders, local=local)
         if why is not None:
-            self._break(why, notify=notify, by=getattr(exc, "peer", None))
+            self._break(why, notify=notify, by=getattr(exc, "peer", None), raised=type(exc).__name__)
         raise exc
 
     def not_entered(self):

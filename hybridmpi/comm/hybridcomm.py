@@ -347,6 +347,7 @@ class HybridComm:
         self.allreduce_method = allreduce
         self._broken = None
         self._broken_by: int | None = None   # the peer whose error broke it here, when known
+        self._broken_as: str | None = None   # the class this rank raised then, when known
         self._children: dict[int, Any] = {}  # Halos and global memory built on this comm, freed with it
         self._tags = np.zeros(TAG_SLOTS // 64 + 1, dtype=np.uint64)  # bit i: identifier i taken
         self._notices = Notices(self.comm, self._nonce, MPI)  # this rank's and the peers' (_break)
@@ -356,7 +357,7 @@ class HybridComm:
                                children=self._children, hooks=dict(
                                    service=self._service, free_comm=self._free_comm,
                                    broken=lambda: self._broken, take_id=self._take_id,
-                                   broken_by=lambda: self._broken_by,
+                                   broken_by=lambda: (self._broken_by, self._broken_as),
                                    release_id=self._release_id, break_comm=self._break,
                                    peer_error=self._peer_error, describe_word=self._where_word,
                                    calls=self._calls,
@@ -555,7 +556,7 @@ class HybridComm:
         """The error of a rank that found a peer's error bits ``seen`` (None: got its failure
         notice); ``also`` is appended to the message.  The comm breaks."""
         exc = _errmap.peer_error(self.rank, what, peer, seen, also)
-        self._break(_errmap.breaks(exc), notify=False, by=peer)
+        self._break(_errmap.breaks(exc), notify=False, by=peer, raised=type(exc).__name__)
         return exc
 
     def _stop(self, why):
@@ -563,19 +564,20 @@ class HybridComm:
         it broke (``why``) or was freed (None)."""
         self._calls.close()
         if self._coll is not None:
-            self._coll.stop(why, self._broken_by)
+            self._coll.stop(why, self._broken_by, self._broken_as)
 
-    def _break(self, why, notify=True, by=None):
+    def _break(self, why, notify=True, by=None, raised=None):
         """Make this comm unusable, and make every peer that waits on this rank raise instead of
         waiting: error bits in every word this rank writes on its node (collectives, every
         Halo, sync_images) and, with ``notify`` (this rank's own failure rather than one passed
         on from a peer, whose notice every rank already has), a failure notice to every other
         rank, which the waits on MPI requests poll.  ``by``: the peer whose error this rank met,
-        when known (the comm's later errors name it; it may have passed on another's)."""
+        when known (the comm's later errors name it; it may have passed on another's);
+        ``raised``: the class this rank raised, when known (they name it too)."""
         first = self._broken is None
         self._broken = self._broken or why
         if first:
-            self._broken_by = by
+            self._broken_by, self._broken_as = by, raised
         self._stop(why)
         if not first or self._st is None or self._MPI.Is_finalized():
             return

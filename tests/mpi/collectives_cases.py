@@ -739,13 +739,48 @@ def case_one_rank_in_another_collective(comm, rng, **cfg):
     assert not wrong, wrong[:8]
 
 
+def case_op_names_and_earlier_errors(comm, rng, **cfg):
+    """An op named by a str subclass (numpy's ``str_``) is the op of that name, in every call
+    form; after one rank's argument error, a peer's later error names the class that peer
+    raised (``PeerArgumentError``), never ``ValueError``."""
+    with hc_of(comm, cfg) as hc:
+        n = hc.size
+        assert hc.allreduce(2.0, np.str_("sum")) == 2.0 * n
+        assert hc.allreduce(hc.rank, np.str_("max")) == n - 1
+        out = np.empty(5)
+        hc.Allreduce(np.full(5, hc.rank + 1.0), out, op=np.str_("min"))
+        assert (out == 1.0).all(), out
+        assert hybridmpi.allreduce(1.5, op=np.str_("sum"), comm=comm) == 1.5 * n
+    if comm.size < 2:
+        return skip("the earlier-error half needs 2 ranks")
+    with hc_of(comm, cfg) as hc:
+        bad = hc.size - 1
+        x = np.array(["a"] * 4) if hc.rank == bad else np.ones(4)
+        y = np.array(["b"] * 4) if hc.rank == bad else np.empty(4)
+        first = later = None
+        try:
+            hc.Allreduce(x, y)
+        except Exception as e:  # noqa: BLE001 - each rank's class is the verdict
+            first = type(e).__name__
+        try:
+            hc.barrier()
+        except Exception as e:  # noqa: BLE001
+            later = str(e)
+        ok = (first == "TypeError") if hc.rank == bad else (first in ("PeerArgumentError", "PeerError"))
+        ok = ok and later is not None and "(ValueError, seen from" not in later
+        if hc.rank != bad and first == "PeerArgumentError":
+            ok = ok and "PeerArgumentError" in later
+        views = comm.allgather((ok, f"rank {hc.rank}: {first}; then {later}"))
+        assert all(v for v, _ in views), views
+
+
 CASES = [case_layout, case_values_match_mpi4py, case_array_calls, case_min_max_one_rule,
          case_complex_product_c99, case_python_scalars, case_python_ints_exact,
          case_stress_interleaved,
          case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_waits_let_other_threads_run,
          case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank,
          case_internode_timeout_names_the_call, case_argument_code_that_frees_the_comm,
-         case_one_rank_in_another_collective]
+         case_one_rank_in_another_collective, case_op_names_and_earlier_errors]
 
 
 if __name__ == "__main__":

@@ -547,6 +547,22 @@ typedef int (*hm_mpi_bcast)(void *buf, int count, intptr_t type, int root, intpt
 typedef void (*hm_mpi_user_fn)(void *in, void *inout, int *len, void *type);
 typedef int (*hm_mpi_op_create)(hm_mpi_user_fn fn, int commute, void *op);
 typedef int (*hm_mpi_op_free)(void *op);
+/* MPI_Type_contiguous, MPI_Type_commit and MPI_Type_free: a type made is written into a zeroed
+ * intptr_t, as an op. */
+typedef int (*hm_mpi_type_contiguous)(int count, intptr_t old, void *type);
+typedef int (*hm_mpi_type_commit)(void *type);
+typedef int (*hm_mpi_type_free)(void *type);
+
+/* The leaders' first call of every collective is one allreduce of one element of a fixed
+ * type: HM_NET_WORDS int64 words, the call's signature (9 words: a node's status, then kind,
+ * count, dtype and op each with its negation, combined by max, so that every leader learns
+ * whether all agree), the lowest leader rank whose part is in the element, and an inline
+ * payload of up to HM_NET_INLINE bytes, which an allreduce of that size combines in the same
+ * call (by hm_combine, in a user-defined op that combines only between nodes that agree, the
+ * lower leaders' part first, so that the two ends of every step get the same bits).  Every collective, barrier or allreduce of any size, makes the
+ * same first call, so nodes that disagree always meet in it. */
+#define HM_NET_INLINE 256
+#define HM_NET_WORDS 42
 
 /* Return codes of the calls between the nodes, beside the core's: MPI failed between the
  * nodes; the call failed on another node; another node called another collective or with
@@ -574,6 +590,9 @@ typedef struct hm_net {
     hm_mpi_bcast bcast;
     hm_mpi_op_create op_create;     /* for hm_net_make_ops and hm_net_free_ops */
     hm_mpi_op_free op_free;
+    hm_mpi_type_contiguous type_contiguous;   /* the same */
+    hm_mpi_type_commit type_commit;
+    hm_mpi_type_free type_free;
     intptr_t comm;                  /* the leaders' communicator */
     int rank;                       /* this leader's rank in it */
     intptr_t int64, max, in_place;  /* MPI_INT64_T, MPI_MAX, MPI_IN_PLACE */
@@ -582,13 +601,14 @@ typedef struct hm_net {
     intptr_t ops[11];               /* by the core's op code (through HM_BXOR), 0: none */
     intptr_t own_ops[5];            /* made by hm_net_make_ops, 0 before: taken instead of ops[]
                                      * for float and double min and max, complex prod */
+    intptr_t first_type, first_op;  /* the first call's type and op (hm_net_make_ops) */
     /* Polled every 64th poll of a wait that stopped spinning: the rank whose failure notice
      * came, else -1 (NULL: none).  A wait goes on for 0.2 s after a notice came (a peer that
      * failed in a later call may have sent what this one needs). */
     int (*notice)(void *arg);
     void *notice_arg;
-    int64_t mine[9];                /* this node's signature */
-    int64_t sig[9];                 /* the agreed one (the maxima): read by the errors */
+    int64_t mine[42];               /* this node's first call (HM_NET_WORDS): its signature */
+    int64_t sig[42];                /* the agreed one (the maxima): read by the errors */
     int64_t req[2];
 } hm_net;
 
@@ -606,7 +626,8 @@ int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64
  * poisoned) or the agreement's failure. */
 int hm_net_bad(hm_coll *c, hm_net *n);
 /* Make n's own_ops: commutative user-defined ops (n->op_create) that combine float and double
- * min and max and the complex product by hm_combine; HM_OK, or HM_ENET with none made.  Once,
+ * min and max and the complex product by hm_combine, and the first call's type and op
+ * (n->type_contiguous, n->type_commit); HM_OK, or HM_ENET with none made.  Once,
  * before n's first allreduce, on a zeroed hm_net (else its allreduces of those fail with
  * HM_EARG); hm_net_free_ops frees them (n->op_free), while MPI still runs and no request of
  * n's is pending (hm_net_pending). */

@@ -48,8 +48,58 @@ static int own_op(int dtype, int op)
     return -1;
 }
 
+/* The first call's words (hm_core.h, HM_NET_WORDS): the signature, the lowest leader rank in
+ * the element, the inline payload. */
+enum { W_SIG = 9, W_LO = 9, W_DATA = 10 };
+_Static_assert(HM_NET_WORDS == W_DATA + HM_NET_INLINE / 8, "the first call's size");
+_Static_assert(HM_NET_WORDS == sizeof(((hm_net *)0)->sig) / sizeof(int64_t), "hm_net.sig's size");
+
+static int agreeing(const int64_t *s)
+{
+    return s[0] == 0 && s[1] == -s[2] && s[3] == -s[4] && s[5] == -s[6] && s[7] == -s[8];
+}
+
+/* Whether a first call with signature s carries its payload inline. */
+static int inline_payload(const int64_t *s)
+{
+    size_t esz = hm_dtype_size((int)s[5]);
+    return s[1] == HM_K_ALLREDUCE_TREE && esz && s[3] >= 0 && (uint64_t)s[3] * esz <= HM_NET_INLINE &&
+           hm_op_valid((int)s[5], (int)s[7]);
+}
+
+/* The first call's op: inout = in + inout.  The signatures combine by max; the payloads only
+ * where both elements agree on one call that carries it, the lower leaders' part first. */
+static void first_fn(void *in, void *inout, int *len, void *type)
+{
+    (void)type;
+    for (int e = 0; e < *len; e++) {
+        const int64_t *a = (const int64_t *)in + (size_t)e * HM_NET_WORDS;
+        int64_t *b = (int64_t *)inout + (size_t)e * HM_NET_WORDS;
+        if (agreeing(a) && agreeing(b) && a[1] == b[1] && a[3] == b[3] && a[5] == b[5] &&
+            a[7] == b[7] && inline_payload(b)) {
+            if (b[W_LO] < a[W_LO]) {
+                hm_combine(b + W_DATA, a + W_DATA, (uint64_t)b[3], (int)b[5], (int)b[7]);
+            } else {
+                int64_t t[HM_NET_INLINE / 8];
+                memcpy(t, a + W_DATA, sizeof t);
+                hm_combine(t, b + W_DATA, (uint64_t)b[3], (int)b[5], (int)b[7]);
+                memcpy(b + W_DATA, t, sizeof t);
+            }
+        }
+        b[W_LO] = a[W_LO] < b[W_LO] ? a[W_LO] : b[W_LO];
+        for (int k = 0; k < W_SIG; k++)
+            b[k] = a[k] > b[k] ? a[k] : b[k];
+    }
+}
+
 int hm_net_make_ops(hm_net *n)
 {
+    n->first_type = n->first_op = 0;
+    if (n->type_contiguous(HM_NET_WORDS, n->int64, &n->first_type) != 0 ||
+        n->type_commit(&n->first_type) != 0 || n->op_create(first_fn, 1, &n->first_op) != 0) {
+        hm_net_free_ops(n);
+        return HM_ENET;
+    }
     for (int i = 0; i < NOWN; i++) {
         if (n->op_create(own[i].fn, 1, &n->own_ops[i]) != 0) {
             n->own_ops[i] = 0;
@@ -67,6 +117,11 @@ void hm_net_free_ops(hm_net *n)
             n->op_free(&n->own_ops[i]);
         n->own_ops[i] = 0;   /* (MPI_OP_NULL is not 0 in MPICH) */
     }
+    if (n->first_op != 0)
+        n->op_free(&n->first_op);
+    if (n->first_type != 0)
+        n->type_free(&n->first_type);
+    n->first_op = n->first_type = 0;
 }
 
 /* the status of a node whose own call failed (1: its ranks disagreed) */
@@ -140,18 +195,24 @@ static inline int blocking(const hm_coll *c, const hm_net *n)
     return n->allreduce != NULL && c->policy.timeout_ns <= 0 && n->notice == NULL;
 }
 
-/* The leaders' agreement on this node's status and call; HM_OK when every node is well and
- * called the same, else the code of what went wrong (the node is then poisoned). */
+/* The leaders' first call (hm_core.h, HM_NET_WORDS): their agreement on this node's status
+ * and call, and the combination of `data` (NULL: none; an allreduce whose payload goes inline)
+ * into the same words; HM_OK when every node is well and called the same, else the code of
+ * what went wrong (the node is then poisoned).  The combined payload is at n->sig + W_DATA. */
 static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t count, int64_t dt,
-                 int64_t op)
+                 int64_t op, const void *data)
 {
     int64_t *m = n->mine, *s = n->sig;
     const int64_t sig[9] = {failed, kind, -kind, count, -count, dt, -dt, op, -op};
     memcpy(m, sig, sizeof sig);
+    m[W_LO] = n->rank;
+    memset(m + W_DATA, 0, HM_NET_INLINE);
+    if (data != NULL)
+        memcpy(m + W_DATA, data, (size_t)count * hm_dtype_size((int)dt));
     n->req[0] = 0;
-    int rc = blocking(c, n) ? (n->allreduce(m, s, 9, n->int64, n->max, n->comm) != 0 ? HM_ENET
-                                                                                   : HM_OK)
-             : n->iallreduce(m, s, 9, n->int64, n->max, n->comm, &n->req[0]) != 0 ? HM_ENET
+    int rc = blocking(c, n) ? (n->allreduce(m, s, 1, n->first_type, n->first_op, n->comm) != 0
+                                   ? HM_ENET : HM_OK)
+             : n->iallreduce(m, s, 1, n->first_type, n->first_op, n->comm, &n->req[0]) != 0 ? HM_ENET
              : net_wait(c, n, &n->req[0]);
     if (rc != HM_OK)
         return poisoned(c, rc);
@@ -192,7 +253,7 @@ int hm_net_barrier(hm_coll *c, hm_net *n, int method, int kind)
 {
     HM_PROFILED;
     int rc = hm_barrier(c, method, HM_GATHER);
-    int agreed = agree(c, n, rc != HM_OK ? FAILED : 0, kind, 0, 0, 0);
+    int agreed = agree(c, n, rc != HM_OK ? FAILED : 0, kind, 0, 0, 0, NULL);
     if (rc != HM_OK)
         return rc;
     if (agreed == HM_EDIFFERS)
@@ -220,14 +281,20 @@ int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64
         /* the leaders first agree that every node passed the same arguments: combining
          * buffers of different sizes would be erroneous MPI, and a node whose ranks disagreed
          * or failed must not leave the others waiting */
-        int agreed = agree(c, n, rc != HM_OK ? FAILED : hm_allreduce_verdict(c, 0) != -1,
-                           HM_K_ALLREDUCE_TREE, (int64_t)count, dtype, op);
+        int64_t status = rc != HM_OK ? FAILED : hm_allreduce_verdict(c, 0) != -1;
+        /* a call whose payload fits goes inline, in the agreement itself (count is every
+         * node's, if they agree: then all of them do) */
+        int inl = k == count && count * esz <= HM_NET_INLINE && status == 0;
+        int agreed = agree(c, n, status, HM_K_ALLREDUCE_TREE, (int64_t)count, dtype, op,
+                           inl ? hm_coll_slot(c, 0) : NULL);
         if (rc != HM_OK)
             return rc;
         if (agreed == HM_EDIFFERS)   /* the release fails on every rank of the node */
             hm_allreduce_verdict(c, n->sig[1] == HM_K_BAD ? 2 : 1);
         else if (agreed != HM_OK)
             return agreed;
+        else if (inl)
+            memcpy(hm_coll_slot(c, 0), n->sig + W_DATA, (size_t)count * esz);
         else if (k && (rc = combine(c, n, k, dtype, op)) != HM_OK)
             return rc;
         if ((rc = hm_allreduce_chunk(c, NULL, rp, k, count, dtype, op, HM_RELEASE)) != HM_OK)
@@ -244,6 +311,6 @@ int hm_net_pending(const hm_net *n)
 
 int hm_net_bad(hm_coll *c, hm_net *n)
 {
-    int agreed = agree(c, n, 0, HM_K_BAD, 0, 0, 0);
+    int agreed = agree(c, n, 0, HM_K_BAD, 0, 0, 0, NULL);
     return agreed == HM_EDIFFERS ? poisoned(c, HM_EDIFFERS) : agreed;
 }

@@ -454,6 +454,21 @@ static int net_op_free(void *op)
     return PMPI_Op_free((MPI_Op *)op);
 }
 
+static int net_type_contiguous(int count, intptr_t old, void *type)
+{
+    return PMPI_Type_contiguous(count, (MPI_Datatype)old, (MPI_Datatype *)type);
+}
+
+static int net_type_commit(void *type)
+{
+    return PMPI_Type_commit((MPI_Datatype *)type);
+}
+
+static int net_type_free(void *type)
+{
+    return PMPI_Type_free((MPI_Datatype *)type);
+}
+
 /* A leader's hm_net over its leaders' communicator: each core type and op as the first named
  * one of this MPI that the tables above give it, and the core's own ops (float and double min
  * and max, complex prod: hm_net_make_ops, freed with the leaders' communicator by release);
@@ -464,6 +479,8 @@ static int net_init(state *s)
     *n = (hm_net){.iallreduce = net_iallreduce, .ireduce = net_ireduce, .ibcast = net_ibcast,
                   .test = net_test, .allreduce = net_allreduce, .reduce = net_reduce,
                   .bcast = net_bcast, .op_create = net_op_create, .op_free = net_op_free,
+                  .type_contiguous = net_type_contiguous, .type_commit = net_type_commit,
+                  .type_free = net_type_free,
                   .comm = (intptr_t)s->leaders, .int64 = (intptr_t)MPI_INT64_T,
                   .max = (intptr_t)MPI_MAX, .in_place = (intptr_t)MPI_IN_PLACE};
     PMPI_Comm_rank(s->leaders, &n->rank);

@@ -2,7 +2,8 @@
 the PMPI library runs too) over the leaders' communicator.
 
 The core is built without ``mpi.h``; :class:`Net` gives it mpi4py's MPI: the addresses of that
-MPI's nonblocking collectives, ``MPI_Test``, ``MPI_Op_create`` and ``MPI_Op_free`` (looked up
+MPI's nonblocking collectives, ``MPI_Test``, ``MPI_Op_create`` and ``MPI_Op_free``,
+``MPI_Type_contiguous``, ``MPI_Type_commit`` and ``MPI_Type_free`` (looked up
 from mpi4py's extension module, whose dependencies hold them), the handles of the
 communicator, types and ops (``MPI._handleof``), the core's own ops for float min and max and
 the complex product (made by the core with ``MPI_Op_create``, freed by :meth:`Net.free`), and
@@ -21,7 +22,9 @@ from ._waits import notice_hook
 
 #: the entry points hm_net calls, by its field
 _ENTRY_POINTS = {"iallreduce": "MPI_Iallreduce", "ireduce": "MPI_Ireduce", "ibcast": "MPI_Ibcast",
-                 "test": "MPI_Test", "op_create": "MPI_Op_create", "op_free": "MPI_Op_free"}
+                 "test": "MPI_Test", "op_create": "MPI_Op_create", "op_free": "MPI_Op_free",
+                 "type_contiguous": "MPI_Type_contiguous", "type_commit": "MPI_Type_commit",
+                 "type_free": "MPI_Type_free"}
 _ADDRESSES: dict[str, int] = {}
 
 
@@ -68,8 +71,9 @@ class Net:
         net.notice, self._handle = notice_hook(notices)
         net.notice_arg = self._handle
         if not errmap.ok(lib.hm_net_make_ops(net)):
-            raise RuntimeError(f"hybridmpi: node leader {net.rank}: MPI_Op_create failed (the ops "
-                               "of float min and max and of the complex product between the nodes)")
+            raise RuntimeError(f"hybridmpi: node leader {net.rank}: MPI_Op_create or "
+                               "MPI_Type_contiguous failed (the ops of float min and max, of the "
+                               "complex product and of the leaders' first call between the nodes)")
 
     def free(self) -> None:
         """Free the core's own ops (MPI_Op_free); call it while MPI runs and no request of the

@@ -556,13 +556,16 @@ typedef int (*hm_mpi_type_free)(void *type);
 /* The leaders' first call of every collective is one allreduce of one element of a fixed
  * type: HM_NET_WORDS int64 words, the call's signature (9 words: a node's status, then kind,
  * count, dtype and op each with its negation, combined by max, so that every leader learns
- * whether all agree), the lowest leader rank whose part is in the element, and an inline
- * payload of up to HM_NET_INLINE bytes, which an allreduce of that size combines in the same
- * call (by hm_combine, in a user-defined op that combines only between nodes that agree, the
- * lower leaders' part first, so that the two ends of every step get the same bits).  Every collective, barrier or allreduce of any size, makes the
+ * whether all agree), whether the payload goes inline (with its negation), the lowest leader
+ * rank whose part is in the element, and an inline payload of up to HM_NET_INLINE bytes,
+ * which an allreduce of that size combines in the same call (by hm_combine, in a user-defined
+ * op that combines only between nodes that agree, the lower leaders' part first).  Inline goes
+ * only what every leader gets with the same bits whatever the order MPI combines in: min and
+ * max, the integer types, and anything between two leaders (a float sum of three parts in two
+ * orders may differ in its last bit: those take the reduce and broadcast after the agreement).  Every collective, barrier or allreduce of any size, makes the
  * same first call, so nodes that disagree always meet in it. */
 #define HM_NET_INLINE 256
-#define HM_NET_WORDS 42
+#define HM_NET_WORDS 44
 
 /* Return codes of the calls between the nodes, beside the core's: MPI failed between the
  * nodes; the call failed on another node; another node called another collective or with
@@ -595,6 +598,7 @@ typedef struct hm_net {
     hm_mpi_type_free type_free;
     intptr_t comm;                  /* the leaders' communicator */
     int rank;                       /* this leader's rank in it */
+    int size;                       /* the number of leaders */
     intptr_t int64, max, in_place;  /* MPI_INT64_T, MPI_MAX, MPI_IN_PLACE */
     intptr_t types[12];             /* by the core's type code (HM_NTYPES): an MPI type of its
                                      * size and kind, 0 where the caller has none */
@@ -607,8 +611,8 @@ typedef struct hm_net {
      * failed in a later call may have sent what this one needs). */
     int (*notice)(void *arg);
     void *notice_arg;
-    int64_t mine[42];               /* this node's first call (HM_NET_WORDS): its signature */
-    int64_t sig[42];                /* the agreed one (the maxima): read by the errors */
+    int64_t mine[44];               /* this node's first call (HM_NET_WORDS): its signature */
+    int64_t sig[44];                /* the agreed one (the maxima): read by the errors */
     int64_t req[2];
 } hm_net;
 

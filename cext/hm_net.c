@@ -48,23 +48,35 @@ static int own_op(int dtype, int op)
     return -1;
 }
 
-/* The first call's words (hm_core.h, HM_NET_WORDS): the signature, the lowest leader rank in
- * the element, the inline payload. */
-enum { W_SIG = 9, W_LO = 9, W_DATA = 10 };
+/* The first call's words (hm_core.h, HM_NET_WORDS): the signature, whether the payload goes
+ * inline and its negation, the lowest leader rank in the element, the inline payload. */
+enum { W_SIG = 11, W_INL = 9, W_LO = 11, W_DATA = 12 };
 _Static_assert(HM_NET_WORDS == W_DATA + HM_NET_INLINE / 8, "the first call's size");
 _Static_assert(HM_NET_WORDS == sizeof(((hm_net *)0)->sig) / sizeof(int64_t), "hm_net.sig's size");
 
 static int agreeing(const int64_t *s)
 {
-    return s[0] == 0 && s[1] == -s[2] && s[3] == -s[4] && s[5] == -s[6] && s[7] == -s[8];
+    return s[0] == 0 && s[1] == -s[2] && s[3] == -s[4] && s[5] == -s[6] && s[7] == -s[8] &&
+           s[W_INL] == -s[W_INL + 1];
 }
 
-/* Whether a first call with signature s carries its payload inline. */
+/* Whether a first call with signature s carries its payload inline (as its caller decided:
+ * the checks keep a disagreeing or damaged element out of hm_combine). */
 static int inline_payload(const int64_t *s)
 {
     size_t esz = hm_dtype_size((int)s[5]);
-    return s[1] == HM_K_ALLREDUCE_TREE && esz && s[3] >= 0 && (uint64_t)s[3] * esz <= HM_NET_INLINE &&
-           hm_op_valid((int)s[5], (int)s[7]);
+    return s[W_INL] == 1 && s[1] == HM_K_ALLREDUCE_TREE && esz && s[3] >= 0 &&
+           (uint64_t)s[3] * esz <= HM_NET_INLINE && hm_op_valid((int)s[5], (int)s[7]);
+}
+
+/* Whether an allreduce of `count` elements goes inline: it fits, and every leader gets the same
+ * bits in any order of combination (see hm_core.h). */
+static int goes_inline(const hm_net *n, uint64_t count, int dt, int op)
+{
+    size_t esz = hm_dtype_size(dt);
+    int exact = op == HM_MIN || op == HM_MAX || n->size == 2 ||
+                (dt != HM_F64 && dt != HM_F32 && dt != HM_C128 && dt != HM_PYINT);
+    return esz && count * esz <= HM_NET_INLINE && exact;
 }
 
 /* The first call's op: inout = in + inout.  The signatures combine by max; the payloads only
@@ -203,7 +215,8 @@ static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t co
                  int64_t op, const void *data)
 {
     int64_t *m = n->mine, *s = n->sig;
-    const int64_t sig[9] = {failed, kind, -kind, count, -count, dt, -dt, op, -op};
+    const int64_t inl = data != NULL;
+    const int64_t sig[11] = {failed, kind, -kind, count, -count, dt, -dt, op, -op, inl, -inl};
     memcpy(m, sig, sizeof sig);
     m[W_LO] = n->rank;
     memset(m + W_DATA, 0, HM_NET_INLINE);
@@ -220,7 +233,7 @@ static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t co
         return HM_OK;
     if (s[0] == FAILED)
         return poisoned(c, HM_EELSEWHERE);
-    if (s[0] || s[1] != -s[2] || s[3] != -s[4] || s[5] != -s[6] || s[7] != -s[8])
+    if (!agreeing(s))
         return HM_EDIFFERS;
     return HM_OK;
 }
@@ -284,7 +297,7 @@ int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64
         int64_t status = rc != HM_OK ? FAILED : hm_allreduce_verdict(c, 0) != -1;
         /* a call whose payload fits goes inline, in the agreement itself (count is every
          * node's, if they agree: then all of them do) */
-        int inl = k == count && count * esz <= HM_NET_INLINE && status == 0;
+        int inl = k == count && status == 0 && goes_inline(n, count, dtype, op);
         int agreed = agree(c, n, status, HM_K_ALLREDUCE_TREE, (int64_t)count, dtype, op,
                            inl ? hm_coll_slot(c, 0) : NULL);
         if (rc != HM_OK)

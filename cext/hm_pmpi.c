@@ -484,6 +484,7 @@ static int net_init(state *s)
                   .comm = (intptr_t)s->leaders, .int64 = (intptr_t)MPI_INT64_T,
                   .max = (intptr_t)MPI_MAX, .in_place = (intptr_t)MPI_IN_PLACE};
     PMPI_Comm_rank(s->leaders, &n->rank);
+    PMPI_Comm_size(s->leaders, &n->size);
     for (int i = ntypes - 1; i >= 0; i--)
         n->types[types[i].code] = (intptr_t)types[i].type;
     for (int i = (int)(sizeof ops / sizeof ops[0]) - 1; i >= 0; i--)

@@ -61,7 +61,7 @@ class Net:
         for field, address in _addresses(MPI).items():
             setattr(net, field, ffi.cast(f"hm_mpi_{field}", address))
         net.comm = _handle(MPI, leader_comm)
-        net.rank = leader_comm.Get_rank()
+        net.rank, net.size = leader_comm.Get_rank(), leader_comm.Get_size()
         net.int64, net.max = _handle(MPI, MPI.INT64_T), _handle(MPI, MPI.MAX)
         net.in_place = int(MPI.IN_PLACE)
         for code, name in MPI_TYPES.items():

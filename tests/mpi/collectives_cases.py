@@ -774,13 +774,48 @@ def case_op_names_and_earlier_errors(comm, rng, **cfg):
         assert all(v for v, _ in views), views
 
 
+def case_same_bits_on_every_rank(comm, rng, **cfg):
+    """Every rank gets the same bits, whatever path the size takes between the nodes (inline in
+    the leaders' first call up to 256 bytes where the combination is exact in any order: min,
+    max, the integer types, two leaders; the reduce and broadcast otherwise), and the values
+    are right: random floats (sums whose last bit depends on the order), counts on both sides
+    of the inline limit."""
+    with hc_of(comm, cfg) as hc:
+        for dtype in (np.float64, np.float32, np.int64, np.int32, np.complex128):
+            for op in ("sum", "prod", "min", "max"):
+                if dtype is np.complex128 and op in ("min", "max"):
+                    continue
+                for n in (1, 7, 31, 32, 33, 64, 65, 200):
+                    x = (rng.standard_normal(n) * 1e3).astype(dtype) if dtype not in (np.int64, np.int32) \
+                        else rng.integers(-50, 50, n).astype(dtype)
+                    if dtype is np.complex128:
+                        x = x + 1j * rng.standard_normal(n)
+                    out = np.empty_like(x)
+                    hc.Allreduce(x, out, op=op)
+                    every = comm.allgather(out.tobytes())
+                    assert all(b == every[0] for b in every), (dtype, op, n, "bits differ")
+                    rows = np.array(comm.allgather(x))
+                    if op in ("min", "max") and dtype not in (np.int64, np.int32):
+                        assert out.tobytes() == reference(rows, op).tobytes(), (dtype, op, n)
+                    else:
+                        ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum,
+                                 "max": np.maximum}[op]
+                        want = ufunc.reduce(rows, axis=0, dtype=dtype)
+                        if dtype in (np.int64, np.int32):
+                            assert np.array_equal(out, want), (dtype, op, n)
+                        else:
+                            tol = 1e-4 if dtype is np.float32 else 1e-9
+                            assert np.allclose(out, want, rtol=tol, atol=0), (dtype, op, n)
+
+
 CASES = [case_layout, case_values_match_mpi4py, case_array_calls, case_min_max_one_rule,
          case_complex_product_c99, case_python_scalars, case_python_ints_exact,
          case_stress_interleaved,
          case_barrier_orders_memory, case_bad_input, case_c_fast_paths, case_waits_let_other_threads_run,
          case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank,
          case_internode_timeout_names_the_call, case_argument_code_that_frees_the_comm,
-         case_one_rank_in_another_collective, case_op_names_and_earlier_errors]
+         case_one_rank_in_another_collective, case_op_names_and_earlier_errors,
+         case_same_bits_on_every_rank]
 
 
 if __name__ == "__main__":

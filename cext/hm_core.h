@@ -513,11 +513,13 @@ void hm_signal_invalid(hm_pairs *p);
 /* The protocol between the nodes, one implementation for the Python library and the PMPI
  * library (docs/protocol.md, "Between the nodes").  A node's leader (node rank 0) joins
  * the other nodes' leaders between its node's gather and release phases: first the leaders
- * agree, in an allreduce (max) of 9 int64, on a status and on what each node was called for
- * ([failed, kind, -kind, count, -count, dtype, -dtype, op, -op]); then, only when every node
- * is well and called the same, an allreduce's data step, a reduce to the first leader and
- * its broadcast, so that every leader gets the same bits (MPICH's allreduce may give them
- * different ones: the sign of a zero minimum, which NaN).  Floating min and max and the
+ * agree, in one allreduce of one element of a fixed type (HM_NET_WORDS, below), on a status
+ * and on what each node was called for ([failed, kind, -kind, count, -count, dtype, -dtype,
+ * op, -op], by max), and a small allreduce whose combination is exact in any order is
+ * combined in that same call; then, only when every node is well and called the same, a
+ * larger allreduce's data step, a reduce to the first leader and its broadcast, so that every
+ * leader gets the same bits (MPICH's allreduce may give them different ones: the sign of a
+ * zero minimum, which NaN, the last bit of a sum).  Floating min and max and the
  * complex product go there through user-defined ops of the core's own combination
  * (hm_net_make_ops), so that the result does not depend on how many nodes there are: MPI
  * leaves a NaN's min and max unspecified (MPICH's MPI_MIN gives the other operand in one of

@@ -66,7 +66,7 @@ static int inline_payload(const int64_t *s)
 {
     size_t esz = hm_dtype_size((int)s[5]);
     return s[W_INL] == 1 && s[1] == HM_K_ALLREDUCE_TREE && esz && s[3] >= 0 &&
-           (uint64_t)s[3] * esz <= HM_NET_INLINE && hm_op_valid((int)s[5], (int)s[7]);
+           (uint64_t)s[3] <= HM_NET_INLINE / esz && hm_op_valid((int)s[5], (int)s[7]);
 }
 
 /* Whether an allreduce of `count` elements goes inline: it fits, and every leader gets the same
@@ -76,7 +76,7 @@ static int goes_inline(const hm_net *n, uint64_t count, int dt, int op)
     size_t esz = hm_dtype_size(dt);
     int exact = op == HM_MIN || op == HM_MAX || n->size == 2 ||
                 (dt != HM_F64 && dt != HM_F32 && dt != HM_C128 && dt != HM_PYINT);
-    return esz && count * esz <= HM_NET_INLINE && exact;
+    return esz && count <= HM_NET_INLINE / esz && exact;
 }
 
 /* The first call's op: inout = in + inout.  The signatures combine by max; the payloads only

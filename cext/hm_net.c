@@ -223,14 +223,21 @@ static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t co
     if (data != NULL)
         memcpy(m + W_DATA, data, (size_t)count * hm_dtype_size((int)dt));
     n->req[0] = 0;
+    const hm_error own = c->err;   /* a node that failed reports its own error, as it was */
     int rc = blocking(c, n) ? (n->allreduce(m, s, 1, n->first_type, n->first_op, n->comm) != 0
                                    ? HM_ENET : HM_OK)
              : n->iallreduce(m, s, 1, n->first_type, n->first_op, n->comm, &n->req[0]) != 0 ? HM_ENET
              : net_wait(c, n, &n->req[0]);
+    if (failed == FAILED) {   /* the caller reports its own failure: a notice or a timeout met
+                               * here must not rewrite it (err.peer, a node rank there, was
+                               * once a notice's comm rank: an IndexError in the report) */
+        if (rc != HM_OK)
+            poisoned(c, rc);
+        c->err = own;
+        return HM_OK;
+    }
     if (rc != HM_OK)
         return poisoned(c, rc);
-    if (failed == FAILED)   /* the caller reports its own failure */
-        return HM_OK;
     if (s[0] == FAILED)
         return poisoned(c, HM_EELSEWHERE);
     if (!agreeing(s))

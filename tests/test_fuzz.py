@@ -148,16 +148,20 @@ def test_fuzz_findings_reproducers(ranks, args):
 
 
 #: soak findings whose replay failed before their fix (tests/mpi/fuzz_findings.md): the number,
-#: the chaos seed, the program seed, the layout.  41 and 42 failed under Open MPI (3 of 3 and
-#: 2 of 2 runs: a peer waited out its timeout), 46 under MPICH and Open MPI (2 of 2: the judge)
-FINDING_REPLAYS = [(41, 1640251165, 1640251166, []), (42, 501553563, 501553572, ["--node-size", "2"]),
-                   (46, 332715665, 332715676, [])]
+#: the chaos seed, the program seed, the steps, the layout.  41 and 42 failed under Open MPI (3
+#: of 3 and 2 of 2 runs: a peer waited out its timeout), 46 under MPICH and Open MPI (2 of 2: the
+#: judge), 47 under MPICH (3 of 3: an IndexError in the report of a leader's failure)
+FINDING_REPLAYS = [(41, 1640251165, 1640251166, 300, []),
+                   (42, 501553563, 501553572, 300, ["--node-size", "2"]),
+                   (46, 332715665, 332715676, 300, []),
+                   (47, 77, 119184, 200, ["--node-size", "2"])]
 
 
-@pytest.mark.parametrize("finding,chaos,seed,args", FINDING_REPLAYS, ids=[str(f[0]) for f in FINDING_REPLAYS])
-def test_fuzz_finding_replays(finding, chaos, seed, args):
+@pytest.mark.parametrize("finding,chaos,seed,steps,args", FINDING_REPLAYS,
+                         ids=[str(f[0]) for f in FINDING_REPLAYS])
+def test_fuzz_finding_replays(finding, chaos, seed, steps, args):
     """The replay of each finding, whole: 4 ranks, the soak's program and chaos seed."""
-    run_mpi("fuzz.py", 4, "--seed", str(seed), "--programs", "1", "--steps", "300",
+    run_mpi("fuzz.py", 4, "--seed", str(seed), "--programs", "1", "--steps", str(steps),
             "--methods", "atomic,flat,neighbor,fence,pscw,lock", "--misuse", "1",
             "--same-order", "fence,pscw", "--replay", *args,
             env={"HYBRIDMPI_CHAOS": f"{chaos}:200", "HYBRIDMPI_TIMEOUT": "10"}, timeout=90)

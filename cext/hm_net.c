@@ -88,7 +88,7 @@ static void first_fn(void *in, void *inout, int *len, void *type)
         const int64_t *a = (const int64_t *)in + (size_t)e * HM_NET_WORDS;
         int64_t *b = (int64_t *)inout + (size_t)e * HM_NET_WORDS;
         if (agreeing(a) && agreeing(b) && a[1] == b[1] && a[3] == b[3] && a[5] == b[5] &&
-            a[7] == b[7] && inline_payload(b)) {
+            a[7] == b[7] && a[W_INL] == b[W_INL] && inline_payload(b)) {
             if (b[W_LO] < a[W_LO]) {
                 hm_combine(b + W_DATA, a + W_DATA, (uint64_t)b[3], (int)b[5], (int)b[7]);
             } else {

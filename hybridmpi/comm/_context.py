@@ -38,8 +38,9 @@ class Context:
             this node's clock (None until measured).
         take_id, release_id: a Halo identifier, the same on every rank (collective), and its
             return (the HybridComm's ``_take_id``/``_release_id``).
-        break_comm: ``break_comm(why, notify=True)`` makes the comm unusable and its waiting
-            peers raise (its ``_break``).
+        break_comm: ``break_comm(why, notify=True, raised=None)`` makes the comm unusable and
+            its waiting peers raise (its ``_break``; ``raised``: the class this rank raised,
+            which its later errors name).
         peer_error: ``peer_error(what, peer, seen=None, also="")``, the exception of a rank
             that found a peer's error bits ``seen``, or (None) its failure notice; it breaks
             the comm (its ``_peer_error``).
@@ -61,7 +62,7 @@ class Context:
                  "coll", "spin", "notices", "arena", "serial", "children", "profile",
                  "env_profile", "clock_offset", "hooks", "take_id", "release_id", "break_comm",
                  "peer_error", "describe_word", "calls", "agree_free", "agree_views", "_service",
-                 "_free_comm", "_broken", "_broken_by")
+                 "_free_comm", "_broken", "_broken_cause")
 
     def __init__(self, hc: Any, MPI: Any, coll: Any, notices: Any, *, serial: int,
                  children: dict[int, Any], hooks: dict[str, Callable[..., Any]]) -> None:
@@ -85,7 +86,7 @@ class Context:
         self.agree_free = hooks["agree_free"]
         self.agree_views = hooks["agree_views"]
         self._service, self._free_comm = hooks["service"], hooks["free_comm"]
-        self._broken, self._broken_by = hooks["broken"], hooks["broken_by"]
+        self._broken, self._broken_cause = hooks["broken"], hooks["broken_cause"]
 
     @property
     def policy(self) -> Any:
@@ -99,7 +100,7 @@ class Context:
     def earlier_error(self) -> str:
         """The earlier error that broke the HybridComm, in words (its kind, and the peer whose
         failure it was when known)."""
-        return earlier_error(self._broken(), *self._broken_by())
+        return earlier_error(self._broken(), *self._broken_cause())
 
     def service(self, name: str, make: Callable[[Context], Any]) -> Any:
         """The state that a lower layer keeps once per HybridComm, made by ``make(context)`` on
@@ -134,8 +135,8 @@ def earlier_error(why: str | None, by: int | None, raised: str | None = None) ->
     """The earlier error that broke a HybridComm, as its later errors name it: ``(PeerError)``,
     or ``(PeerError, seen from rank 2)``: the peer whose error bits or failure notice this rank
     met (the failure may have begun at another rank, which that peer passed on).  It names
-    ``raised``, the class this rank raised, where known: ``why`` says "ValueError" for any
-    argument error (the kind of error bits the comm leaves), a peer's (``PeerArgumentError``
-    here) or this rank's own (which may be a ``TypeError``)."""
-    name = raised or ("PeerArgumentError" if by is not None and why == "ValueError" else why)
+    ``raised``, the class this rank raised, where the caller knows it: ``why`` says
+    "ValueError" for any argument error (the kind of error bits the comm leaves), a peer's
+    (``PeerArgumentError`` here) or this rank's own (which may be a ``TypeError``)."""
+    name = raised or why
     return f"({name})" if by is None else f"({name}, seen from rank {by})"

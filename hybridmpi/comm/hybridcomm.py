@@ -357,7 +357,7 @@ class HybridComm:
                                children=self._children, hooks=dict(
                                    service=self._service, free_comm=self._free_comm,
                                    broken=lambda: self._broken, take_id=self._take_id,
-                                   broken_by=lambda: (self._broken_by, self._broken_as),
+                                   broken_cause=lambda: (self._broken_by, self._broken_as),
                                    release_id=self._release_id, break_comm=self._break,
                                    peer_error=self._peer_error, describe_word=self._where_word,
                                    calls=self._calls,

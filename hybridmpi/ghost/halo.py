@@ -323,7 +323,7 @@ class Halo(Freed):
             # a peer that failed has broken its own comm and told every rank; a peer whose
             # arguments were invalid (PeerArgumentError) may not have: it learns it from here
             hc.context.break_comm(why, notify=not isinstance(exc, PeerError)
-                                  or isinstance(exc, PeerArgumentError))
+                                  or isinstance(exc, PeerArgumentError), raised=type(exc).__name__)
         return exc
 
     def _describe_word(self, addr):

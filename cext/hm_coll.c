@@ -108,6 +108,29 @@ _Static_assert(sizeof(entered) <= HM_REGION, "ENTERED region too small");
 
 static inline entered *ent(const hm_coll *c, int rank) { return (entered *)(c->seg[rank] + HM_OFF_ENTERED); }
 
+/* A rank's record of an allreduce it abandoned (abandon(), below): the call number, stored
+ * last with release, and its argument signature.  Two, by the call's parity, in the ENTERED
+ * region after the leader's word: a rank writes the record of parity e & 1 again only in call
+ * e + 2, which it reaches after every rank left call e + 1, so after every rank read call e's. */
+typedef struct quit_rec {
+    hm_counter stamp;
+    _Atomic int64_t sig;
+} quit_rec;
+
+enum { QUIT_AT = HM_OFF_LEADER_WAIT + 16 };
+_Static_assert(sizeof(entered) <= HM_OFF_LEADER_WAIT, "ENTERED overlaps the leader's word");
+_Static_assert(QUIT_AT + 2 * sizeof(quit_rec) <= HM_REGION, "ENTERED region too small");
+
+static inline quit_rec *quit(const hm_coll *c, int rank, uint64_t e)
+{
+    return (quit_rec *)(c->seg[rank] + HM_OFF_ENTERED + QUIT_AT + (e & 1) * sizeof(quit_rec));
+}
+
+static inline int is_allreduce(int64_t kind)
+{
+    return kind == HM_K_ALLREDUCE_TREE || kind == HM_K_ALLREDUCE_RD || kind == HM_K_ALLREDUCE_DIRECT;
+}
+
 /* The end of this rank's part of call c->epoch: rc, and when it is HM_OK, the call stored as
  * done (before any later poisoning, which is sequentially consistent), so that a slow peer
  * that meets this rank's error bits beside the call's value knows the call completed here. */
@@ -204,9 +227,30 @@ static int other_call(hm_coll *c, int peer)
     return 1;
 }
 
+static int abandon(hm_coll *c);
+
+/* While a wait is slow: whether a rank of the node is in this call number with another
+ * collective (node rank `peer`, or any for -1), or abandoned this allreduce.  Ranks in
+ * allreduces of different algorithms (their sizes fell on either side of a threshold: a
+ * count mismatch) abandon the call together (abandon()): a ValueError on every rank, the
+ * comm usable, as for a mismatch inside one algorithm.  Other calls break the comm. */
+static int call_differs(hm_coll *c, int peer)
+{
+    for (int r = peer < 0 ? 0 : peer; r < (peer < 0 ? c->size : peer + 1); r++)
+        if (r != c->rank && other_call(c, r))
+            return is_allreduce(c->err.bad_kind) && is_allreduce(c->err.root_kind)
+                   ? abandon(c) : fail(c, HM_EMISMATCH, HM_ERRBIT | HM_MISBIT);
+    if (!is_allreduce(atomic_load_explicit(&ent(c, c->rank)->kind, memory_order_relaxed)))
+        return HM_OK;
+    for (int r = 0; r < c->size; r++)
+        if (r != c->rank && load_acq(&quit(c, r, c->epoch)->stamp, HM_ACQ_REL) == c->epoch)
+            return abandon(c);
+    return HM_OK;
+}
+
 /* Wait until *p >= value, p being written by node rank `peer` (-1: by
  * several).  While it waits long enough to stop spinning, it compares the
- * signature of the peer's call (of every rank, for -1) with its own. */
+ * signature of the peer's call (of every rank, for -1) with its own (call_differs). */
 static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, int cnt)
 {
     const hm_wait_policy *pol = &c->policy;
@@ -225,9 +269,9 @@ static int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, 
         v = load_acq(p, pol->order);
         if ((v & ~HM_BADBIT) >= value)
             goto got;
-        for (int r = peer < 0 ? 0 : peer; r < (peer < 0 ? c->size : peer + 1); r++)
-            if (r != c->rank && other_call(c, r))
-                return fail(c, HM_EMISMATCH, HM_ERRBIT | HM_MISBIT);
+        int rc = call_differs(c, peer);
+        if (rc)
+            return rc;
         if (slow_tick(&w, pol, p, value, v))
             return timed_out(c, peer, cnt, v);
     }
@@ -723,6 +767,50 @@ static int spread_mismatch(hm_coll *c, int kind, const rd_sig *sig)
     c->err.peer = sig->min_rank;
     sig_args(-sig->neg, &c->err.root_count, &c->err.root_dtype, &c->err.root_op);
     return HM_EMISMATCH;
+}
+
+/* Leave allreduce call c->epoch, which ranks of the node entered with algorithms of different
+ * sizes (call_differs): publish this rank's signature in its record of the call, wait for every
+ * rank's, and fail with the same verdict as a mismatch found inside one algorithm
+ * (spread_mismatch: the largest and smallest signatures and their ranks), alike on every rank.
+ * No rank completes such a call (each algorithm reads every rank's part of it), so every rank
+ * reaches this; their words of the call stay as they are (every later wait needs a later call
+ * number, and the algorithms' regions are stamped with it).  A rank in another collective, or
+ * one whose comm broke, breaks it; a rank that never comes, the deadline. */
+static int abandon(hm_coll *c)
+{
+    uint64_t e = c->epoch;
+    const hm_wait_policy *pol = &c->policy;
+    entered *m = ent(c, c->rank);
+    int64_t own = sig_of((uint64_t)atomic_load_explicit(&m->count, memory_order_relaxed),
+                         (int)atomic_load_explicit(&m->dtype, memory_order_relaxed),
+                         (int)atomic_load_explicit(&m->op, memory_order_relaxed));
+    quit_rec *q = quit(c, c->rank, e);
+    atomic_store_explicit(&q->sig, own, memory_order_relaxed);
+    store_rel(&q->stamp, e, pol->order);
+    rd_sig sig = {own, -own, c->rank, c->rank};
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank)
+            continue;
+        quit_rec *h = quit(c, r, e);
+        HM_SLOW(w);
+        slow_start(&w, pol);
+        uint64_t v;
+        while ((v = load_acq(&h->stamp, pol->order)) != e) {
+            uint64_t sync = load_acq(counter(c, r, HM_OFF_SYNC), pol->order);
+            if (sync & HM_FLAGS)   /* its comm broke */
+                return peer_failed(c, r, HM_CNT_ROUND, sync);
+            if (other_call(c, r) && !is_allreduce(c->err.bad_kind))
+                return fail(c, HM_EMISMATCH, HM_ERRBIT | HM_MISBIT);
+            if (slow_tick(&w, pol, &h->stamp, e, v))
+                return timed_out(c, r, HM_CNT_ROUND, v);
+        }
+        rd_head seen = {.sig_max = atomic_load_explicit(&h->sig, memory_order_relaxed),
+                        .max_rank = r, .min_rank = r};
+        seen.sig_neg = -seen.sig_max;
+        rd_merge(&sig, &seen);
+    }
+    return spread_mismatch(c, HM_K_ALLREDUCE_DIRECT, &sig);
 }
 
 int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op)

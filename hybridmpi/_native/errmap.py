@@ -281,8 +281,9 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
         why = ("ValueError" if err.bad_rank == lib.HM_BAD_INVALID_ELSEWHERE or other_node_invalid
                else None)
         return (PeerArgumentError(f"hybridmpi: {what}: ranks on different nodes are in different "
-                                  "collective calls (a barrier and an allreduce) or passed "
-                                  "different arguments (count, dtype or op), or invalid ones",
+                                  "collective calls (such as a barrier and an allreduce) or passed "
+                                  "different arguments to one (count, dtype or op), or invalid "
+                                  "ones",
                                   rank=rank),
                 why, False)
     if rc == _EMISMATCH and err.bad_kind != err.root_kind:

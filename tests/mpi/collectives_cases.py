@@ -808,6 +808,56 @@ def case_same_bits_on_every_rank(comm, rng, **cfg):
                             assert np.allclose(out, want, rtol=tol, atol=0), (dtype, op, n)
 
 
+#: count pairs on both sides of each of the node's thresholds, and inside one algorithm (doubles:
+#: 96 bytes, 32 KiB over 3 ranks, 16 KiB, the 256 KiB chunk), and a pair of chunk counts
+STRADDLES = [(5, 6), (12, 13), (0, 5000), (1365, 1366), (2048, 2049), (4096, 4097),
+             (32768, 32769), (1, 40000)]
+
+
+def case_count_mismatch_one_outcome(comm, rng, **cfg):
+    """Ranks that pass different counts to one allreduce all raise ValueError and the comm stays
+    usable, wherever the counts fall against the algorithms' thresholds (sizes on either side of
+    one take different algorithms: each rank leaves the call once it sees that, and all reach
+    the verdict of a mismatch inside one algorithm).  Each rank in turn is the odd one, ranks
+    arrive late at random, and free-running calls follow with no resynchronization."""
+    if comm.size < 2:
+        return skip("needs 2 or more ranks")
+    wrong = []
+    with hc_of(comm, cfg) as hc:
+        for a, b in STRADDLES:
+            for odd in sorted({0, comm.size - 1}):
+                n = b if comm.rank == odd else a
+                if rng.random() < 0.5:
+                    time.sleep(rng.random() * 0.002)
+                form = int(rng.integers(3))
+                try:
+                    if form == 0:
+                        hc.allreduce(np.ones(n))
+                    elif form == 1:
+                        hc.Allreduce(np.ones(n), np.empty(n))
+                    else:
+                        hc.Allreduce(MPI.IN_PLACE, np.ones(n))
+                except ValueError as e:
+                    if "different arguments" not in str(e):
+                        wrong.append(f"{a}/{b}: rank {comm.rank}: {type(e).__name__}: {e}")
+                except Exception as e:  # noqa: BLE001 - the verdict is the class
+                    wrong.append(f"{a}/{b}: rank {comm.rank}: {type(e).__name__}: {e}")
+                    break
+                else:
+                    wrong.append(f"{a}/{b}: rank {comm.rank} returned")
+                # free-running calls of every algorithm, late ranks at random
+                for m in (1, 12, 13, 3000, 9000):
+                    if rng.random() < 0.3:
+                        time.sleep(rng.random() * 0.001)
+                    got = hc.allreduce(np.full(m, comm.rank + 1.0))
+                    if not np.all(got == comm.size * (comm.size + 1) / 2):
+                        wrong.append(f"{a}/{b}: after it, rank {comm.rank}: wrong sum of {m}")
+                if hc.allreduce(1.5) != 1.5 * comm.size:
+                    wrong.append(f"{a}/{b}: after it, rank {comm.rank}: wrong float sum")
+    wrong = [w for ws in comm.allgather(wrong) for w in ws]
+    assert not wrong, wrong[:8]
+
+
 CASES = [case_layout, case_values_match_mpi4py, case_array_calls, case_min_max_one_rule,
          case_complex_product_c99, case_python_scalars, case_python_ints_exact,
          case_stress_interleaved,
@@ -815,7 +865,7 @@ CASES = [case_layout, case_values_match_mpi4py, case_array_calls, case_min_max_o
          case_one_rank_bad_forms, case_free_and_reuse, case_dropins, case_timeout_names_absent_rank,
          case_internode_timeout_names_the_call, case_argument_code_that_frees_the_comm,
          case_one_rank_in_another_collective, case_op_names_and_earlier_errors,
-         case_same_bits_on_every_rank]
+         case_same_bits_on_every_rank, case_count_mismatch_one_outcome]
 
 
 if __name__ == "__main__":

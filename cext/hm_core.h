@@ -142,6 +142,7 @@ typedef struct hm_coll {
     uint64_t mark;            /* 0, or HM_BADBIT in a call with invalid arguments (hm_coll_bad) */
     hm_wait_policy policy;
     hm_error err;
+    void *net;                /* MPI's own calls: their hm_net (hm_barrier_mpi), else NULL */
 } hm_coll;
 
 /* The profile clock (hybridmpi.profile): while hm_prof[2] is nonzero, each synchronizing
@@ -544,6 +545,8 @@ typedef int (*hm_mpi_allreduce)(const void *send, void *recv, int count, intptr_
 typedef int (*hm_mpi_reduce)(const void *send, void *recv, int count, intptr_t type, intptr_t op,
                              int root, intptr_t comm);
 typedef int (*hm_mpi_bcast)(void *buf, int count, intptr_t type, int root, intptr_t comm);
+typedef int (*hm_mpi_ibarrier)(intptr_t comm, void *request);
+typedef int (*hm_mpi_barrier)(intptr_t comm);
 /* An MPI_User_function (its MPI_Datatype * as void *), MPI_Op_create and MPI_Op_free.  An op
  * made is written into a zeroed intptr_t (MPICH's int handle into its low half). */
 typedef void (*hm_mpi_user_fn)(void *in, void *inout, int *len, void *type);
@@ -613,6 +616,9 @@ typedef struct hm_net {
      * failed in a later call may have sent what this one needs). */
     int (*notice)(void *arg);
     void *notice_arg;
+    /* MPI_Ibarrier and MPI_Barrier (NULL where unused): MPI's own barrier (hm_net_mpi_barrier) */
+    hm_mpi_ibarrier ibarrier;
+    hm_mpi_barrier barrier;
     int64_t mine[44];               /* this node's first call (HM_NET_WORDS): its signature */
     int64_t sig[44];                /* the agreed one (the maxima): read by the errors */
     int64_t req[2];
@@ -631,6 +637,22 @@ int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64
  * its arguments invalid): HM_OK when every node's did, else HM_EDIFFERS (and the node is
  * poisoned) or the agreement's failure. */
 int hm_net_bad(hm_coll *c, hm_net *n);
+/* MPI's own calls, where a tuning table chose them for the layout (docs/guide/tuning.md): an
+ * allreduce and a barrier over n->comm, the whole communicator, for every rank (each its own
+ * "leader"; c is only its wait policy and error record).  The allreduce combines float and
+ * double min and max and the complex product with n's own ops, so that its results keep the
+ * library's rules; counts past INT_MAX go in chunks.  Both block in MPI where no wait could end
+ * early (n->allreduce set, no deadline, no notices), else complete a nonblocking call under the
+ * deadline and the notices; HM_OK, or HM_EARG, HM_ENET, HM_ETIMEOUT, HM_ENOTICE. */
+int hm_net_mpi_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64_t count,
+                         int dtype, int op);
+int hm_net_mpi_barrier(hm_coll *c, hm_net *n);
+/* The same over c->net, in the forms of the node's calls (hm_barrier_dissemination,
+ * hm_allreduce_f64, hm_allreduce_node), so that one C call serves either path. */
+int hm_barrier_mpi(hm_coll *c);
+double hm_allreduce_mpi_f64(hm_coll *c, double x, int op);
+int hm_allreduce_mpi(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
+                     int any);
 /* Make n's own_ops: commutative user-defined ops (n->op_create) that combine float and double
  * min and max and the complex product by hm_combine, and the first call's type and op
  * (n->type_contiguous, n->type_commit); HM_OK, or HM_ENET with none made.  Once,

@@ -4,6 +4,7 @@
  * without mpi.h; its waits follow the node's wait policy (spin, yield, sleep, deadline) and
  * end early on a signal or a peer's failure notice. */
 #define _GNU_SOURCE
+#include <limits.h>
 #include "hm_wait.h"
 
 #include <string.h>
@@ -158,8 +159,10 @@ static int poisoned(hm_coll *c, int code)
 static int net_wait(hm_coll *c, hm_net *n, int64_t *req)
 {
     const hm_wait_policy *pol = &c->policy;
-    /* for a rank of the node that times out waiting for its leader */
-    hm_store(c->seg[0] + HM_OFF_ENTERED + HM_OFF_LEADER_WAIT, c->epoch, pol->order);
+    /* for a rank of the node that times out waiting for its leader (MPI's own calls: every
+     * rank waits here, and only the leader's call is the node's) */
+    if (c->rank == 0)
+        hm_store(c->seg[0] + HM_OFF_ENTERED + HM_OFF_LEADER_WAIT, c->epoch, pol->order);
     unsigned char status[64];
     int flag = 0, notice = -1;
     int64_t polls = 0, grace = 0;
@@ -322,6 +325,82 @@ int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64
         start += k;
     } while (start < count);
     return HM_OK;
+}
+
+int hm_net_mpi_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64_t count,
+                         int dtype, int op)
+{
+    HM_PROFILED;
+    size_t esz = hm_dtype_size(dtype);
+    if (esz == 0 || !hm_op_valid(dtype, op))
+        return HM_EARG;
+    int k = own_op(dtype, op);
+    intptr_t type = n->types[dtype], mop = k >= 0 ? n->own_ops[k] : n->ops[op];
+    if (type == 0 || mop == 0)
+        return HM_EARG;
+    c->err.code = HM_OK;
+    const uint64_t most = INT_MAX;
+    uint64_t start = 0;
+    do {
+        uint64_t m = count - start < most ? count - start : most;
+        const char *sp = send == recv ? (const char *)n->in_place : (const char *)send + start * esz;
+        char *rp = (char *)recv + start * esz;
+        int rc;
+        if (blocking(c, n)) {
+            rc = n->allreduce(sp, rp, (int)m, type, mop, n->comm) != 0 ? HM_ENET : HM_OK;
+        } else {
+            n->req[0] = 0;
+            rc = n->iallreduce(sp, rp, (int)m, type, mop, n->comm, &n->req[0]) != 0 ? HM_ENET
+                 : net_wait(c, n, &n->req[0]);
+        }
+        if (rc != HM_OK)
+            return c->err.code = rc;
+        start += m;
+    } while (start < count);
+    return HM_OK;
+}
+
+int hm_net_mpi_barrier(hm_coll *c, hm_net *n)
+{
+    HM_PROFILED;
+    c->err.code = HM_OK;
+    int rc;
+    /* the library's barrier orders every rank's writes to shared memory before it against
+     * every read after it (MPI's own does not promise that for load/store access) */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (blocking(c, n) && n->barrier != NULL) {
+        rc = n->barrier(n->comm) != 0 ? HM_ENET : HM_OK;
+    } else if (n->ibarrier == NULL) {
+        return HM_EARG;
+    } else {
+        n->req[0] = 0;
+        rc = n->ibarrier(n->comm, &n->req[0]) != 0 ? HM_ENET : net_wait(c, n, &n->req[0]);
+    }
+    atomic_thread_fence(memory_order_seq_cst);
+    return rc == HM_OK ? HM_OK : (c->err.code = rc);
+}
+
+int hm_barrier_mpi(hm_coll *c)
+{
+    return hm_net_mpi_barrier(c, (hm_net *)c->net);
+}
+
+double hm_allreduce_mpi_f64(hm_coll *c, double x, int op)
+{
+    double r;
+    if (hm_net_mpi_allreduce(c, (hm_net *)c->net, &x, &r, 1, HM_F64, op) != HM_OK) {
+        if (c->err.code == HM_OK)
+            c->err.code = HM_EARG;
+        return __builtin_nan("");
+    }
+    return r;
+}
+
+int hm_allreduce_mpi(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
+                     int any)
+{
+    (void)any;
+    return hm_net_mpi_allreduce(c, (hm_net *)c->net, send, recv, count, dtype, op);
 }
 
 int hm_net_pending(const hm_net *n)

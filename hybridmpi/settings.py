@@ -86,6 +86,9 @@ def per_comm() -> dict[str, Any]:
             "warn_after": WARN_AFTER if warn is None else warn,
             "cma": (raw("HYBRIDMPI_CMA") or "1") != "0",
             "profile": None if profile in ("", "0") else profile,
+            "tune": tune_mode(),
+            "tune_file": tune_file(),
+            "tune_dir": str(tune_dir()),
         }
         for key, name in (("cma_bytes", "HYBRIDMPI_CMA_BYTES"),
                           ("zero_copy_bytes", "HYBRIDMPI_ZERO_COPY_BYTES")):
@@ -95,6 +98,28 @@ def per_comm() -> dict[str, Any]:
     except ValueError as e:
         raise ValueError(str(e).replace("hybridmpi: ", "")) from None
     return out
+
+
+def tune_mode() -> str:
+    """HYBRIDMPI_TUNE: ``auto`` (the default), ``off`` or ``mpi``; ValueError otherwise."""
+    value = raw("HYBRIDMPI_TUNE").lower() or "auto"
+    if value not in ("auto", "off", "mpi"):
+        raise ValueError(f"hybridmpi: environment variable HYBRIDMPI_TUNE={value!r} is not one of "
+                         "auto, off, mpi")
+    return value
+
+
+def tune_file() -> str | None:
+    """HYBRIDMPI_TUNE_FILE, None when unset."""
+    return raw("HYBRIDMPI_TUNE_FILE") or None
+
+
+def tune_dir() -> Path:
+    """Where tuning tables are kept: HYBRIDMPI_TUNE_DIR, else XDG_CACHE_HOME/hybridmpi/tune."""
+    value = raw("HYBRIDMPI_TUNE_DIR")
+    if value:
+        return Path(value)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridmpi" / "tune"
 
 
 def timeout() -> float | None:

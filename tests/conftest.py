@@ -11,6 +11,11 @@ import time
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The C core's collectives in every layout the suite runs (one rank per node would take MPI's own
+# calls by default), and no tuning table of this machine's cache: tests/test_tuning.py sets its
+# own.  Every program the suite starts inherits these.
+os.environ.setdefault("HYBRIDMPI_TUNE", "off")
+os.environ.setdefault("HYBRIDMPI_TUNE_DIR", os.path.join(HERE, ".no-tuning-tables"))
 MPIEXEC = os.environ.get("HYBRIDMPI_MPIEXEC") or shutil.which("mpiexec",
                                                                path=os.path.dirname(sys.executable)
                                                                + os.pathsep + os.environ["PATH"])

@@ -257,7 +257,8 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
                leaders_waited: Callable[[int], str | None],
                missing: Callable[[], list[int]],
                other_leaders: Callable[[], str],
-               local: BaseException | None = None) -> tuple[BaseException, str | None, bool]:
+               local: BaseException | None = None,
+               mpi_call: bool = False) -> tuple[BaseException, str | None, bool]:
     """The exception of a collective call of the C core that returned ``rc`` with ``err`` (its
     ``hm_error``), and why the comm breaks (None: it stays usable) and whether it notifies.
 
@@ -271,7 +272,10 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
     not entered the call); and at a leader across nodes, the codes of the calls between the
     nodes (``cext/hm_net.c``), which ``other_leaders()`` (the other nodes' leaders, in words)
     and ``other_node_invalid`` explain (``local``: this rank's own argument error, which it
-    raises when another node's call was valid)."""
+    raises when another node's call was valid).  ``mpi_call``: the call was MPI's own, over
+    every rank (the tuning's path), not the leaders'."""
+    if mpi_call:
+        return _mpi_call(rc, err, what, rank, timeout)
     if rc in _NET_CODES:
         return _between_nodes(rc, err, what, rank, other_node_invalid, other_leaders, local)
     if rc == _EMISMATCH and err.bad_rank in (lib.HM_BAD_ELSEWHERE, lib.HM_BAD_INVALID_ELSEWHERE):
@@ -320,6 +324,21 @@ def collective(rc: int, err: Any, what: str, *, rank: int, node_ranks: Any, time
 
 
 _NET_CODES = (lib.HM_ENET, lib.HM_EELSEWHERE, lib.HM_EDIFFERS, lib.HM_ENOTICE)
+
+
+def _mpi_call(rc, err, what, rank, timeout):
+    """:func:`collective` of MPI's own call (``hm_net_mpi_*``), which every rank makes."""
+    if rc == lib.HM_ENOTICE:
+        exc = peer_error(rank, what, int(err.peer), None, "; this rank was in MPI's own call")
+        return exc, breaks(exc), False
+    if rc == _ETIMEOUT:
+        return (interruption() or timed_out(
+            rank, timeout, f"in {what}", "not every rank of the communicator joined MPI's call",
+            counter="MPI", epoch=int(err.epoch)), "SyncTimeout", True)
+    if rc == lib.HM_ENET:
+        return (PeerError(f"hybridmpi: rank {rank}: {what}: MPI's call failed", rank=rank),
+                "PeerError", True)
+    return RuntimeError(f"hybridmpi: {what}: C core returned {rc}"), None, False
 
 
 def _between_nodes(rc, err, what, rank, other_node_invalid, other_leaders, local):

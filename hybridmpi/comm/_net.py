@@ -25,6 +25,8 @@ _ENTRY_POINTS = {"iallreduce": "MPI_Iallreduce", "ireduce": "MPI_Ireduce", "ibca
                  "test": "MPI_Test", "op_create": "MPI_Op_create", "op_free": "MPI_Op_free",
                  "type_contiguous": "MPI_Type_contiguous", "type_commit": "MPI_Type_commit",
                  "type_free": "MPI_Type_free"}
+#: the entry points of MPI's own calls (``mpi=True``): the barrier's, and the blocking ones
+_MPI_CALLS = {"ibarrier": "MPI_Ibarrier", "barrier": "MPI_Barrier", "allreduce": "MPI_Allreduce"}
 _ADDRESSES: dict[str, int] = {}
 
 
@@ -32,7 +34,7 @@ def _addresses(MPI: Any) -> dict[str, int]:
     """The addresses of the entry points in the MPI that mpi4py's MPI module calls."""
     if not _ADDRESSES:
         module = ctypes.CDLL(MPI.__file__, mode=ctypes.RTLD_LOCAL)  # (already loaded: found)
-        for field, name in _ENTRY_POINTS.items():
+        for field, name in (_ENTRY_POINTS | _MPI_CALLS).items():
             _ADDRESSES[field] = ctypes.cast(getattr(module, name), ctypes.c_void_p).value or 0
     return _ADDRESSES
 
@@ -56,10 +58,16 @@ class Net:
 
     __slots__ = ("net", "_handle")
 
-    def __init__(self, leader_comm: Any, notices: Any, MPI: Any) -> None:
+    def __init__(self, leader_comm: Any, notices: Any, MPI: Any, *, mpi: bool = False,
+                 blocking: bool = False) -> None:
         net = self.net = ffi.new("hm_net *")
-        for field, address in _addresses(MPI).items():
-            setattr(net, field, ffi.cast(f"hm_mpi_{field}", address))
+        addresses = _addresses(MPI)
+        for field in _ENTRY_POINTS:
+            setattr(net, field, ffi.cast(f"hm_mpi_{field}", addresses[field]))
+        if mpi:   # MPI's own calls over the whole communicator (hm_net_mpi_*); blocking ones
+            # where no wait could end early (no deadline: the notices are not polled)
+            for field in ("ibarrier", "barrier", "allreduce") if blocking else ("ibarrier",):
+                setattr(net, field, ffi.cast(f"hm_mpi_{field}", addresses[field]))
         net.comm = _handle(MPI, leader_comm)
         net.rank, net.size = leader_comm.Get_rank(), leader_comm.Get_size()
         net.int64, net.max = _handle(MPI, MPI.INT64_T), _handle(MPI, MPI.MAX)
@@ -68,8 +76,10 @@ class Net:
             net.types[code] = _handle(MPI, getattr(MPI, name))
         for code, name in MPI_OPS.items():
             net.ops[code] = _handle(MPI, getattr(MPI, name))
-        net.notice, self._handle = notice_hook(notices)
-        net.notice_arg = self._handle
+        self._handle = None
+        if not (mpi and blocking):
+            net.notice, self._handle = notice_hook(notices)
+            net.notice_arg = self._handle
         if not errmap.ok(lib.hm_net_make_ops(net)):
             raise RuntimeError(f"hybridmpi: node leader {net.rank}: MPI_Op_create or "
                                "MPI_Type_contiguous failed (the ops of float min and max, of the "

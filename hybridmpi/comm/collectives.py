@@ -74,10 +74,16 @@ class Plan(NamedTuple):
     node_barrier: str | None
     #: the same for an allreduce of one float
     node_allreduce: str | None
+    #: every rank calls MPI's own barrier and allreduce over the comm (the tuning table chose
+    #: them for this layout: ``hm_net_mpi_*``), with no part on the node
+    mpi: bool = False
 
     @classmethod
-    def of(cls, num_nodes: int, node_size: int, is_leader: bool, allreduce: str) -> Plan:
+    def of(cls, num_nodes: int, node_size: int, is_leader: bool, allreduce: str, *,
+           mpi: bool = False) -> Plan:
         one_node = num_nodes == 1
+        if mpi:
+            return cls(one_node, False, False, "hm_barrier_mpi", "hm_allreduce_mpi_f64", True)
         leader_multi = is_leader and num_nodes > 1
         # recursive doubling needs the whole node in one phase: one node only
         rd = allreduce == "recursive_doubling" and one_node and node_size > 1
@@ -102,7 +108,7 @@ class Collectives:
     __slots__ = ("rank", "size", "num_nodes", "node_size", "node_id", "node_ranks", "is_leader",
                  "comm", "leader_comm", "timeout", "context", "_MPI", "_st", "_live", "_segs",
                  "_leaders", "plan", "_leader_multi", "_rd", "_node_barrier", "_node_allreduce",
-                 "_f64", "_scalar", "_net", "_net_keep",
+                 "_f64", "_scalar", "_net", "_net_keep", "_mpi", "_mpi_comm",
                  "_bufs", "_mpi_ops", "_int_bounds", "_broken", "_broken_words", "_break",
                  "_peer_error")
 
@@ -137,9 +143,22 @@ class Collectives:
         self._node_allreduce = getattr(lib, plan.node_allreduce) if plan.node_allreduce else None
         self._f64 = ffi.new("double[1]")
         self._scalar = {lib.HM_I64: ffi.new("int64_t[1]"), lib.HM_C128: ffi.new("double[2]")}
-        # a leader across nodes: the C core's side between the nodes, over the leaders' comm
-        self._net_keep = Net(hc.leader_comm, hc.context.notices, MPI) if plan.leader_multi else None
+        # a leader across nodes: the C core's side between the nodes, over the leaders' comm;
+        # MPI's own calls: the same over a communicator of every rank that nothing else uses
+        # (a call that timed out may stay pending there, and must not meet the agreements made
+        # over hc.comm): the leaders' one where every rank leads its node, else a duplicate
+        self._mpi = plan.mpi
+        self._mpi_comm = None
+        self._net_keep: Net | None = None
+        if plan.mpi:
+            self._mpi_comm = hc.leader_comm if hc.num_nodes == hc.size else hc.comm.Dup()
+            self._net_keep = Net(self._mpi_comm, hc.context.notices, MPI, mpi=True,
+                                 blocking=hc.timeout is None)
+        else:
+            self._net_keep = Net(hc.leader_comm, hc.context.notices, MPI) if plan.leader_multi else None
         self._net = self._net_keep.net if self._net_keep else ffi.NULL
+        if plan.mpi:
+            st.net = self._net
         self._bufs: dict[Any, Any] = {}
         self._mpi_ops = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX]
         self._int_bounds: tuple[int, ...] | None = None  # set on the first allreduce of a Python int
@@ -163,7 +182,8 @@ class Collectives:
             return
         MPI = self._MPI
         address = int(ffi.cast("uintptr_t", self._st))
-        arrays = (int(ffi.cast("uintptr_t", ffi.addressof(lib, "hm_allreduce_node"))), self._rd,
+        node = "hm_allreduce_mpi" if self._mpi else "hm_allreduce_node"
+        arrays = (int(ffi.cast("uintptr_t", ffi.addressof(lib, node))), self._rd,
                   np.ndarray, dict(DTYPES), MPI.IN_PLACE, tuple(self._mpi_ops))
         for kind, name, fn, what in ((0, "barrier", self.plan.node_barrier, "barrier(dissemination)"),
                                      (1, "allreduce", self.plan.node_allreduce, "allreduce"),
@@ -193,6 +213,9 @@ class Collectives:
         pending (:meth:`pending_between_nodes` is None); before the leaders' comm."""
         if self._net_keep is not None:
             self._net_keep.free()
+        if self._mpi_comm is not None and self._mpi_comm != self.leader_comm:
+            self._mpi_comm.Free()   # (the duplicate of MPI's own calls)
+        self._mpi_comm = None
 
     def _bad_call(self, exc):
         """Raise ``exc``, a local argument error, after telling the peers: the call is made
@@ -200,8 +223,8 @@ class Collectives:
         of the communicator found its arguments invalid (then the comm stays usable) and
         makes every other rank raise ValueError otherwise."""
         st = self._live
-        if st is None or self.size == 1:
-            raise exc
+        if st is None or self.size == 1 or self._mpi:   # MPI's own calls: as MPI, this rank's
+            raise exc                                   # error is its own (the guide's tuning)
         rc = lib.hm_coll_bad(st)
         if _errmap.ok(rc) and self._leader_multi:
             net_rc = lib.hm_net_bad(st, self._net)
@@ -226,13 +249,16 @@ class Collectives:
         :func:`hybridmpi._native.errmap.collective`), breaking the comm where the map says so;
         ``local``, this rank's own argument error, rather than a disagreement's."""
         st = self._st
+        if self._mpi:
+            what = f"{what} (MPI's own call)"
         exc, why, notify = _errmap.collective(
             rc, st.err, what, rank=self.rank, node_ranks=self.node_ranks, timeout=self.timeout,
             other_node_invalid=self._leader_multi and self._net.sig[1] == lib.HM_K_BAD,
             leader_note=lambda: self._leader_waits(int(st.epoch)),
             leaders_waited=lambda call: (self._other_leaders()
                                          if self._leader_waits_on_nodes(call) else None),
-            missing=self.not_entered, other_leaders=self._other_leaders, local=local)
+            missing=self.not_entered, other_leaders=self._other_leaders, local=local,
+            mpi_call=self._mpi)
         if why is not None:
             self._break(why, notify=notify, by=getattr(exc, "peer", None), raised=type(exc).__name__)
         raise exc
@@ -301,7 +327,7 @@ class Collectives:
             self._bad_call(ValueError(f"hybridmpi: barrier method must be one of {list(_BARRIERS)}, "
                                       f"got {method!r}"))
         if not self._leader_multi:
-            if m == lib.HM_DISSEMINATION:
+            if m == lib.HM_DISSEMINATION or self._mpi:
                 rc = self._node_barrier(st)   # the plan's (several nodes: the node's tree)
             elif m == lib.HM_TREE:
                 rc = _barrier_tree(st)
@@ -321,7 +347,9 @@ class Collectives:
         """Reduce ``count`` elements at raw addresses: the node's whole call, any size (the C
         core chooses the algorithm and chunks), or at a leader across nodes, the node's call
         with the leaders' between its gather and release phases."""
-        if self._leader_multi:
+        if self._mpi:
+            rc = lib.hm_allreduce_mpi(self._st, sptr, rptr, count, dt, opc, 0)
+        elif self._leader_multi:
             rc = lib.hm_net_allreduce(self._st, self._net, sptr, rptr, count, dt, opc)
         else:
             rc = lib.hm_allreduce_node(self._st, sptr, rptr, count, dt, opc, self._rd)
@@ -414,7 +442,7 @@ class Collectives:
         if st is None:
             raise self._unusable()
         if tx is float:
-            if not self._leader_multi:
+            if self._node_allreduce is not None:
                 r = self._node_allreduce(st, x, opc)   # the plan's
                 if r != r and st.err.code:
                     self._fail(st.err.code, "allreduce")

@@ -23,6 +23,7 @@ from .._native.clib import Calls, ffi, lib, operations
 from .._native.tables import as_int
 from .._native.tables import mpi as _mpi
 from ..errors import PeerError, SyncTimeout, agreed
+from . import tuning
 from ._agree import agree, complete, register, safe_repr, unregister
 from ._context import Context
 from ._hooks import START_ENV_PROFILE
@@ -33,6 +34,9 @@ from .arena import HYBRIDCOMM_IDS, Arena, allocate_shared, check_room, commit
 from .collectives import SLOT_BYTES, Collectives, Plan
 
 _ALLREDUCES = ("recursive_doubling", "tree")
+#: the paths a HybridComm's barrier and allreduce may take: the tuning's choice, the C core,
+#: MPI's own calls
+_COLLECTIVES = ("auto", "core", "mpi")
 _ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
 
 DEFAULT_RADIX = 4
@@ -170,10 +174,17 @@ class HybridComm:
             release phase, up to 32 KiB over the node's ranks the direct
             allreduce, larger ones the tree) or ``"tree"`` (the paper's
             Algorithm 3 for every size).
+        collectives: the path of barrier and allreduce: ``"auto"`` (the
+            default: a tuning table's choice for this host, MPI and layout
+            where ``hybridmpi tune`` wrote one, else the C core; env
+            ``HYBRIDMPI_TUNE``), ``"core"`` or ``"mpi"`` (MPI's own calls,
+            with MPI's rules for erroneous calls: docs/guide/tuning.md).
 
     Attributes:
         comm, node_comm, leader_comm (``MPI.COMM_NULL`` off the leaders),
         node_rank, node_size, node_id, num_nodes, is_leader, rank, size;
+        collective_path (``"core"`` or ``"mpi"``) and tuning (where that
+        choice came from, in words); layout (what a tuning table is keyed by);
         node_ranks (the ranks of this node, by node rank) and node_index
         (their node ranks, by rank); closed (True once :meth:`free` was
         called); context (what the other layers use of the comm: a
@@ -196,7 +207,7 @@ class HybridComm:
     def __init__(self, comm: Any = None, *, node_size: int | None = None,
                  memory_order: str = "acq_rel", timeout: float | None = None,
                  radix: int = DEFAULT_RADIX, spin: int | None = None,
-                 allreduce: str = "recursive_doubling") -> None:
+                 allreduce: str = "recursive_doubling", collectives: str = "auto") -> None:
         MPI = _mpi()
         self._calls = Calls(self.OPERATIONS)  # what serves and records barrier and allreduce
         self._coll: Any = None   # its Collectives, once made
@@ -210,12 +221,18 @@ class HybridComm:
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"hybridmpi: HybridComm needs an MPI intracommunicator, got {comm!r}")
         env, node_size, radix, spin = self._agree_args(comm, node_size, memory_order, timeout, radix,
-                                                       spin, allreduce)
+                                                       spin, allreduce, collectives)
         if timeout is None:
             timeout = env["timeout"]
         if spin is None:
             spin = env["spin"]
         spin = self._split(MPI, comm, node_size, spin)
+        try:
+            #: the path of barrier and allreduce, "core" or "mpi", and where the choice came from
+            self.collective_path, self.tuning = self._tuned(MPI, collectives)
+        except ValueError:
+            self._free_split()
+            raise
         self.memory_order = memory_order
         self.timeout = timeout if timeout and timeout < _FOREVER_S else None
         self.radix = radix
@@ -227,7 +244,7 @@ class HybridComm:
             for start in START_ENV_PROFILE:   # registered by the package (the profile is above)
                 start(self)
 
-    def _agree_args(self, comm, node_size, memory_order, timeout, radix, spin, allreduce):
+    def _agree_args(self, comm, node_size, memory_order, timeout, radix, spin, allreduce, collectives):
         """Check the arguments and the environment on every rank, and agree (collective):
         (env settings, node_size, radix, spin) as ints, or the same error on every rank.
         Sets ``env`` and the nonce."""
@@ -237,6 +254,9 @@ class HybridComm:
             problem = self._check_args(node_size, memory_order, timeout, radix, spin)
             if problem is None and (type(allreduce) is not str or allreduce not in _ALLREDUCES):
                 problem = f"allreduce must be one of {list(_ALLREDUCES)}, got {safe_repr(allreduce)}"
+            if problem is None and (type(collectives) is not str or collectives not in _COLLECTIVES):
+                problem = (f"collectives must be one of {list(_COLLECTIVES)}, got "
+                           f"{safe_repr(collectives)}")
             if problem is None:  # numpy integers become ints (checked above)
                 node_size = None if node_size is None else operator.index(node_size)
                 radix = operator.index(radix)
@@ -247,7 +267,8 @@ class HybridComm:
         problem = problem or env_problem
         # The environment decides paths (zero copy, cross-memory attach) and waits: every
         # rank must have the same, or ranks would take different collectives.
-        agreed = None if env is None else {k: v for k, v in env.items() if k not in ("spin", "warn_after")}
+        agreed = None if env is None else {k: v for k, v in env.items()
+                                           if k not in ("spin", "warn_after", "tune_dir")}
         # rank 0's random number names this HybridComm in failure notices: a notice left over
         # from a freed one (MPI may reuse its context) is told apart and dropped
         nonce = new_nonce()
@@ -255,11 +276,13 @@ class HybridComm:
         # a rank here while a peer is in another call raises SyncTimeout instead of waiting
         local = timeout if check_seconds(timeout, "") is None and timeout else None
         views = agree(comm, problem, "HybridComm()", deadline=local or (env or {}).get("timeout"),
-                      data=(node_size, radix, allreduce, agreed, nonce))
+                      data=(node_size, radix, allreduce, agreed, nonce, collectives))
         if len({v[0:2] for v in views}) != 1:
             raise _errmap.ranks_differ("HybridComm()", "node_size or radix", [v[0:2] for v in views])
         if len({v[2] for v in views}) != 1:
             raise _errmap.ranks_differ("HybridComm()", "allreduce", [v[2] for v in views])
+        if len({v[5] for v in views}) != 1:
+            raise _errmap.ranks_differ("HybridComm()", "collectives", [v[5] for v in views])
         differ = sorted(k for k in (agreed or {}) if len({repr(v[3][k]) for v in views}) != 1)
         if differ:
             raise ValueError("hybridmpi: HybridComm(): ranks have different environment settings "
@@ -278,10 +301,14 @@ class HybridComm:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         physical = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        cores = set()
+        for mask in physical.allgather(sorted(os.sched_getaffinity(0))):
+            cores.update(mask)
+        #: cores the ranks of this physical node may run on, and whether they are fewer than
+        #: its ranks (the tuning table's layout)
+        self._cores = len(cores)
+        self._shared_cores = physical.Get_size() > len(cores)
         if spin is None:
-            cores = set()
-            for mask in physical.allgather(sorted(os.sched_getaffinity(0))):
-                cores.update(mask)
             spin = _SPIN_DEDICATED if physical.Get_size() <= len(cores) else _SPIN_SHARED
         if node_size is not None:
             self.node_comm = physical.Split(physical.Get_rank() // node_size, key=self.rank)
@@ -370,10 +397,40 @@ class HybridComm:
             # the comm (the peers raise PeerError); elsewhere it still ends the process
             lib.hm_catch_signal(signal.SIGTERM)
         #: how barrier and allreduce run, chosen once
-        self.plan = Plan.of(self.num_nodes, self.node_size, self.is_leader, allreduce)
+        self.plan = Plan.of(self.num_nodes, self.node_size, self.is_leader, allreduce,
+                            mpi=self.collective_path == "mpi")
         self._coll = Collectives(self, st, self._segs, self.plan, self._leaders,
                                  break_comm=self._break, peer_error=self._peer_error)
         self._coll.serve(self._calls)
+
+    def _tuned(self, MPI, collectives):
+        """The path of this comm's barrier and allreduce, ``"core"`` or ``"mpi"``, and where the
+        choice came from: ``collectives`` when it names one, else the tuning
+        (:func:`hybridmpi.comm.tuning.choose`), alike on every rank (collective): a table that
+        one rank cannot take raises ValueError on every rank; ranks whose views differ (tables
+        of different hosts) take the core.  Sets :attr:`layout`."""
+        facts = self.comm.allgather((self.node_size if self.is_leader else 0, self._cores,
+                                     self._shared_cores))
+        per_node = [n for n, _, _ in facts if n]
+        #: what a tuning table's choice depends on besides the host and the MPI
+        self.layout = layout = tuning.Layout(self.size, self.num_nodes,
+                                             (min(per_node), max(per_node)),
+                                             min(c for _, c, _ in facts), any(s for _, _, s in facts))
+        if collectives != "auto":
+            return collectives, f"collectives={collectives!r}"
+        try:
+            mine: tuple[str, str | None] = tuning.choose(MPI, layout), None
+        except tuning.TableError as e:
+            mine = tuning.Choice("core", ""), str(e)
+        views = self.comm.allgather(mine)
+        problems = [(r, p) for r, (_, p) in enumerate(views) if p]
+        if problems:
+            r, p = problems[0]
+            raise ValueError(f"hybridmpi: HybridComm(): rank {r}: {p}")
+        if len({c.path for c, _ in views}) != 1:
+            return "core", ("the default (the ranks' tuning tables differ: "
+                            f"{sorted({c.source for c, _ in views})})")
+        return views[0][0]
 
     @staticmethod
     def _check_args(node_size, memory_order, timeout, radix, spin):
@@ -429,14 +486,13 @@ class HybridComm:
         else:
             self._win.Unlock_all()
             self._win.Free()
-        if self.leader_comm != MPI.COMM_NULL:
-            pending = self._coll.pending_between_nodes() if self._coll is not None else None
-            if pending is not None:   # MPI may still complete it: its buffers, ops and comm stay
-                _KEPT.append((pending, self.leader_comm))
-            else:
-                if self._coll is not None:
-                    self._coll.free_between_nodes()
-                self._free_comm(self.leader_comm)
+        pending = self._coll.pending_between_nodes() if self._coll is not None else None
+        if pending is not None:   # MPI may still complete it: its buffers, ops and comms stay
+            _KEPT.append((pending, self.leader_comm, self._coll))
+        elif self._coll is not None:
+            self._coll.free_between_nodes()
+        if self.leader_comm != MPI.COMM_NULL and pending is None:
+            self._free_comm(self.leader_comm)
         self._free_comm(self.node_comm)
         self._free_comm(self.comm)
 

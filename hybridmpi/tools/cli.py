@@ -68,14 +68,15 @@ def _thread_level(argv):
     """The thread level to start MPI with: ``--thread-level`` of a ``bench`` or ``demo``
     command line (its default there), None otherwise (mpi4py's default).  Read before
     argparse runs, since MPI starts first."""
-    if not argv or argv[0] not in ("bench", "demo"):
+    if not argv or argv[0] not in ("bench", "demo", "tune"):
         return None
     for i, word in enumerate(argv):
         value = argv[i + 1] if word == "--thread-level" and i + 1 < len(argv) else \
             word.partition("=")[2] if word.startswith("--thread-level=") else None
         if value is not None:
             return value if value in _THREAD_LEVELS else None  # argparse reports a bad one
-    return _BENCH_THREAD_LEVEL
+    # tune: the level the programs it tunes for start with (mpi4py's default, unless asked)
+    return _BENCH_THREAD_LEVEL if argv[0] != "tune" else None
 
 
 class _BadArguments(Exception):
@@ -289,11 +290,30 @@ def cmd_solve(args):
     _mpi_job(args, body)
 
 
+def cmd_tune(args):
+    from .tune import run
+
+    run(args)
+
+
 def cmd_pmpi(args):
     from .pmpi import library
 
     log = (lambda line: print(line, file=sys.stderr)) if args.verbose else None
     print(library(args.mpicc, rebuild=args.rebuild, log=log))
+
+
+def _tune_parser(sub):
+    """``hybridmpi tune``."""
+    from .tune import arguments
+
+    q = sub.add_parser("tune", help="measure barrier and allreduce by the C core and by MPI's own "
+                       "calls at this job's layout and write the tuning table (run under mpiexec)")
+    arguments(q)
+    q.add_argument("--thread-level", choices=_THREAD_LEVELS,
+                   help="MPI thread level, as the programs to tune start MPI (default: mpi4py's, "
+                   "multiple); part of the table's key")
+    q.set_defaults(func=cmd_tune)
 
 
 def _pmpi_parser(sub):
@@ -381,6 +401,7 @@ def parser():
     q.set_defaults(func=cmd_plot)
 
     _pmpi_parser(sub)
+    _tune_parser(sub)
 
     q = sub.add_parser("demo", help="ghost update and collectives vs MPI on the shipped mesh "
                        "(run under mpiexec -n N)")

@@ -1,0 +1,196 @@
+"""``hybridmpi tune``: measure the library's barrier and allreduce on this machine, at this
+job's layout, by the C core and by MPI's own calls, and write the tuning table that
+``HybridComm`` reads (:mod:`hybridmpi.comm.tuning`).
+
+Both candidates run through the library (two ``HybridComm`` of the same layout, one with
+``collectives="core"``, one with ``collectives="mpi"``), in alternating blocks of calls, the
+median of the blocks' times (each the slowest rank's) taken; mpi4py's own call (``comm.Barrier``,
+``comm.Allreduce``) is timed beside them for reference.  The path is chosen for the layout, not
+per size (docs/guide/tuning.md): the one whose times' geometric mean over the calls is lower.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from .._extras import need
+from ..comm import tuning
+from ..comm.hybridcomm import HybridComm
+
+#: allreduce lengths measured, in doubles (1: ``hc.allreduce`` of a Python float)
+SIZES = (1, 8, 64, 512, 4096, 32768)
+#: seconds one block of calls lasts, about
+BLOCK_S = 0.01
+
+
+def arguments(p: Any) -> None:
+    p.add_argument("--node-size", type=int, help="ranks per virtual node (the layout to tune)")
+    p.add_argument("--reps", type=int, default=9, help="blocks per candidate and call (default 9)")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                   help="allreduce lengths in doubles (1: a Python float)")
+    p.add_argument("--output", help="write the table here too (it always goes to the cache)")
+    p.add_argument("--plot", help="a PNG figure of the candidates' times")
+    p.add_argument("--show", action="store_true",
+                   help="print the table this layout takes now, measure nothing")
+
+
+def _calls(hc: Any, comm: Any, sizes: list[int]) -> list[tuple[str, int, Any, Any]]:
+    """(call, bytes, the library's call on ``hc``, mpi4py's) for each call measured."""
+    out: list[tuple[str, int, Any, Any]] = [("barrier", 0, lambda h: h.barrier(), comm.Barrier)]
+    for n in sizes:
+        x, y = np.full(n, 1.0), np.empty(n)
+        if n == 1:
+            out.append(("allreduce", 8, lambda h: h.allreduce(1.0),
+                        lambda x=x, y=y: comm.Allreduce(x, y)))
+        else:
+            out.append(("Allreduce", 8 * n, lambda h, x=x, y=y: h.Allreduce(x, y),
+                        lambda x=x, y=y: comm.Allreduce(x, y)))
+    return out
+
+
+def _block(comm: Any, call: Any, iters: int) -> float:
+    """Microseconds per call of ``iters`` calls, the slowest rank's."""
+    from mpi4py import MPI
+
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return float(comm.allreduce((time.perf_counter() - t0) / iters * 1e6, op=MPI.MAX))
+
+
+def measure(comm: Any, node_size: int | None, sizes: list[int], reps: int,
+            say: Any = print) -> tuple[Any, list[dict[str, Any]]]:
+    """The rows of a table: each call's median time by the core, by MPI's own call through the
+    library, and by mpi4py's call (µs); and the core comm's HybridComm facts (its layout)."""
+    core = HybridComm(comm, node_size=node_size, collectives="core")
+    mpi = HybridComm(comm, node_size=node_size, collectives="mpi")
+    layout = core.layout
+    rows = []
+    try:
+        for name, nbytes, call, raw in _calls(core, comm, sizes):
+            cands = {"core": lambda c=call: c(core), "mpi": lambda c=call: c(mpi), "MPI": raw}
+            for f in cands.values():   # warm up: MPICH switches its shared-memory paths on
+                for _ in range(20):
+                    f()
+            t1 = _block(comm, cands["core"], 3) + _block(comm, cands["mpi"], 3)
+            iters = max(3, min(20000, int(BLOCK_S * 1e6 / max(t1 / 2, 0.05))))
+            times: dict[str, list[float]] = {k: [] for k in cands}
+            for _ in range(reps):   # alternating blocks
+                for k, f in cands.items():
+                    times[k].append(_block(comm, f, iters))
+            row = {"call": name, "bytes": nbytes, "iters": iters,
+                   **{f"{k}_us": statistics.median(v) for k, v in
+                      (("core", times["core"]), ("mpi", times["mpi"]), ("MPI", times["MPI"]))}}
+            rows.append(row)
+            say(f"# {name:9s} {nbytes:>8d} B: core {row['core_us']:9.3f} us, MPI's call through "
+                f"the library {row['mpi_us']:9.3f} us, mpi4py's {row['MPI_us']:9.3f} us")
+    finally:
+        mpi.free()
+        core.free()
+    return layout, rows
+
+
+def choose(rows: list[dict[str, Any]]) -> str:
+    """The path of lower geometric-mean time over the rows."""
+    log = sum(math.log(r["core_us"] / r["mpi_us"]) for r in rows if r["core_us"] > 0 and r["mpi_us"] > 0)
+    return "mpi" if log > 0 else "core"
+
+
+def table(MPI: Any, layout: Any, rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    from .. import __version__
+
+    path = choose(rows)
+    for r in rows:
+        r["chosen_us"] = r[f"{path}_us"]
+        r["best_us"] = min(r["core_us"], r["mpi_us"])
+        r["ratio_to_mpi4py"] = r["chosen_us"] / r["MPI_us"] if r["MPI_us"] else None
+    return {"format": tuning.FORMAT, "key": tuning.key_of(MPI, layout), "path": path,
+            "layout": layout.words(), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(seconds, 2), "hybridmpi": __version__, "rows": rows}
+
+
+def print_table(t: dict[str, Any], where: str, out: Any = None) -> None:
+    out = out or sys.stdout
+    k = t["key"]
+    print(f"# tuning table {where}", file=out)
+    print(f"# host {k['host']}; {k['mpi']}, thread level {k['thread_level']}; {t['layout']}",
+          file=out)
+    print(f"# path chosen: {t['path']} (made {t['created']} in {t['seconds']} s)", file=out)
+    print(f"{'# call':<12}{'bytes':>9}{'core us':>11}{'mpi us':>11}{'mpi4py us':>11}"
+          f"{'chosen':>8}{'vs best':>9}{'vs mpi4py':>11}", file=out)
+    for r in t["rows"]:
+        print(f"{r['call']:<12}{r['bytes']:>9}{r['core_us']:>11.3f}{r['mpi_us']:>11.3f}"
+              f"{r['MPI_us']:>11.3f}{t['path']:>8}{r['chosen_us'] / r['best_us']:>9.2f}"
+              f"{r['chosen_us'] / r['MPI_us']:>11.2f}", file=out)
+
+
+def plot(t: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = t["rows"]
+    labels = [f"{r['call']}\n{r['bytes']} B" for r in rows]
+    xs = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, (key, name) in enumerate((("core_us", "the C core"), ("mpi_us", "MPI's call (library)"),
+                                     ("MPI_us", "mpi4py's call"))):
+        ax.bar(xs + (i - 1) * 0.27, [r[key] for r in rows], 0.27, label=name)
+    ax.set_xticks(xs, labels, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("time per call (us)")
+    ax.set_title(f"{t['layout']}: path {t['path']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: Any) -> None:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--sizes must be lengths >= 1, got {args.sizes!r}")
+    if args.reps < 1:
+        raise ValueError(f"--reps must be >= 1, got {args.reps}")
+    if args.plot:
+        need("matplotlib", "'hybridmpi tune --plot'")
+    say = print if comm.rank == 0 else (lambda *_a, **_k: None)
+    if args.show:
+        hc = HybridComm(comm, node_size=args.node_size)
+        where, path, source = None, hc.collective_path, hc.tuning
+        if source.startswith("table "):
+            where = source[len("table "):]
+        hc.free()
+        if comm.rank == 0:
+            print(f"# this layout takes the {path} path: {source}")
+            if where:
+                print_table(tuning.read(where), where)
+        return
+    t0 = time.perf_counter()
+    say(f"# hybridmpi tune: {comm.size} ranks, {len(sizes) + 1} calls, {args.reps} blocks each "
+        "of the core, MPI's call and mpi4py's, alternating")
+    layout, rows = measure(comm, args.node_size, sizes, args.reps, say)
+    t = table(MPI, layout, rows, time.perf_counter() - t0)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # each host writes it to its own cache
+    where = tuning.write(dict(t, key=tuning.key_of(MPI, layout))) if local.Get_rank() == 0 else None
+    local.Free()
+    if comm.rank == 0:
+        print_table(t, str(where))
+        if args.output:
+            print(f"# wrote {tuning.write(t, args.output)}")
+        if args.plot:
+            plot(t, args.plot)
+            print(f"# wrote {args.plot}")
+    comm.Barrier()

@@ -1,0 +1,271 @@
+"""The tuning table and MPI's own calls, run under mpiexec by tests/test_tuning.py.
+
+Usage: HYBRIDMPI_TUNE=auto HYBRIDMPI_TUNE_DIR=DIR python -m mpi4py tuning_cases.py
+       [--node-size K] [--only case1,case2]
+
+Each case sets the environment alike on every rank (the settings are read per HybridComm) and
+puts it back.  DIR is empty at the start and shared by the ranks.
+"""
+
+import contextlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _harness import main, skip
+
+import hybridmpi
+from hybridmpi.comm import tuning
+
+
+@contextlib.contextmanager
+def env(**values):
+    """Set (None: unset) environment variables for the block."""
+    old = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def hc_of(comm, cfg, **kw):
+    return hybridmpi.HybridComm(comm, node_size=cfg["node_size"], **kw)
+
+
+def agreed(comm, value):
+    """Every rank's value, checked alike on every rank."""
+    views = comm.allgather(value)
+    assert all(v == views[0] for v in views), views
+    return views[0]
+
+
+def clear(comm):
+    comm.Barrier()
+    if comm.rank == 0:
+        for f in tuning.settings.tune_dir().glob("*.json"):
+            f.unlink()
+    comm.Barrier()
+
+
+def case_default_choice(comm, rng, **cfg):
+    """Without a table: MPI's own calls where every node has one rank with a core of its own,
+    the core elsewhere; the same on every rank, and ``tuning`` says why."""
+    clear(comm)
+    with hc_of(comm, cfg) as hc:
+        lay = hc.layout
+        want = "mpi" if lay.nodes > 1 and lay.per_node == (1, 1) and not lay.oversubscribed else "core"
+        assert agreed(comm, hc.collective_path) == want, (hc.collective_path, lay)
+        assert "the default for this layout" in hc.tuning, hc.tuning
+        assert hc.allreduce(1.0) == comm.size
+        hc.barrier()
+    with env(HYBRIDMPI_TUNE="off"), hc_of(comm, cfg) as hc:
+        assert hc.collective_path == "core" and "HYBRIDMPI_TUNE=off" in hc.tuning
+    with env(HYBRIDMPI_TUNE="mpi"), hc_of(comm, cfg) as hc:
+        assert hc.collective_path == "mpi"
+    for arg in ("core", "mpi"):
+        with hc_of(comm, cfg, collectives=arg) as hc:
+            assert hc.collective_path == arg, (arg, hc.tuning)
+
+
+def _table(hc, path):
+    return {"format": tuning.FORMAT, "key": tuning.key_of(MPI, hc.layout), "path": path,
+            "layout": hc.layout.words(), "rows": []}
+
+
+def case_table_taken_and_refused(comm, rng, **cfg):
+    """A table in the cache for this key is taken (its path, the other than the default); one of
+    another format in the cache is passed over, with the reason; one named by
+    HYBRIDMPI_TUNE_FILE that is not this job's (another host, MPI, layout, format, or not JSON)
+    raises ValueError on every rank, with a one-line reason, and leaves nothing behind: the
+    next HybridComm works."""
+    clear(comm)
+    with hc_of(comm, cfg) as hc:
+        default = hc.collective_path
+        flipped = "core" if default == "mpi" else "mpi"
+        table = _table(hc, flipped)
+        where = tuning.cached_path(table["key"])
+    comm.Barrier()
+    if comm.rank == 0:
+        tuning.write(table)
+    comm.Barrier()
+    with hc_of(comm, cfg) as hc:
+        assert agreed(comm, hc.collective_path) == flipped, hc.tuning
+        assert hc.tuning == f"table {where}", hc.tuning
+        x = np.arange(5.0) + comm.rank
+        assert np.array_equal(hc.allreduce(x), sum(np.arange(5.0) + r for r in range(comm.size)))
+    comm.Barrier()
+    if comm.rank == 0:
+        where.write_text(json.dumps(dict(table, format="hybridmpi-tune/0")))
+    comm.Barrier()
+    with hc_of(comm, cfg) as hc:
+        assert hc.collective_path == default and "format" in hc.tuning, hc.tuning
+    folder = tuning.settings.tune_dir()
+    bad = {"host": dict(table, key=dict(table["key"], host="another host")),
+           "mpi": dict(table, key=dict(table["key"], mpi="Another MPI 9.9")),
+           "ranks": dict(table, key=dict(table["key"], ranks=comm.size + 1)),
+           "format": dict(table, format="something else"),
+           "path": dict(table, path="fastest")}
+    comm.Barrier()
+    if comm.rank == 0:
+        for name, t in bad.items():
+            (folder / f"named-{name}.json").write_text(json.dumps(t))
+        (folder / "named-garbage.json").write_text("{not json")
+    comm.Barrier()
+    for name in [*bad, "garbage", "absent"]:
+        with env(HYBRIDMPI_TUNE_FILE=str(folder / f"named-{name}.json")):
+            try:
+                hc_of(comm, cfg).free()
+            except ValueError as e:
+                text = str(e)
+                assert "\n" not in text and "tuning table" in text, text
+                if name in ("host", "mpi", "ranks", "path"):
+                    assert repr(name) in text or name in text, (name, text)
+            else:
+                raise AssertionError(f"a {name} table was taken")
+    # the named good table is taken
+    comm.Barrier()
+    if comm.rank == 0:
+        (folder / "named-good.json").write_text(json.dumps(table))
+    comm.Barrier()
+    with env(HYBRIDMPI_TUNE_FILE=str(folder / "named-good.json")), hc_of(comm, cfg) as hc:
+        assert hc.collective_path == flipped, hc.tuning
+    with hc_of(comm, cfg) as hc:   # nothing left behind by the refusals
+        assert hc.allreduce(2.0) == 2.0 * comm.size
+
+
+def case_ranks_that_see_different_tables(comm, rng, **cfg):
+    """Ranks whose caches hold different tables (HYBRIDMPI_TUNE_DIR is per host) take the core,
+    every one of them, and say so."""
+    if comm.size < 2:
+        return skip("needs 2 ranks")
+    clear(comm)
+    with hc_of(comm, cfg) as hc:
+        table = _table(hc, "core" if hc.collective_path == "mpi" else "mpi")
+    own = tuning.settings.tune_dir() / f"rank{comm.rank}"
+    with env(HYBRIDMPI_TUNE_DIR=str(own)):
+        if comm.rank == 0:
+            tuning.write(table)
+        comm.Barrier()
+        with hc_of(comm, cfg) as hc:
+            assert agreed(comm, hc.collective_path) == "core", hc.tuning
+            assert "differ" in hc.tuning, hc.tuning
+
+
+def case_mpi_path_one_rank_errors(comm, rng, **cfg):
+    """MPI's own calls: an argument error raises on the rank that made it, before any data
+    moves (as MPI's calls do), and ranks in the call meanwhile end at their deadline
+    (SyncTimeout, or PeerError where another's timeout came first; the comm broken there)
+    instead of waiting for ever; every rank's bad call
+    leaves the comm usable."""
+    if comm.size < 2:
+        return skip("needs 2 ranks")
+    with hc_of(comm, cfg, collectives="mpi", timeout=1.0) as hc:
+        for bad in (lambda: hc.allreduce(1.0, "avg"), lambda: hc.barrier(method="fast"),
+                    lambda: hc.Allreduce(np.ones(3), np.ones(4))):
+            try:
+                bad()
+            except ValueError:
+                pass
+            else:
+                raise AssertionError("a bad call accepted")
+        assert hc.allreduce(1.0) == comm.size   # every rank's bad calls: usable
+    t0 = time.monotonic()
+    hc = hc_of(comm, cfg, collectives="mpi", timeout=1.0)
+    verdict = None
+    try:
+        if comm.rank == 0:
+            hc.allreduce(1.0, "avg")
+        else:
+            hc.allreduce(1.0)
+    except (hybridmpi.SyncTimeout, hybridmpi.PeerError) as e:   # (a peer's timeout came first)
+        verdict = "timeout" if comm.rank != 0 and "MPI's own call" in str(e) else f"wrong: {e}"
+    except ValueError as e:
+        verdict = "own" if comm.rank == 0 and "op" in str(e) else f"wrong: {e}"
+    else:
+        verdict = "returned"
+    elapsed = time.monotonic() - t0
+    verdicts = comm.allgather((verdict, elapsed))
+    hc.free()
+    assert all(v == ("own" if r == 0 else "timeout") for r, (v, _) in enumerate(verdicts)), verdicts
+    assert max(t for _, t in verdicts) < 30, verdicts
+
+
+def case_mpi_path_peer_failure(comm, rng, **cfg):
+    """MPI's own calls with a deadline: a rank that fails inside ``with`` (its comm breaks and
+    tells the peers) ends a peer's wait in MPI's call with PeerError long before the deadline."""
+    if comm.size < 2:
+        return skip("needs 2 ranks")
+    t0 = time.monotonic()
+    got = None
+    try:
+        with hc_of(comm, cfg, collectives="mpi", timeout=20.0) as hc:
+            hc.barrier()
+            if comm.rank == 0:
+                raise KeyError("rank 0 fails")
+            hc.allreduce(1.0)
+    except KeyError:
+        got = "own"
+    except hybridmpi.PeerError:
+        got = "peer"
+    except Exception as e:  # noqa: BLE001 - the class is the verdict
+        got = f"{type(e).__name__}: {e}"
+    elapsed = time.monotonic() - t0
+    views = comm.allgather((got, elapsed))
+    assert all(g == ("own" if r == 0 else "peer") for r, (g, _) in enumerate(views)), views
+    assert max(t for _, t in views) < 15, views
+
+
+def case_mpi_path_free_running(comm, rng, **cfg):
+    """MPI's own calls, with and without a deadline (blocking calls then): free-running sequences
+    of barriers and allreduces of every size and op, late ranks at random; every value right
+    and the same bits on every rank."""
+    for timeout in (None, 30.0):
+        with hc_of(comm, cfg, collectives="mpi", timeout=timeout) as hc:
+            draws = np.random.default_rng(11)   # the same sequence on every rank
+            out = []
+            for _ in range(200):
+                if rng.random() < 0.2:
+                    time.sleep(rng.random() * 0.001)
+                kind = int(draws.integers(4))
+                n = int(draws.choice([0, 1, 7, 12, 13, 300, 5000, 40000]))
+                if kind == 0:
+                    hc.barrier()
+                elif kind == 1:
+                    out.append(hc.allreduce(float(comm.rank + 1), ("sum", "max")[n % 2]))
+                else:
+                    op = ("sum", "prod", "min", "max")[int(draws.integers(4))]
+                    x = np.full(n, comm.rank + 1.0)
+                    if kind == 2:
+                        y = hc.allreduce(x, op)
+                    else:
+                        y = np.empty(n)
+                        hc.Allreduce(x, y, op=op)
+                    want = {"sum": comm.size * (comm.size + 1) / 2, "min": 1.0, "max": float(comm.size),
+                            "prod": float(np.prod(np.arange(1.0, comm.size + 1)))}[op]
+                    assert np.all(y == want), (op, n, y[:3])
+                    out.append(y.tobytes())
+            assert agreed(comm, len(out)) == len(out)
+            views = comm.allgather(out)
+            assert all(v == views[0] for v in views)
+
+
+CASES = [case_default_choice, case_table_taken_and_refused, case_ranks_that_see_different_tables,
+         case_mpi_path_one_rank_errors, case_mpi_path_peer_failure, case_mpi_path_free_running]
+
+
+if __name__ == "__main__":
+    main(CASES)

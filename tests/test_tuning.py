@@ -1,0 +1,143 @@
+"""The tuning table (hybridmpi.comm.tuning), the path it chooses, MPI's own calls and
+``hybridmpi tune`` (docs/guide/tuning.md)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import launch, run_mpi
+
+from hybridmpi.comm import tuning
+
+KEY = {"host": "x86_64, a processor, 2 CPUs", "mpi": "MPICH Version: 5.0.2", "thread_level": "multiple",
+       "ranks": 2, "nodes": 2, "per_node": [1, 1], "cores": 2, "oversubscribed": False}
+
+
+def table(**kw):
+    return {"format": tuning.FORMAT, "key": dict(KEY), "path": "mpi", "rows": [], **kw}
+
+
+def test_check_takes_its_own_key():
+    assert tuning.check(table(), KEY, "t.json") == "mpi"
+    assert tuning.check(table(path="core"), KEY, "t.json") == "core"
+
+
+@pytest.mark.parametrize("field,value", [("host", "aarch64, another, 64 CPUs"), ("mpi", "Open MPI v5.0.8"),
+                                         ("thread_level", "funneled"), ("ranks", 4), ("nodes", 1),
+                                         ("per_node", [2, 2]), ("cores", 16), ("oversubscribed", True)])
+def test_check_refuses_another_key_in_one_line(field, value):
+    t = table()
+    t["key"][field] = value
+    with pytest.raises(tuning.TableError) as e:
+        tuning.check(t, KEY, "t.json")
+    text = str(e.value)
+    assert "\n" not in text and field in text and "hybridmpi tune" in text, text
+
+
+@pytest.mark.parametrize("bad", [[], "text", {"format": "hybridmpi-tune/0"}, {"format": tuning.FORMAT},
+                                 table(path="fastest"), table(path=None), table(key=None)])
+def test_check_refuses_what_is_not_a_table(bad):
+    with pytest.raises(tuning.TableError) as e:
+        tuning.check(bad, KEY, "t.json")
+    assert "\n" not in str(e.value) and "t.json" in str(e.value)
+
+
+def test_read_refuses_missing_and_garbage(tmp_path):
+    (tmp_path / "g.json").write_text("{nope")
+    for name in ("g.json", "absent.json"):
+        with pytest.raises(tuning.TableError) as e:
+            tuning.read(tmp_path / name)
+        assert "\n" not in str(e.value) and name in str(e.value)
+
+
+def test_write_is_where_choose_looks(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRIDMPI_TUNE_DIR", str(tmp_path))
+    where = tuning.write(table())
+    assert where == tuning.cached_path(KEY) and where.parent == tmp_path
+    assert json.loads(where.read_text())["path"] == "mpi"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temporary left
+    # another key, another file
+    assert tuning.cached_path(dict(KEY, ranks=3)) != where
+
+
+@pytest.mark.parametrize("nodes,per_node,shared,want", [
+    (2, (1, 1), False, "mpi"), (16, (1, 1), False, "mpi"), (2, (1, 1), True, "core"),
+    (1, (2, 2), False, "core"), (1, (1, 1), False, "core"), (2, (1, 2), False, "core"),
+    (4, (4, 4), False, "core")])
+def test_default_path_by_layout(nodes, per_node, shared, want):
+    assert tuning.Layout(nodes * per_node[1], nodes, per_node, 2, shared).default_path() == want
+
+
+def test_bad_mode_is_an_error(monkeypatch):
+    monkeypatch.setenv("HYBRIDMPI_TUNE", "fastest")
+    from hybridmpi import settings
+    with pytest.raises(ValueError, match="HYBRIDMPI_TUNE"):
+        settings.per_comm()
+
+
+def _tune_env(tmp_path, **kw):
+    return {"HYBRIDMPI_TUNE": "auto", "HYBRIDMPI_TUNE_DIR": str(tmp_path), **kw}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,node_size", [(2, 1), (2, None), (3, 1), (3, 2)])
+def test_tuning_cases(ranks, node_size, tmp_path):
+    """The choice (the default, a table, refusals, ranks that disagree) and MPI's own calls
+    (errors on one rank, a failing peer, free-running sequences), in each layout."""
+    args = ["--node-size", str(node_size)] if node_size else []
+    run_mpi("tuning_cases.py", ranks, *args, env=_tune_env(tmp_path), timeout=180)
+
+
+#: the collective cases that hold on MPI's own calls as on the core (the others test the
+#: core's checks of erroneous calls, which MPI's calls leave to MPI: docs/guide/tuning.md)
+ON_MPI = ("case_layout,case_values_match_mpi4py,case_min_max_one_rule,"
+          "case_complex_product_c99,case_python_scalars,case_stress_interleaved,"
+          "case_barrier_orders_memory,case_c_fast_paths,case_waits_let_other_threads_run,"
+          "case_free_and_reuse,case_dropins,case_same_bits_on_every_rank")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,node_size", [(2, 1), (3, None), (4, 2)])
+def test_collectives_on_mpi_calls(ranks, node_size):
+    """Values, the one min/max rule bit for bit, the C99 complex product, the same bits on every
+    rank, memory order across a barrier, the C call objects and free: MPI's own calls give what
+    the core gives."""
+    args = ["--node-size", str(node_size)] if node_size else []
+    run_mpi("collectives_cases.py", ranks, *args, "--only", ON_MPI,
+            env={"HYBRIDMPI_TUNE": "mpi"}, timeout=240)
+
+
+@pytest.mark.mpi
+def test_tune_command_writes_shows_and_is_taken(tmp_path):
+    """``hybridmpi tune`` at 2 ranks, one per virtual node: its progress, the table it printed
+    and wrote where a HybridComm of the same layout takes it; ``--show`` prints it; a figure."""
+    env = _tune_env(tmp_path)
+    png = tmp_path / "tune.png"
+    out = launch(2, ["-m", "hybridmpi", "tune", "--node-size", "1", "--reps", "2", "--sizes", "1,8,4096",
+                     "--output", str(tmp_path / "copy.json"), "--plot", str(png)], env=env, timeout=120)
+    assert "# barrier" in out and "path chosen:" in out, out
+    files = [p for p in tmp_path.glob("*.json") if p.name != "copy.json"]
+    assert len(files) == 1, files
+    t = json.loads(files[0].read_text())
+    assert t["format"] == tuning.FORMAT and t["path"] in ("core", "mpi")
+    assert [(r["call"], r["bytes"]) for r in t["rows"]] == [("barrier", 0), ("allreduce", 8),
+                                                           ("Allreduce", 64), ("Allreduce", 32768)]
+    assert all(r["core_us"] > 0 and r["mpi_us"] > 0 and r["MPI_us"] > 0 for r in t["rows"])
+    assert json.loads((tmp_path / "copy.json").read_text())["rows"] == t["rows"]
+    assert png.stat().st_size > 1000
+    shown = launch(2, ["-m", "hybridmpi", "tune", "--node-size", "1", "--show"], env=env, timeout=60)
+    assert f"takes the {t['path']} path: table {files[0]}" in shown, shown
+    prog = tmp_path / "prog.py"
+    prog.write_text("import hybridmpi\nfrom mpi4py import MPI\n"
+                    "with hybridmpi.HybridComm(MPI.COMM_WORLD, node_size=1) as hc:\n"
+                    "    print('PATH', hc.collective_path, hc.tuning, flush=True)\n")
+    got = launch(2, [str(prog)], env=env, timeout=60)
+    assert got.count(f"PATH {t['path']} table {files[0]}") == 2, got
+
+
+def test_tune_bad_arguments(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "hybridmpi", "tune", "--sizes", "0"], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, **_tune_env(tmp_path)))
+    assert r.returncode == 2 and "--sizes" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -30,6 +30,7 @@
 #include <link.h>
 #include <strings.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -48,9 +49,24 @@ struct pmpi_cfg cfg;
 static const char *const counter_names[C_NUM] = {
     "allreduce fast", "barrier fast", "allreduce passed on", "barrier passed on",
     "communicators set up", "set-ups that fell back", "calls that failed", "neighbor fast",
-    "neighbor passed on"};
+    "neighbor passed on", "allreduce mpi path", "barrier mpi path"};
 _Atomic long counters[C_NUM];
 static int started;   /* start() ran */
+
+/* HYBRIDMPI_TUNE, as the Python library reads it (auto, off, mpi); another value is named on
+ * stderr and auto is used. */
+static int tune_setting(void)
+{
+    const char *v = getenv("HYBRIDMPI_TUNE");
+    if (v == NULL || *v == '\0' || strcasecmp(v, "auto") == 0)
+        return TUNE_AUTO;
+    if (strcasecmp(v, "off") == 0)
+        return TUNE_OFF;
+    if (strcasecmp(v, "mpi") == 0)
+        return TUNE_MPI;
+    fprintf(stderr, "hybridmpi pmpi: HYBRIDMPI_TUNE=%s is not auto, off or mpi; using auto\n", v);
+    return TUNE_AUTO;
+}
 
 /* Settings are parsed strictly: a value that is not what the variable takes is named on
  * stderr, and the safe value is used (the default for a number; for HYBRIDMPI_PMPI_OFF, off:
@@ -352,6 +368,7 @@ static void start(void)
     cfg.adaptive = env_bool("HYBRIDMPI_PMPI_ADAPTIVE", 1, 1);
     cfg.ngh_bytes = (uint64_t)env_long("HYBRIDMPI_PMPI_NEIGHBOR_BYTES", 1 << 20, 0, 1L << 30);
     cfg.ngh_stage = (uint64_t)env_long("HYBRIDMPI_PMPI_NEIGHBOR_STAGE", 12288, 0, 1L << 30);
+    cfg.tune = tune_setting();
     next.allreduce = (allreduce_fn)pmpi_next("MPI_Allreduce", "PMPI_Allreduce");
     next.barrier = (barrier_fn)pmpi_next("MPI_Barrier", "PMPI_Barrier");
     next.allreduce_c = pmpi_next("MPI_Allreduce_c", "PMPI_Allreduce_c");
@@ -497,12 +514,28 @@ static int net_init(state *s)
 static __thread const char *failure;   /* why this thread's last set-up failed (stats) */
 
 /* The node of `comm` (virtual nodes of cfg.node_size ranks when set), reporting to the library
- * only; 0 on success. */
-int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node)
+ * only; 0 on success.  `shared_cores` (or NULL): 1 where the physical node has more ranks than
+ * this rank may run on cores (its affinity mask). */
+int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores)
 {
     MPI_Comm shared;
     if (PMPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared))
         return 1;
+    if (shared_cores != NULL) {
+        int ranks = 1;
+        cpu_set_t mask;
+        PMPI_Comm_size(shared, &ranks);
+        /* the job's processes on this node, as the launcher says, may be more than the
+         * communicator's (MPICH's and Intel MPI's hydra, Open MPI, MVAPICH2) */
+        static const char *const local[] = {"MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                            "MV2_COMM_WORLD_LOCAL_SIZE"};
+        for (size_t i = 0; i < sizeof local / sizeof local[0]; i++) {
+            const char *v = getenv(local[i]);
+            if (v != NULL && atoi(v) > ranks)
+                ranks = atoi(v);
+        }
+        *shared_cores = sched_getaffinity(0, sizeof mask, &mask) == 0 && ranks > CPU_COUNT(&mask);
+    }
     if (cfg.node_size > 0) {
         int r;
         PMPI_Comm_rank(shared, &r);
@@ -575,7 +608,7 @@ char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why
 /* This rank's part of a set-up: the node, its segment, the core; 0 on success. */
 static int map_node(state *s, int rank)
 {
-    if (pmpi_split_node(s->comm, rank, &s->node))
+    if (pmpi_split_node(s->comm, rank, &s->node, &s->mpi_calls))   /* (shared cores, for now) */
         return failure = "MPI_Comm_split_type failed", 1;
     int nr, nn;
     PMPI_Comm_rank(s->node, &nr);
@@ -611,7 +644,7 @@ static void set_up_returning(state *s, int rank, int *local, int *all);
 /* Set up `s`, collectively over its communicator; every rank ends in S_FAST or in S_NEXT. */
 static void set_up(state *s)
 {
-    int rank, local[2], all[2] = {0, 1};   /* all: nodes, ranks that failed */
+    int rank, local[3], all[3] = {0, 1, 0};   /* all: nodes, ranks that failed, sharing cores */
     PMPI_Comm_rank(s->comm, &rank);
     /* what fails here (no context id left, say) falls back, and never reaches the program's
      * error handler: the communicator's is set back as it was, whatever happens */
@@ -626,12 +659,21 @@ static void set_up(state *s)
 static void set_up_returning(state *s, int rank, int *local, int *all)
 {
     s->node = s->leaders = MPI_COMM_NULL;
+    s->mpi_calls = 0;
     local[1] = map_node(s, rank);
     int leader = s->node != MPI_COMM_NULL && s->c.rank == 0;
     local[0] = leader && !local[1];
+    local[2] = s->mpi_calls;   /* this rank's physical node has more ranks than cores */
     /* the agreement; it also orders every rank's hm_coll_init before any rank's first call */
-    if (PMPI_Allreduce(local, all, 2, MPI_INT, MPI_SUM, s->comm) != MPI_SUCCESS)
+    if (PMPI_Allreduce(local, all, 3, MPI_INT, MPI_SUM, s->comm) != MPI_SUCCESS)
         all[1] = 1;
+    /* the layout's path of the barrier and the allreduce, alike on every rank: MPI's own calls
+     * where every rank is its node's only one, with a core of its own (the core's node steps
+     * are empty there, and its agreement between the nodes costs more than MPI's call), or as
+     * HYBRIDMPI_TUNE says; docs/guide/tuning.md */
+    int size = 1;
+    PMPI_Comm_size(s->comm, &size);
+    s->mpi_calls = cfg.tune == TUNE_MPI || (cfg.tune == TUNE_AUTO && all[0] == size && all[2] == 0);
     if (all[1] == 0 && all[0] > 1) {
         /* several nodes: their leaders' communicator (every rank knows it is needed), and
          * whether every rank got its part */
@@ -899,11 +941,26 @@ static state *allreduce_fast(const void *send, const void *recv, MPI_Count count
     state *s = pmpi_state(comm, 0);
     if (s != NULL && s->phase == S_BROKEN)
         return s;
+    if (s != NULL && s->mpi_calls) {   /* the layout's path: MPI's own call */
+        COUNT(C_MPI_ALLREDUCE);
+        return NULL;
+    }
     /* count 0 goes to the core too: a rank with none where the others reduce some (or are in a
      * barrier) is a mismatch there, which MPI would let pass on that rank */
     if (s == NULL || count < 0 || (*dt = type_code(type)) < 0 || (*hop = op_code(op, *dt)) < 0 ||
         (uint64_t)count > cfg.max_bytes / hm_dtype_size(*dt))
         return NULL;
+    return s;
+}
+
+/* The state when this barrier goes to the core (or the communicator was revoked), else NULL. */
+static state *barrier_state(MPI_Comm comm)
+{
+    state *s = pmpi_state(comm, 0);
+    if (s != NULL && s->mpi_calls && s->phase == S_FAST) {   /* the layout's path: MPI's own */
+        COUNT(C_MPI_BARRIER);
+        return NULL;
+    }
     return s;
 }
 
@@ -922,7 +979,7 @@ EXPORT int MPI_Allreduce(const void *send, void *recv, int count, MPI_Datatype t
 
 EXPORT int MPI_Barrier(MPI_Comm comm)
 {
-    state *s = pmpi_state(comm, 0);
+    state *s = barrier_state(comm);
     if (s != NULL)
         return run_barrier(s);
     COUNT(C_NEXT_BARRIER);
@@ -969,7 +1026,7 @@ EXPORT void mpi_allreduce_(void *send, void *recv, MPI_Fint *count, MPI_Fint *ty
 
 EXPORT void mpi_barrier_(MPI_Fint *comm, MPI_Fint *ierr)
 {
-    state *s = pmpi_state(PMPI_Comm_f2c(*comm), 0);
+    state *s = barrier_state(PMPI_Comm_f2c(*comm));
     if (s != NULL) {
         *ierr = run_barrier(s);
         return;

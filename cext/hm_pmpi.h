@@ -23,11 +23,13 @@ struct pmpi_cfg {
     int adaptive;        /* defer set-ups where communicators die young (a vote per decision) */
     uint64_t ngh_bytes;  /* the most a rank stages in shared memory per neighbourhood call */
     uint64_t ngh_stage;  /* the most it stages for one peer (more: the MPI's messages) */
+    int tune;            /* HYBRIDMPI_TUNE: TUNE_AUTO, TUNE_OFF (the core), TUNE_MPI */
 };
+enum { TUNE_AUTO, TUNE_OFF, TUNE_MPI };
 extern struct pmpi_cfg cfg;
 
 enum { C_FAST_ALLREDUCE, C_FAST_BARRIER, C_NEXT_ALLREDUCE, C_NEXT_BARRIER, C_SETUP, C_FELL_BACK,
-       C_FAILED, C_FAST_NEIGHBOR, C_NEXT_NEIGHBOR, C_NUM };
+       C_FAILED, C_FAST_NEIGHBOR, C_NEXT_NEIGHBOR, C_MPI_ALLREDUCE, C_MPI_BARRIER, C_NUM };
 extern _Atomic long counters[C_NUM];
 #define COUNT(k) atomic_fetch_add_explicit(&counters[k], 1, memory_order_relaxed)
 
@@ -44,6 +46,8 @@ typedef struct state {
     MPI_Comm node;          /* its ranks on this node (MPI_COMM_NULL before set-up) */
     MPI_Comm leaders;       /* the nodes' leaders, on leaders across nodes; else MPI_COMM_NULL */
     int multi;              /* more than one node */
+    int mpi_calls;          /* its barrier and allreduce go to MPI (the layout's path: one rank
+                             * per node, each with a core of its own; HYBRIDMPI_TUNE) */
     char *base;             /* the node's shared segment */
     size_t bytes;
     char **seg;
@@ -59,7 +63,7 @@ typedef struct state {
 /* hm_pmpi.c */
 state *pmpi_state(MPI_Comm comm, int now);
 void *pmpi_next(const char *name, const char *pname);   /* what comes next: RTLD_NEXT, else PMPI */
-int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node);
+int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores);
 char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why, int *fd);
 int pmpi_failed(state *s, const char *call, int rc);
 int pmpi_revoked(state *s);

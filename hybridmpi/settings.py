@@ -195,6 +195,22 @@ def launched() -> tuple[int, int]:
     return 0, 1
 
 
+#: the variables in which launchers tell a process how many processes of the job share its node
+LOCAL_SIZE_ENV = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
+
+
+def local_ranks() -> int:
+    """How many processes of the job run on this node, as the launcher says (MPICH's and Intel
+    MPI's hydra, Open MPI, MVAPICH2), 0 when none says: a communicator's own ranks on a node may
+    be fewer than the processes that share its cores."""
+    for name in LOCAL_SIZE_ENV:
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return 0
+
+
 def threads_set() -> bool:
     """Whether the environment already says how many threads numpy's BLAS may use."""
     return any(os.environ.get(v) for v in THREAD_ENV)

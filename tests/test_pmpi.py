@@ -59,7 +59,8 @@ def run(n, preload, argv, env=None, timeout=180, cleanup=True):
     if mpi_flavor() == "openmpi":
         full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         cmd += ["--oversubscribe", "--timeout", str(timeout), "-x", f"LD_PRELOAD={preload}"]
-        cmd += [a for k in full_env if k.startswith("HYBRIDMPI_PMPI_") for a in ("-x", k)]
+        cmd += [a for k in full_env if k.startswith("HYBRIDMPI_PMPI_") or k == "HYBRIDMPI_TUNE"
+                for a in ("-x", k)]
     else:
         if mpi_flavor() == "impi":
             full_env.setdefault("I_MPI_WAIT_MODE", "1")
@@ -105,6 +106,31 @@ def test_matrix(built, ranks, node_size):
         elif node_size != 1 or ranks > 1:
             assert c["allreduce fast"] > 1000 and c["barrier fast"] > 0, c
             assert c["allreduce passed on"] > 0, c   # sizes past the core's, user ops, ...
+
+
+@pytest.mark.parametrize("ranks,node_size,tune,to_mpi", [
+    (2, 1, "auto", True), (2, None, "auto", False), (3, 1, "auto", False), (2, 2, "mpi", True),
+    (2, 1, "off", False), (2, 1, "fastest", True)])
+def test_layout_path(built, ranks, node_size, tune, to_mpi):
+    """The barrier and the allreduce take MPI's own calls where every rank is its node's only one
+    with a core of its own (2 ranks on the 2 cores, one per virtual node), or where
+    HYBRIDMPI_TUNE=mpi; the core elsewhere (one node; 3 ranks on 2 cores) and with
+    HYBRIDMPI_TUNE=off; a value the variable does not take is named and auto is used.  Results
+    right either way (the matrix's own checks against PMPI_Allreduce)."""
+    lib, progs = built
+    env = {"HYBRIDMPI_TUNE": tune, **({"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size)} if node_size else {})}
+    rc, out, err = run(ranks, lib, [progs["matrix"], "quick"], env)
+    assert rc == 0 and "matrix ok" in out, f"rc={rc}\n{out}\n{err}"
+    if tune == "fastest":
+        assert "HYBRIDMPI_TUNE=fastest is not auto, off or mpi" in err, err
+    seen = counters(err)
+    assert sorted(seen) == list(range(ranks)), err
+    for c in seen.values():
+        if to_mpi:
+            assert c["allreduce fast"] == 0 and c["barrier fast"] == 0, c
+            assert c["allreduce mpi path"] > 1000 and c["barrier mpi path"] > 0, c
+        else:
+            assert c["allreduce fast"] > 1000 and c["allreduce mpi path"] == 0, c
 
 
 def test_matrix_thread_multiple(built):

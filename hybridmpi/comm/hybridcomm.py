@@ -307,7 +307,7 @@ class HybridComm:
         #: cores the ranks of this physical node may run on, and whether they are fewer than
         #: its ranks (the tuning table's layout)
         self._cores = len(cores)
-        self._shared_cores = physical.Get_size() > len(cores)
+        self._shared_cores = max(physical.Get_size(), settings.local_ranks()) > len(cores)
         if spin is None:
             spin = _SPIN_DEDICATED if physical.Get_size() <= len(cores) else _SPIN_SHARED
         if node_size is not None:

@@ -248,13 +248,24 @@ static int agree(hm_coll *c, hm_net *n, int64_t failed, int64_t kind, int64_t co
     return HM_OK;
 }
 
+/* The MPI type and op of the core's `dtype` and `op` at n (the core's own op where MPI's may
+ * combine otherwise); HM_EARG where n has none. */
+static int mpi_pair(const hm_net *n, int dtype, int op, intptr_t *type, intptr_t *mop)
+{
+    if (hm_dtype_size(dtype) == 0 || !hm_op_valid(dtype, op))
+        return HM_EARG;
+    int k = own_op(dtype, op);
+    *type = n->types[dtype];
+    *mop = k >= 0 ? n->own_ops[k] : n->ops[op];
+    return *type == 0 || *mop == 0 ? HM_EARG : HM_OK;
+}
+
 /* The data step: the leaders' combination of `count` elements in the node's slot. */
 static int combine(hm_coll *c, hm_net *n, uint64_t count, int dt, int op)
 {
     void *slot = hm_coll_slot(c, 0);
-    int k = own_op(dt, op);
-    intptr_t type = n->types[dt], mop = k >= 0 ? n->own_ops[k] : n->ops[op];
-    if (type == 0 || mop == 0)
+    intptr_t type, mop;
+    if (mpi_pair(n, dt, op, &type, &mop) != HM_OK)
         return poisoned(c, HM_EARG);
     const void *send = n->rank == 0 ? (const void *)n->in_place : slot;
     if (blocking(c, n)) {
@@ -331,13 +342,10 @@ int hm_net_mpi_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, ui
                          int dtype, int op)
 {
     HM_PROFILED;
+    intptr_t type, mop;
+    if (mpi_pair(n, dtype, op, &type, &mop) != HM_OK)
+        return HM_EARG;
     size_t esz = hm_dtype_size(dtype);
-    if (esz == 0 || !hm_op_valid(dtype, op))
-        return HM_EARG;
-    int k = own_op(dtype, op);
-    intptr_t type = n->types[dtype], mop = k >= 0 ? n->own_ops[k] : n->ops[op];
-    if (type == 0 || mop == 0)
-        return HM_EARG;
     c->err.code = HM_OK;
     const uint64_t most = INT_MAX;
     uint64_t start = 0;

@@ -244,8 +244,8 @@ class profile:
         if what == "Halo":
             ops, label = _HALO_OPS, f"Halo #{obj.tag} ({obj.method})"
             self._epochs.append((obj, list(obj._internal.epochs)))
-        elif what == "HybridComm":
-            ops, label = _COMM_OPS, "HybridComm"
+        elif what == "HybridComm":   # the path its collectives take: the C core or MPI's own
+            ops, label = _COMM_OPS, f"HybridComm ({getattr(obj, 'collective_path', 'core')} path)"
         elif what in ("Coarray", "GlobalMemory"):
             self._counts[what] += 1
             n = self._counts[what]

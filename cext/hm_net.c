@@ -338,6 +338,26 @@ int hm_net_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64
     return HM_OK;
 }
 
+/* Every NaN of `count` elements of a float type at p made the default quiet NaN (+, no
+ * payload).  MPI's sums and products of the same values give the same bits on every rank but
+ * where NaNs meet: which NaN's payload and sign survive depends on the order of the operands,
+ * which MPI's algorithms choose by rank. */
+static void same_nans(void *p, uint64_t count, int dtype)
+{
+    if (dtype == HM_F32) {
+        float *x = p;
+        for (uint64_t i = 0; i < count; i++)
+            if (x[i] != x[i])
+                x[i] = __builtin_nanf("");
+    } else if (dtype == HM_F64 || dtype == HM_PYINT || dtype == HM_C128) {
+        double *x = p;
+        uint64_t m = dtype == HM_C128 ? 2 * count : count;
+        for (uint64_t i = 0; i < m; i++)
+            if (x[i] != x[i])
+                x[i] = __builtin_nan("");
+    }
+}
+
 int hm_net_mpi_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, uint64_t count,
                          int dtype, int op)
 {
@@ -365,6 +385,8 @@ int hm_net_mpi_allreduce(hm_coll *c, hm_net *n, const void *send, void *recv, ui
             return c->err.code = rc;
         start += m;
     } while (start < count);
+    if (op == HM_SUM || op == HM_PROD)
+        same_nans(recv, count, dtype);
     return HM_OK;
 }
 

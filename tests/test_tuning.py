@@ -52,6 +52,30 @@ def test_read_refuses_missing_and_garbage(tmp_path):
         assert "\n" not in str(e.value) and name in str(e.value)
 
 
+def test_read_refuses_what_is_not_a_small_regular_file(tmp_path):
+    """A named pipe nobody writes (opening it for reading would block), a folder, a file past the
+    size of any table, JSON nested deeper than the parser's recursion (RecursionError, not a
+    ValueError): each is a TableError in one line, at once (outside review, findings 3 and 4)."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "big.json").write_text(" " * (tuning.MAX_BYTES + 1))
+    (tmp_path / "deep.json").write_text("[" * 200000 + "]" * 200000)
+    for name in ("fifo", "dir.json", "big.json", "deep.json"):
+        with pytest.raises(tuning.TableError) as e:
+            tuning.read(tmp_path / name)
+        assert "\n" not in str(e.value) and name in str(e.value), str(e.value)
+
+
+def test_key_values_of_another_type_are_another_key():
+    """2.0 ranks or an 'oversubscribed' of 0 is not this job's key (Python's 2.0 == 2 and
+    0 == False would take it)."""
+    for field, value in (("ranks", 2.0), ("oversubscribed", 0), ("cores", True)):
+        t = table()
+        t["key"][field] = value
+        with pytest.raises(tuning.TableError):
+            tuning.check(t, KEY, "t.json")
+
+
 def test_write_is_where_choose_looks(tmp_path, monkeypatch):
     monkeypatch.setenv("HYBRIDMPI_TUNE_DIR", str(tmp_path))
     where = tuning.write(table())
@@ -132,7 +156,9 @@ def test_tune_command_writes_shows_and_is_taken(tmp_path):
     prog = tmp_path / "prog.py"
     prog.write_text("import hybridmpi\nfrom mpi4py import MPI\n"
                     "with hybridmpi.HybridComm(MPI.COMM_WORLD, node_size=1) as hc:\n"
-                    "    print('PATH', hc.collective_path, hc.tuning, flush=True)\n")
+                    "    seen = MPI.COMM_WORLD.gather((hc.collective_path, hc.tuning))\n"
+                    "    if hc.rank == 0:\n"
+                    "        print('\\n'.join(f'PATH {p} {w}' for p, w in seen), flush=True)\n")
     got = launch(2, [str(prog)], env=env, timeout=60)
     assert got.count(f"PATH {t['path']} table {files[0]}") == 2, got
 

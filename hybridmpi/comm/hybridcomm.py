@@ -230,7 +230,7 @@ class HybridComm:
         try:
             #: the path of barrier and allreduce, "core" or "mpi", and where the choice came from
             self.collective_path, self.tuning = self._tuned(MPI, collectives)
-        except ValueError:
+        except Exception:
             self._free_split()
             raise
         self.memory_order = memory_order
@@ -420,8 +420,10 @@ class HybridComm:
             return collectives, f"collectives={collectives!r}"
         try:
             mine: tuple[str, str | None] = tuning.choose(MPI, layout), None
-        except tuning.TableError as e:
-            mine = tuning.Choice("core", ""), str(e)
+        except Exception as e:  # noqa: BLE001 - whatever it is, every rank must hear of it
+            reason = str(e) if isinstance(e, tuning.TableError) else \
+                f"the tuning table could not be chosen ({type(e).__name__}: {e})"
+            mine = tuning.Choice("core", ""), " ".join(reason.split())[:300]
         views = self.comm.allgather(mine)
         problems = [(r, p) for r, (_, p) in enumerate(views) if p]
         if problems:

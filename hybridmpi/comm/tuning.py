@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import platform
+import stat
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -126,7 +127,8 @@ def check(table: Any, key: dict[str, Any], where: str) -> str:
     if not isinstance(theirs, dict):
         raise TableError(f"tuning table {where} has no key")
     for field, value in key.items():
-        if theirs.get(field) != value:
+        got = theirs.get(field)
+        if type(got) is not type(value) or got != value:   # (2.0 is not the count 2)
             raise TableError(f"tuning table {where} is for {field} {theirs.get(field)!r}, this job "
                              f"has {value!r}: run hybridmpi tune here, at this layout")
     path = table.get("path")
@@ -135,17 +137,33 @@ def check(table: Any, key: dict[str, Any], where: str) -> str:
     return str(path)
 
 
+#: the largest table read, in bytes (one is a few kB)
+MAX_BYTES = 1 << 20
+
+
 def read(path: Path | str) -> Any:
-    """A table file's JSON.
+    """A table file's JSON.  Only a regular file of at most :data:`MAX_BYTES` is opened (never
+    blocking: a named pipe or a device is refused), and whatever its content, the only error
+    is TableError.
 
     Raises:
-        TableError: missing, unreadable or not JSON.
+        TableError: missing, not a regular file, too large, unreadable or not JSON.
     """
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise TableError(f"tuning table {path} cannot be read ({type(e).__name__}: {e})") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise TableError(f"tuning table {path} is not a regular file")
+            if st.st_size > MAX_BYTES:
+                raise TableError(f"tuning table {path} has {st.st_size} bytes, more than a table "
+                                 f"({MAX_BYTES})")
+            return json.loads(f.read(MAX_BYTES + 1))
+    except TableError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any content (a nesting too deep: RecursionError)
+        raise TableError(f"tuning table {path} cannot be read ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]})") from None
 
 
 class Choice(NamedTuple):

@@ -164,7 +164,8 @@ def case_complex_product_c99(comm, rng, **cfg):
     signed by the others' signs (inf + nan i for inf + nan i and 1s, where the textbook formula
     gave nan + nan i), whatever the algorithm (each allreduce option forced), for a Python
     complex, a numpy scalar and arrays either side of the thresholds; on MPICH, bit for bit its
-    own MPI_Allreduce's result."""
+    own MPI_Allreduce's result (on the core's path: MPI's own calls make a NaN of the result the
+    default quiet NaN, so that every rank gets the same bits, docs/guide/tuning.md)."""
     draws = shared_draws(comm, rng)
     on_mpich = MPI.Get_library_version().startswith("MPICH")
     wrong = []
@@ -186,7 +187,8 @@ def case_complex_product_c99(comm, rng, **cfg):
                         got = form(mine, n)
                         by_mpi = np.empty(n, complex)
                         comm.Allreduce(np.full(n, mine), by_mpi, MPI.PROD)
-                        if not all(ok(z) for z in got) or on_mpich and got.tobytes() != by_mpi.tobytes():
+                        if not all(ok(z) for z in got) or on_mpich and \
+                                hc.collective_path == "core" and got.tobytes() != by_mpi.tobytes():
                             wrong.append(f"{algorithm}, {what}: {special} at rank {p} of signs "
                                          f"{signs.tolist()} gave {got[0]!r} (MPI: {by_mpi[0]!r})")
     assert not wrong, (len(wrong), wrong[:6])

@@ -263,8 +263,59 @@ def case_mpi_path_free_running(comm, rng, **cfg):
             assert all(v == views[0] for v in views)
 
 
+def case_named_table_that_breaks_the_parser(comm, rng, **cfg):
+    """A named table that is JSON nested past the parser's recursion: ValueError on every rank,
+    each time, nothing left behind (500 times: a communicator kept per refusal would run MPICH's
+    out), and the next HybridComm works (outside review, finding 3)."""
+    folder = tuning.settings.tune_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    comm.Barrier()
+    if comm.rank == 0:
+        (folder / "deep.json").write_text("[" * 200000 + "]" * 200000)
+    comm.Barrier()
+    with env(HYBRIDMPI_TUNE_FILE=str(folder / "deep.json")):
+        for _ in range(500):
+            try:
+                hc_of(comm, cfg).free()
+            except ValueError as e:
+                assert "RecursionError" in str(e) and "\n" not in str(e), e
+            else:
+                raise AssertionError("a table nested past the parser taken")
+    with hc_of(comm, cfg) as hc:
+        assert hc.allreduce(1.0) == comm.size
+
+
+def case_mpi_path_nan_bits_alike(comm, rng, **cfg):
+    """MPI's own calls: a float sum or product where NaNs of different payloads and signs meet
+    gives the same bits on every rank (MPI combines in an order of each rank's own: the result's
+    NaNs are made the default quiet NaN), for float64, float32 and complex128, Python floats,
+    numpy scalars and arrays, and the complex product of infinities and NaNs (outside review,
+    findings 1 and 2)."""
+    if comm.size < 2:
+        return skip("needs 2 ranks")
+    r = comm.rank
+    nan64 = np.array([0x7FF8000000000000 | (r + 1), 0xFFF8000000000000 | (r + 7)], np.uint64).view(np.float64)
+    nan32 = np.array([0x7FC00000 | (r + 1), 0xFFC00000 | (r + 3)], np.uint32).view(np.float32)
+    cvals = [complex(nan64[0], 1.0), complex(0.0), complex(np.inf, 0.0), complex(nan64[1], nan64[0])]
+    with hc_of(comm, cfg, collectives="mpi", timeout=30) as hc:
+        got = []
+        for op in ("sum", "prod"):
+            got.append(hc.allreduce(float(nan64[0]), op))
+            got.append(hc.allreduce(nan64[r % 2], op))
+            got.append(hc.allreduce(np.concatenate([nan64, np.ones(5)]), op))
+            got.append(hc.allreduce(np.concatenate([nan32, np.ones(5, np.float32)]), op))
+            got.append(hc.allreduce(np.array([cvals[r % 4], cvals[(r + 1) % 4], 1j]), op))
+            got.append(hc.allreduce(cvals[r % 4], op))
+        bits = [np.asarray(g).tobytes() for g in got]
+        views = comm.allgather(bits)
+        differ = [i for i in range(len(bits)) if len({v[i] for v in views}) != 1]
+        assert not differ, [(i, [v[i].hex() for v in views]) for i in differ]
+        assert np.isnan(got[0]) and np.isnan(got[2][:2]).all() and (got[2][2:] == comm.size).all()
+
+
 CASES = [case_default_choice, case_table_taken_and_refused, case_ranks_that_see_different_tables,
-         case_mpi_path_one_rank_errors, case_mpi_path_peer_failure, case_mpi_path_free_running]
+         case_mpi_path_one_rank_errors, case_mpi_path_peer_failure, case_mpi_path_free_running,
+         case_mpi_path_nan_bits_alike, case_named_table_that_breaks_the_parser]
 
 
 if __name__ == "__main__":

@@ -32,9 +32,8 @@ args = ap.parse_args()
 import mpi4py  # noqa: E402
 
 mpi4py.rc.thread_level = args.thread_level
-from mpi4py import MPI  # noqa: E402
-
 import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
 import hybridmpi  # noqa: E402
 from hybridmpi.comm import tuning  # noqa: E402

@@ -16,7 +16,21 @@ _WORLD: list[Any] = []
 _FAST: dict[Any, Any] = {}  # id(communicator) -> (communicator, HybridComm)
 # The communicator of the last call and its HybridComm: one identity test on the hot path
 # (a placeholder communicator until the first call).
-_LAST: list[Any] = [object(), None]
+#: the last communicator a drop-in was called with (as passed: None too), its HybridComm's bound
+#: barrier and allreduce: one identity test on the hot path (no attribute read)
+_LAST: list[Any] = [object(), None, None]
+
+
+def _forget() -> None:
+    _LAST[:] = [object(), None, None]
+
+
+class _Forget:
+    """The drop-ins' service of a HybridComm they cache: freeing the comm forgets it."""
+
+    @staticmethod
+    def free() -> None:
+        _forget()
 
 
 def _delete_attr(_comm, _keyval, hc):
@@ -59,7 +73,8 @@ def _cached(comm):
         for key in [k for k, (_, h) in _FAST.items() if h.closed]:
             del _FAST[key]
         _FAST[id(comm)] = (comm, hc)
-    _LAST[:] = [comm, hc]
+    hc._service("dropin", lambda _hc: _Forget())   # its free() forgets it here
+    _LAST[:] = [comm, hc.barrier, hc.allreduce]
     return hc
 
 
@@ -70,10 +85,8 @@ def barrier(comm: Any = None) -> None:
         comm: an intracommunicator; default ``MPI.COMM_WORLD``.
     """
     last = _LAST
-    if comm is last[0]:
-        hc = last[1]
-        if not hc.closed:  # one C call on one node (HybridComm's fast path)
-            return hc.barrier()
+    if comm is last[0]:   # the comm's bound barrier: one C call on one node
+        return last[1]()
     _cached(comm).barrier()
 
 
@@ -90,8 +103,6 @@ def allreduce(x: Any, op: Any = "sum", comm: Any = None) -> Any:
         mpi4py's ``comm.allreduce`` gives them.
     """
     last = _LAST
-    if comm is last[0]:
-        hc = last[1]
-        if not hc.closed:  # a float on one node: one C call (HybridComm's fast path)
-            return hc.allreduce(x, op)
+    if comm is last[0]:   # the comm's bound allreduce: a float on one node is one C call
+        return last[2](x, op)
     return _cached(comm).allreduce(x, op)

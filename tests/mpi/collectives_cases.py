@@ -593,6 +593,19 @@ def case_dropins(comm, rng, **cfg):
     hybridmpi.barrier(sub)
     sub.Free()
     assert hc.closed, "cached HybridComm not freed with its communicator"
+    # the drop-ins keep the last comm's bound calls: a cached HybridComm freed by hand is made
+    # again at the next call, never called after its free (FreedError)
+    sub = comm.Split(comm.rank % 2, comm.rank)
+    for _ in range(3):
+        hybridmpi.barrier(sub)
+        first = hybridmpi.hybrid(sub)
+        first.free()
+        hybridmpi.barrier(sub)
+        assert hybridmpi.allreduce(2.0, comm=sub) == 2.0 * sub.size
+        assert hybridmpi.hybrid(sub) is not first and not hybridmpi.hybrid(sub).closed
+        hybridmpi.allreduce(1.0)   # another comm in between
+        assert hybridmpi.allreduce(np.ones(3), comm=sub)[0] == sub.size
+    sub.Free()
 
 
 def case_timeout_names_absent_rank(comm, rng, **cfg):

@@ -10,8 +10,9 @@ own call on ``MPI.COMM_WORLD`` (the baseline), ``hc`` on the layout's default pa
 (``collectives="core"``), and mpi4py's call on a duplicate of the communicator (the library's
 calls run on communicators of their own: MPICH's allreduce of 128 KiB took 6 % longer on a
 duplicate than on ``MPI.COMM_WORLD`` here), each in blocks of about 10 ms, alternating, the
-median of ``--reps`` blocks (each block's time the slowest rank's).  Prints a table and writes JSON (the ratios are
-the medians' over the baseline's).  Run it under ``taskset -c 0`` for ranks on one core.
+median of ``--reps`` blocks (each block's time the slowest rank's).  Prints a table and writes
+JSON (the ratios are the medians' over the baseline's).  Run it under ``taskset -c 0`` for
+ranks on one core.
 """
 
 import argparse

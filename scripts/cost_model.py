@@ -4,6 +4,7 @@ one node, from parameters fitted to measurements (a model, not a measurement).
     python scripts/cost_model.py
 """
 import math
+
 # parameters (docs/guide/cost-model.md)
 h = 0.27      # us per round of signals (Xeon fit: dissemination barrier 0.60/0.85/1.14 us at 4/8/16)
 o = 0.06      # us, its intercept

@@ -73,7 +73,7 @@ def _cached(comm):
         for key in [k for k, (_, h) in _FAST.items() if h.closed]:
             del _FAST[key]
         _FAST[id(comm)] = (comm, hc)
-    hc._service("dropin", lambda _hc: _Forget())  # noqa: SLF001 - its free() forgets it here
+    hc.context.service("dropin", lambda _ctx: _Forget())   # its free() forgets it here
     _LAST[:] = [comm, hc.barrier, hc.allreduce]
     return hc
 

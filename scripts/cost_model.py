@@ -7,7 +7,7 @@ one node, from parameters fitted to measurements (a model, not a measurement).
 import math
 
 H = 0.27      # us per round of signals (16-core fit: dissemination barrier 0.60/0.85/1.14 us at 4/8/16)
-O = 0.06      # us, that fit's intercept
+FIXED = 0.06     # us, that fit's intercept
 CALL = 0.30   # us, a Python call's share (hc.allreduce of a float at 2 ranks here: 0.59 us)
 LINE = 0.05   # us per further cache line a rank reads from other cores, two loads in flight
 B = 1.9e3     # bytes per us a rank reads and combines from another core's buffer (fit here)
@@ -24,7 +24,7 @@ def lines(m):
 
 
 def barrier_core(p):
-    return O + H * lg(p)
+    return FIXED + H * lg(p)
 
 
 def barrier_mpi(p):

@@ -213,9 +213,12 @@ class Collectives:
         pending (:meth:`pending_between_nodes` is None); before the leaders' comm."""
         if self._net_keep is not None:
             self._net_keep.free()
-        if self._mpi_comm is not None and self._mpi_comm != self.leader_comm:
-            self._mpi_comm.Free()   # (the duplicate of MPI's own calls)
-        self._mpi_comm = None
+
+    def own_comm(self) -> Any:
+        """The duplicate communicator that MPI's own calls run on, where this object made one
+        (the comm frees it as its own: kept where a failed call broke it), else None."""
+        return self._mpi_comm if self._mpi_comm is not None and self._mpi_comm != self.leader_comm \
+            else None
 
     def _bad_call(self, exc):
         """Raise ``exc``, a local argument error, after telling the peers: the call is made

@@ -489,12 +489,16 @@ class HybridComm:
             self._win.Unlock_all()
             self._win.Free()
         pending = self._coll.pending_between_nodes() if self._coll is not None else None
+        own = self._coll.own_comm() if self._coll is not None else None
         if pending is not None:   # MPI may still complete it: its buffers, ops and comms stay
-            _KEPT.append((pending, self.leader_comm, self._coll))
+            _KEPT.append((pending, self.leader_comm, own))
         elif self._coll is not None:
             self._coll.free_between_nodes()
-        if self.leader_comm != MPI.COMM_NULL and pending is None:
-            self._free_comm(self.leader_comm)
+        if pending is None:
+            if self.leader_comm != MPI.COMM_NULL:
+                self._free_comm(self.leader_comm)
+            if own is not None:   # MPI's own calls' duplicate: as the comm's own
+                self._free_comm(own)
         self._free_comm(self.node_comm)
         self._free_comm(self.comm)
 

@@ -534,7 +534,13 @@ int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores)
             if (v != NULL && atoi(v) > ranks)
                 ranks = atoi(v);
         }
-        *shared_cores = sched_getaffinity(0, sizeof mask, &mask) == 0 && ranks > CPU_COUNT(&mask);
+        /* the cores its ranks may run on: the union of their masks (a launcher that pins each
+         * rank to one core, as Intel MPI's does, gives each a mask of one) */
+        CPU_ZERO(&mask);
+        if (sched_getaffinity(0, sizeof mask, &mask) != 0 ||
+            PMPI_Allreduce(MPI_IN_PLACE, &mask, (int)sizeof mask, MPI_BYTE, MPI_BOR, shared) != MPI_SUCCESS)
+            CPU_ZERO(&mask);
+        *shared_cores = ranks > CPU_COUNT(&mask);
     }
     if (cfg.node_size > 0) {
         int r;

@@ -27,7 +27,7 @@ MPIEXEC = os.environ.get("HYBRIDMPI_MPIEXEC") or shutil.which("mpiexec",
 #: (the whole suite took 38-52 minutes under ASan on the loaded 2-core VM).
 SANITIZED = ("test_core.py", "test_bounds.py", "test_collectives.py", "test_globalmem.py",
              "test_halo.py", "test_views.py", "test_silent.py", "test_onerank.py", "test_profile.py",
-             "test_errors.py")
+             "test_errors.py", "test_tuning.py")
 
 
 #: HYBRIDMPI_TEST_MAX_RANKS=K skips the runs of more than K ranks (the CI legs of Intel MPI and

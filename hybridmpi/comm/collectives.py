@@ -108,7 +108,7 @@ class Collectives:
     __slots__ = ("rank", "size", "num_nodes", "node_size", "node_id", "node_ranks", "is_leader",
                  "comm", "leader_comm", "timeout", "context", "_MPI", "_st", "_live", "_segs",
                  "_leaders", "plan", "_leader_multi", "_rd", "_node_barrier", "_node_allreduce",
-                 "_f64", "_scalar", "_net", "_net_keep", "_mpi", "_mpi_comm",
+                 "_f64", "_scalar", "_net", "_net_keep", "_mpi", "_mpi_comm", "_arrays", "_arrays_name",
                  "_bufs", "_mpi_ops", "_int_bounds", "_broken", "_broken_words", "_break",
                  "_peer_error")
 
@@ -141,6 +141,10 @@ class Collectives:
         self._leader_multi, self._rd = plan.leader_multi, plan.recursive_doubling
         self._node_barrier = getattr(lib, plan.node_barrier) if plan.node_barrier else None
         self._node_allreduce = getattr(lib, plan.node_allreduce) if plan.node_allreduce else None
+        #: the C call of an array's whole allreduce off a leader across nodes (the C call
+        #: objects take its address)
+        self._arrays_name = "hm_allreduce_mpi" if plan.mpi else "hm_allreduce_node"
+        self._arrays = getattr(lib, self._arrays_name)
         self._f64 = ffi.new("double[1]")
         self._scalar = {lib.HM_I64: ffi.new("int64_t[1]"), lib.HM_C128: ffi.new("double[2]")}
         # a leader across nodes: the C core's side between the nodes, over the leaders' comm;
@@ -182,8 +186,7 @@ class Collectives:
             return
         MPI = self._MPI
         address = int(ffi.cast("uintptr_t", self._st))
-        node = "hm_allreduce_mpi" if self._mpi else "hm_allreduce_node"
-        arrays = (int(ffi.cast("uintptr_t", ffi.addressof(lib, node))), self._rd,
+        arrays = (int(ffi.cast("uintptr_t", ffi.addressof(lib, self._arrays_name))), self._rd,
                   np.ndarray, dict(DTYPES), MPI.IN_PLACE, tuple(self._mpi_ops))
         for kind, name, fn, what in ((0, "barrier", self.plan.node_barrier, "barrier(dissemination)"),
                                      (1, "allreduce", self.plan.node_allreduce, "allreduce"),
@@ -350,12 +353,10 @@ class Collectives:
         """Reduce ``count`` elements at raw addresses: the node's whole call, any size (the C
         core chooses the algorithm and chunks), or at a leader across nodes, the node's call
         with the leaders' between its gather and release phases."""
-        if self._mpi:
-            rc = lib.hm_allreduce_mpi(self._st, sptr, rptr, count, dt, opc, 0)
-        elif self._leader_multi:
+        if self._leader_multi:
             rc = lib.hm_net_allreduce(self._st, self._net, sptr, rptr, count, dt, opc)
-        else:
-            rc = lib.hm_allreduce_node(self._st, sptr, rptr, count, dt, opc, self._rd)
+        else:   # the plan's: the node's call, or MPI's own (the same form)
+            rc = self._arrays(self._st, sptr, rptr, count, dt, opc, self._rd)
         if rc:
             self._fail(rc, "allreduce")
 

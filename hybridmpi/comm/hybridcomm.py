@@ -176,9 +176,11 @@ class HybridComm:
             Algorithm 3 for every size).
         collectives: the path of barrier and allreduce: ``"auto"`` (the
             default: a tuning table's choice for this host, MPI and layout
-            where ``hybridmpi tune`` wrote one, else the C core; env
-            ``HYBRIDMPI_TUNE``), ``"core"`` or ``"mpi"`` (MPI's own calls,
-            with MPI's rules for erroneous calls: docs/guide/tuning.md).
+            where ``hybridmpi tune`` wrote one, else MPI's own calls where
+            every node has one rank with a core of its own and the C core
+            elsewhere; env ``HYBRIDMPI_TUNE``), ``"core"`` or ``"mpi"``
+            (MPI's own calls, with MPI's rules for erroneous calls:
+            docs/guide/tuning.md).
 
     Attributes:
         comm, node_comm, leader_comm (``MPI.COMM_NULL`` off the leaders),

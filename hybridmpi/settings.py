@@ -101,11 +101,12 @@ def per_comm() -> dict[str, Any]:
 
 
 def tune_mode() -> str:
-    """HYBRIDMPI_TUNE: ``auto`` (the default), ``off`` or ``mpi``; ValueError otherwise."""
+    """HYBRIDMPI_TUNE: ``auto`` (the default), ``table``, ``off`` or ``mpi``; ValueError
+    otherwise."""
     value = raw("HYBRIDMPI_TUNE").lower() or "auto"
-    if value not in ("auto", "off", "mpi"):
+    if value not in ("auto", "table", "off", "mpi"):
         raise ValueError(f"hybridmpi: environment variable HYBRIDMPI_TUNE={value!r} is not one of "
-                         "auto, off, mpi")
+                         "auto, table, off, mpi")
     return value
 
 

@@ -101,6 +101,76 @@ def test_bad_mode_is_an_error(monkeypatch):
         settings.per_comm()
 
 
+def test_key_line_is_one_line_of_plain_ascii():
+    """The key as the PMPI library builds it: every field, in order, and nothing a C reader
+    would have to unescape (quotes, backslashes, controls and non-ASCII become ?)."""
+    line = tuning.key_line(KEY)
+    assert line == ("host=x86_64, a processor, 2 CPUs;mpi=MPICH Version: 5.0.2;thread_level=multiple;"
+                    "ranks=2;nodes=2;per_node=1,1;cores=2;oversubscribed=0")
+    odd = tuning.key_line(dict(KEY, host='a "quoted" \\ host\t\u00e9', oversubscribed=True))
+    assert odd.startswith("host=a ?quoted? ? host??;") and odd.endswith("oversubscribed=1"), odd
+    assert json.dumps(odd)[1:-1] == odd
+
+
+class _FakeMPI:
+    @staticmethod
+    def Get_library_version():
+        return "MPICH Version: 5.0.2\nmore"
+
+    @staticmethod
+    def Query_thread():
+        return 3
+
+
+@pytest.mark.parametrize("mode,layout,calibrates", [
+    ("auto", tuning.Layout(2, 1, (2, 2), 2), True),
+    ("auto", tuning.Layout(2, 2, (1, 1), 2), True),
+    ("auto", tuning.Layout(4, 1, (4, 4), 2, True), False),   # ranks share cores: the core
+    ("auto", tuning.Layout(1, 1, (1, 1), 2), False),          # one rank: nothing to time
+    ("table", tuning.Layout(2, 1, (2, 2), 2), False)])
+def test_without_a_table_a_calibration_or_the_default(monkeypatch, tmp_path, mode, layout, calibrates):
+    monkeypatch.setenv("HYBRIDMPI_TUNE_DIR", str(tmp_path))
+    monkeypatch.setenv("HYBRIDMPI_TUNE", mode)
+    monkeypatch.setattr(tuning, "_CALIBRATED", {})
+    c = tuning.choose(_FakeMPI, layout)
+    assert c.calibrate == calibrates and c.path == layout.default_path(), c
+    assert ("calibration" if calibrates else "the default") in c.source, c
+    if calibrates:   # once calibrated, the process remembers it (also where no table was written)
+        rows = [{"call": "barrier", "bytes": 0, "core_us": 2.0, "mpi_us": 1.0}]
+        done = tuning.calibrated(_FakeMPI, layout, rows, 0.004, keep=False)
+        assert done.path == "mpi" and "calibrated in 4.0 ms" in done.source and "2.00 x" in done.source
+        assert tuning.choose(_FakeMPI, layout) == done
+        assert not list(tmp_path.iterdir())
+
+
+def test_a_calibration_keeps_a_table_it_finds_and_replaces_a_stale_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("HYBRIDMPI_TUNE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "_CALIBRATED", {})
+    layout = tuning.Layout(2, 1, (2, 2), 2)
+    rows = [{"call": "barrier", "bytes": 0, "core_us": 1.0, "mpi_us": 3.0}]
+    where = tuning.cached_path(tuning.key_of(_FakeMPI, layout))
+    tuning.write(dict(tuning.make_table(_FakeMPI, layout, rows, 1.0, "hybridmpi tune"), path="mpi"))
+    done = tuning.calibrated(_FakeMPI, layout, rows, 0.004, keep=True)
+    assert done.path == "core" and "holds a table" in done.source
+    assert json.loads(where.read_text())["made_by"] == "hybridmpi tune"
+    where.write_text(json.dumps({"format": "hybridmpi-tune/0"}))   # stale: replaced
+    done = tuning.calibrated(_FakeMPI, layout, rows, 0.004, keep=True)
+    t = json.loads(where.read_text())
+    assert t["made_by"] == "calibration" and t["path"] == "core" and f"cached in {where}" in done.source
+    assert t["key_line"] == tuning.key_line(t["key"]) and tuning.check(t, t["key"], "x") == "core"
+
+
+def test_a_calibration_that_cannot_write_says_so(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("HYBRIDMPI_TUNE_DIR", str(blocker / "tune"))   # a folder under a file
+    monkeypatch.setattr(tuning, "_CALIBRATED", {})
+    rows = [{"call": "barrier", "bytes": 0, "core_us": 1.0, "mpi_us": 3.0}]
+    done = tuning.calibrated(_FakeMPI, tuning.Layout(2, 1, (2, 2), 2), rows, 0.004, keep=True)
+    assert done.path == "core" and "not cached: " in done.source, done
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
 def _tune_env(tmp_path, **kw):
     return {"HYBRIDMPI_TUNE": "auto", "HYBRIDMPI_TUNE_DIR": str(tmp_path), **kw}
 
@@ -108,10 +178,12 @@ def _tune_env(tmp_path, **kw):
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks,node_size", [(2, 1), (2, None), (3, 1), (3, 2)])
 def test_tuning_cases(ranks, node_size, tmp_path):
-    """The choice (the default, a table, refusals, ranks that disagree) and MPI's own calls
-    (errors on one rank, a failing peer, free-running sequences), in each layout."""
+    """The choice (the default, a table, refusals, ranks that disagree, the calibration) and
+    MPI's own calls (errors on one rank, a failing peer, free-running sequences), in each
+    layout."""
     args = ["--node-size", str(node_size)] if node_size else []
-    run_mpi("tuning_cases.py", ranks, *args, env=_tune_env(tmp_path), timeout=180)
+    run_mpi("tuning_cases.py", ranks, *args, env=_tune_env(tmp_path, HYBRIDMPI_TUNE="table"),
+            timeout=180)
 
 
 #: the collective cases that hold on MPI's own calls as on the core (the others test the

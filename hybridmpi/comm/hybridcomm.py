@@ -8,6 +8,7 @@ between the node's gather and release phases.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import operator
@@ -240,6 +241,8 @@ class HybridComm:
         self.radix = radix
         st = self._init_core(MPI, radix, spin, memory_order, env)
         self._init_state(MPI, st, allreduce)
+        if self.collective_path == "calibrate":
+            self._calibrate(MPI, st, allreduce)
         _install_finalize_hook(MPI)
         _LIVE[id(self)] = self
         if env["profile"]:
@@ -431,10 +434,56 @@ class HybridComm:
         if problems:
             r, p = problems[0]
             raise ValueError(f"hybridmpi: HybridComm(): rank {r}: {p}")
+        if any(c.calibrate for c, _ in views):   # some rank has no table: every rank times both
+            return "calibrate", next(c.source for c, _ in views if c.calibrate)
         if len({c.path for c, _ in views}) != 1:
             return "core", ("the default (the ranks' tuning tables differ: "
                             f"{sorted({c.source for c, _ in views})})")
-        return views[0][0]
+        return views[0][0][:2]
+
+    def _calibrate(self, MPI, st, allreduce):
+        """Time the core's collectives (made by :meth:`_init_state`) against MPI's own calls'
+        (made here) on every rank (collective: :func:`hybridmpi.comm.tuning.calibrate`), keep
+        the faster path's and free the other's; the choice is cached as a table.  A failure
+        (a peer's error, the deadline) frees this comm and raises on every rank."""
+        core = self._coll
+        plan = Plan.of(self.num_nodes, self.node_size, self.is_leader, allreduce, mpi=True)
+        mpi = None
+        try:
+            mpi = Collectives(self, st, self._segs, plan, self._leaders,
+                              break_comm=self._break, peer_error=self._peer_error)
+            rows, seconds = tuning.calibrate(self.comm, MPI, core, mpi)
+        except BaseException as e:
+            # the peers stop waiting on this rank (those in MPI's own call without a deadline
+            # wait as in any MPI program) and raise PeerError
+            self._break(f"rank {self.rank} failed in HybridComm()'s calibration "
+                        f"({type(e).__name__})", raised=type(e).__name__)
+            if mpi is not None:
+                self._drop_collectives(mpi)
+            with contextlib.suppress(Exception):
+                self.free()
+            raise
+        self.collective_path, self.tuning, _ = tuning.calibrated(MPI, self.layout, rows, seconds,
+                                                                 keep=self.node_rank == 0)
+        if self.collective_path == "mpi":
+            self.plan, self._coll = plan, mpi
+            self._drop_collectives(core)
+            mpi.serve(self._calls)
+        else:
+            st.net = ffi.NULL
+            self._drop_collectives(mpi)
+
+    def _drop_collectives(self, coll):
+        """Free the MPI objects of a Collectives the comm does not keep (its leaders' ops, its
+        duplicate communicator), or keep them where a request of theirs is pending."""
+        own = coll.own_comm()
+        pending = coll.pending_between_nodes()
+        if pending is not None:
+            _KEPT.append((pending, own))
+            return
+        coll.free_between_nodes()
+        if own is not None:
+            self._free_comm(own)
 
     @staticmethod
     def _check_args(node_size, memory_order, timeout, radix, spin):

@@ -7,8 +7,10 @@ folder (``HYBRIDMPI_TUNE_DIR``, else ``XDG_CACHE_HOME/hybridmpi/tune``) under a 
 its key: the host's processor (its model and CPU count, not its name), the MPI library and
 thread level, and the layout (ranks, nodes, ranks per node, cores per node).
 ``HYBRIDMPI_TUNE_FILE`` names one instead; a table whose key is not this job's (another host,
-MPI or layout), or of another format, is refused with a one-line reason.  Without a table, the
-layout's default (:meth:`Layout.default_path`).
+MPI or layout), or of another format, is refused with a one-line reason.  Without a table, a
+calibration (:func:`calibrate`: both paths timed for about 10 ms when the comm is made, the
+result cached as a table), or with ``HYBRIDMPI_TUNE=table`` the layout's default
+(:meth:`Layout.default_path`).  The PMPI library reads the same tables (``key_line``).
 
 One path per layout, not per size: ranks that pass different counts (an erroneous call) then
 never meet one in the core and another in MPI, where neither would see the other.
@@ -18,11 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import stat
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from .. import settings
 
@@ -30,9 +37,9 @@ from .. import settings
 FORMAT = "hybridmpi-tune/1"
 #: the paths a table may choose
 PATHS = ("core", "mpi")
-#: HYBRIDMPI_TUNE's values: a table where one is found (else the core), the core always, MPI's
-#: own calls always
-MODES = ("auto", "off", "mpi")
+#: HYBRIDMPI_TUNE's values: a table where one is found, else a calibration; a table where one
+#: is found, else the layout's default; the core always; MPI's own calls always
+MODES = ("auto", "table", "off", "mpi")
 
 
 class Layout(NamedTuple):
@@ -85,8 +92,7 @@ def host() -> str:
                         break
     except OSError:
         pass
-    return f"{platform.machine()}, {model or platform.processor() or 'unknown processor'}, " \
-           f"{os.cpu_count()} CPUs"
+    return f"{platform.machine()}, {model or 'unknown processor'}, {os.cpu_count()} CPUs"
 
 
 def key_of(MPI: Any, layout: Layout) -> dict[str, Any]:
@@ -97,6 +103,17 @@ def key_of(MPI: Any, layout: Layout) -> dict[str, Any]:
             "thread_level": _LEVELS.get(level, str(level)), "ranks": layout.ranks,
             "nodes": layout.nodes, "per_node": list(layout.per_node), "cores": layout.cores,
             "oversubscribed": layout.oversubscribed}
+
+
+def key_line(key: dict[str, Any]) -> str:
+    """The key as one line of printable ASCII (anything else, and quotes and backslashes, made
+    ``?``): what the PMPI library, which parses no JSON, builds the same way and finds in the
+    table's ``key_line`` field (cext/hm_pmpi_tune.c)."""
+    lo, hi = key["per_node"]
+    line = (f"host={key['host']};mpi={key['mpi']};thread_level={key['thread_level']};"
+            f"ranks={key['ranks']};nodes={key['nodes']};per_node={lo},{hi};cores={key['cores']};"
+            f"oversubscribed={int(bool(key['oversubscribed']))}")
+    return "".join(ch if " " <= ch <= "~" and ch not in "\\\"" else "?" for ch in line)
 
 
 def file_name(key: dict[str, Any]) -> str:
@@ -167,10 +184,32 @@ def read(path: Path | str) -> Any:
 
 
 class Choice(NamedTuple):
-    """The path this rank's view chose, and where the choice came from, in words."""
+    """The path this rank's view chose, and where the choice came from, in words; ``calibrate``:
+    no table was found, and the comm should time both paths (:func:`calibrate`)."""
 
     path: str
     source: str
+    calibrate: bool = False
+
+
+#: what calibrations chose in this process, by a key's file name (also when no table could be
+#: written): a layout is calibrated once per process
+_CALIBRATED: dict[str, Choice] = {}
+
+
+def _default(layout: Layout, key: dict[str, Any], mode: str, missing: str) -> Choice:
+    """The choice without a table: a calibration (``auto``, where both paths can win: several
+    ranks, no core shared), else the layout's default."""
+    default = layout.default_path()
+    why = ("one rank per node, a core each" if default == "mpi" else
+           "ranks share cores" if layout.oversubscribed else
+           "ranks share a node" if layout.per_node[1] > 1 else "one node")
+    if mode == "auto" and layout.ranks > 1 and not layout.oversubscribed:
+        done = _CALIBRATED.get(file_name(key))
+        if done is not None:
+            return done
+        return Choice(default, f"a calibration ({missing})", True)
+    return Choice(default, f"the default for this layout ({why}; {missing})")
 
 
 def choose(MPI: Any, layout: Layout) -> Choice:
@@ -190,17 +229,125 @@ def choose(MPI: Any, layout: Layout) -> Choice:
     if named:
         return Choice(check(read(named), key, named), f"table {named}")
     cached = cached_path(key)
-    default = layout.default_path()
-    why = ("one rank per node, a core each" if default == "mpi" else
-           "ranks share a node" if layout.per_node[1] > 1 else "ranks share cores" if
-           layout.oversubscribed else "one node")
     if not cached.is_file():
-        return Choice(default, f"the default for this layout ({why}; no tuning table for this "
-                      "host, MPI and layout)")
+        return _default(layout, key, mode, "no tuning table for this host, MPI and layout")
     try:
         return Choice(check(read(cached), key, str(cached)), f"table {cached}")
     except TableError as e:
-        return Choice(default, f"the default for this layout ({why}; {e})")
+        return _default(layout, key, mode, str(e))
+
+
+def path_of(rows: list[dict[str, Any]]) -> str:
+    """The path of lower geometric-mean time over a table's rows (``core_us``, ``mpi_us``)."""
+    log = sum(math.log(r["core_us"] / r["mpi_us"]) for r in rows
+              if r["core_us"] > 0 and r["mpi_us"] > 0)
+    return "mpi" if log > 0 else "core"
+
+
+def make_table(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: float,
+               made_by: str) -> dict[str, Any]:
+    """A table of ``rows`` (each: call, bytes, core_us, mpi_us, and mpi4py's MPI_us where
+    measured) for this host, MPI and ``layout``; ``made_by``: ``"hybridmpi tune"`` or
+    ``"calibration"``."""
+    from .. import __version__
+
+    path = path_of(rows)
+    for r in rows:
+        r["chosen_us"] = r[f"{path}_us"]
+        r["best_us"] = min(r["core_us"], r["mpi_us"])
+        mpi4py = r.get("MPI_us")
+        r["ratio_to_mpi4py"] = r["chosen_us"] / mpi4py if mpi4py else None
+    key = key_of(MPI, layout)
+    return {"format": FORMAT, "key": key, "key_line": key_line(key), "path": path,
+            "made_by": made_by, "layout": layout.words(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(seconds, 4), "hybridmpi": __version__, "rows": rows}
+
+
+#: the calibration's calls: (call, bytes); the calls of ``hybridmpi tune`` but fewer sizes
+CALIBRATION_CALLS = (("barrier", 0), ("allreduce", 8), ("Allreduce", 4096), ("Allreduce", 32768))
+#: about how long the calibration's timed rounds may last, in seconds (its whole cost, the
+#: second path's set-up and the table's writing included: docs/guide/tuning.md)
+CALIBRATION_S = 0.008
+#: the most timed rounds (each: every call once by each path)
+CALIBRATION_ROUNDS = 25
+
+
+def _calls_of(coll: Any) -> list[Any]:
+    """The calibration's calls on one path's collectives (``Collectives``), as callables."""
+    x, y = np.ones(4096), np.empty(4096)
+    xs, ys = x[:512], y[:512]
+    return [coll.barrier, lambda: coll.allreduce(1.0), lambda: coll.Allreduce(xs, ys),
+            lambda: coll.Allreduce(x, y)]
+
+
+def calibrate(comm: Any, MPI: Any, core: Any, mpi: Any) -> tuple[list[dict[str, Any]], float]:
+    """Time the calibration's calls by both paths' collectives (``core`` and ``mpi``) over
+    ``comm``'s ranks (collective): each call's median time per rank over rounds in alternating
+    order, the slowest rank's taken; as many rounds as fit in :data:`CALIBRATION_S` by a first
+    probe (none where one round is longer: the probe decides).  Every rank gets the same rows
+    (they come from MPI_MAX reductions), and the seconds it took."""
+    t0 = time.perf_counter()
+    cands = (_calls_of(core), _calls_of(mpi))
+    n = len(CALIBRATION_CALLS)
+
+    def once(k: int, i: int) -> float:
+        t = time.perf_counter()
+        cands[k][i]()
+        return time.perf_counter() - t
+
+    for calls in cands:   # the first calls set things up (MPICH's shared-memory paths)
+        for f in calls:
+            f()
+    times = np.array([[[once(k, i) for k in (0, 1)] for i in range(n)]])
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    rounds = int(min(CALIBRATION_ROUNDS, CALIBRATION_S // max(float(times.sum()), 1e-9)))
+    if rounds > 0:
+        times = np.empty((rounds, n, 2))
+        for r in range(rounds):
+            for i in range(n):
+                for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    times[r, i, k] = once(k, i)
+        # (the middle of the sorted rounds: np.median's first call costs 15 ms)
+        times = np.ascontiguousarray(np.sort(times, axis=0)[rounds // 2])[None]
+        comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    rows = [{"call": name, "bytes": nbytes, "rounds": max(rounds, 1),
+             "core_us": float(times[0, i, 0] * 1e6), "mpi_us": float(times[0, i, 1] * 1e6)}
+            for i, (name, nbytes) in enumerate(CALIBRATION_CALLS)]
+    return rows, time.perf_counter() - t0
+
+
+def _keep(table: dict[str, Any], target: Path) -> str:
+    """Write a calibration's table to ``target`` unless a table this job could take is there
+    (another node's calibration, or ``hybridmpi tune``'s made meanwhile: kept); in words."""
+    try:
+        check(read(target), table["key"], str(target))
+        return f"not cached: {target} holds a table"
+    except TableError:
+        pass
+    try:
+        write(table, target)
+    except OSError as e:
+        return f"not cached: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return f"cached in {target}"
+
+
+def calibrated(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: float,
+               keep: bool) -> Choice:
+    """The choice a calibration's ``rows`` make, remembered for this process, and (``keep``:
+    one rank per node) written into the cache as a table; a table that cannot be written is
+    said in the choice's words, never raised."""
+    table = make_table(MPI, layout, rows, seconds, "calibration")
+    target = cached_path(table["key"])
+    where = f"the node's first rank caches it in {target}"
+    if keep:
+        where = _keep(table, target)
+    ratio = math.exp(sum(math.log(r["core_us"] / r["mpi_us"]) for r in rows
+                         if r["core_us"] > 0 and r["mpi_us"] > 0) / len(rows))
+    choice = Choice(table["path"], f"calibrated in {seconds * 1e3:.1f} ms (the core's time "
+                    f"{ratio:.2f} x MPI's call's, geometric mean; {where})")
+    _CALIBRATED[file_name(table["key"])] = choice
+    return choice
 
 
 def write(table: dict[str, Any], path: Path | str | None = None) -> Path:
@@ -208,7 +355,11 @@ def write(table: dict[str, Any], path: Path | str | None = None) -> Path:
     target = Path(path) if path else cached_path(table["key"])
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(table, f, indent=1)
-    os.replace(tmp, target)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(table, f, indent=1)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)   # (a full disk leaves no part behind)
+        raise
     return target

@@ -6,16 +6,15 @@ Both candidates run through the library (two ``HybridComm`` of the same layout, 
 ``collectives="core"``, one with ``collectives="mpi"``), in alternating blocks of calls, the
 median of the blocks' times (each the slowest rank's) taken; mpi4py's own call (``comm.Barrier``,
 ``comm.Allreduce``) is timed beside them for reference.  The path is chosen for the layout, not
-per size (docs/guide/tuning.md): the one whose times' geometric mean over the calls is lower.
+per size (docs/guide/tuning.md): the one whose times' geometric mean over the calls is lower
+(:func:`hybridmpi.comm.tuning.path_of`).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -98,38 +97,21 @@ def measure(comm: Any, node_size: int | None, sizes: list[int], reps: int,
     return layout, rows
 
 
-def choose(rows: list[dict[str, Any]]) -> str:
-    """The path of lower geometric-mean time over the rows."""
-    log = sum(math.log(r["core_us"] / r["mpi_us"]) for r in rows if r["core_us"] > 0 and r["mpi_us"] > 0)
-    return "mpi" if log > 0 else "core"
-
-
-def table(MPI: Any, layout: Any, rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    from .. import __version__
-
-    path = choose(rows)
-    for r in rows:
-        r["chosen_us"] = r[f"{path}_us"]
-        r["best_us"] = min(r["core_us"], r["mpi_us"])
-        r["ratio_to_mpi4py"] = r["chosen_us"] / r["MPI_us"] if r["MPI_us"] else None
-    return {"format": tuning.FORMAT, "key": tuning.key_of(MPI, layout), "path": path,
-            "layout": layout.words(), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "seconds": round(seconds, 2), "hybridmpi": __version__, "rows": rows}
-
-
 def print_table(t: dict[str, Any], where: str, out: Any = None) -> None:
     out = out or sys.stdout
     k = t["key"]
     print(f"# tuning table {where}", file=out)
     print(f"# host {k['host']}; {k['mpi']}, thread level {k['thread_level']}; {t['layout']}",
           file=out)
-    print(f"# path chosen: {t['path']} (made {t['created']} in {t['seconds']} s)", file=out)
+    print(f"# path chosen: {t['path']} (made by {t.get('made_by', 'hybridmpi tune')} "
+          f"{t['created']} in {t['seconds']} s)", file=out)
     print(f"{'# call':<12}{'bytes':>9}{'core us':>11}{'mpi us':>11}{'mpi4py us':>11}"
           f"{'chosen':>8}{'vs best':>9}{'vs mpi4py':>11}", file=out)
     for r in t["rows"]:
+        mpi4py = r.get("MPI_us")   # (a calibration does not time mpi4py's call)
         print(f"{r['call']:<12}{r['bytes']:>9}{r['core_us']:>11.3f}{r['mpi_us']:>11.3f}"
-              f"{r['MPI_us']:>11.3f}{t['path']:>8}{r['chosen_us'] / r['best_us']:>9.2f}"
-              f"{r['chosen_us'] / r['MPI_us']:>11.2f}", file=out)
+              f"{mpi4py or float('nan'):>11.3f}{t['path']:>8}{r['chosen_us'] / r['best_us']:>9.2f}"
+              f"{r['chosen_us'] / mpi4py if mpi4py else float('nan'):>11.2f}", file=out)
 
 
 def plot(t: dict[str, Any], path: str) -> None:
@@ -182,9 +164,9 @@ def run(args: Any) -> None:
     say(f"# hybridmpi tune: {comm.size} ranks, {len(sizes) + 1} calls, {args.reps} blocks each "
         "of the core, MPI's call and mpi4py's, alternating")
     layout, rows = measure(comm, args.node_size, sizes, args.reps, say)
-    t = table(MPI, layout, rows, time.perf_counter() - t0)
+    t = tuning.make_table(MPI, layout, rows, time.perf_counter() - t0, "hybridmpi tune")
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # each host writes it to its own cache
-    where = tuning.write(dict(t, key=tuning.key_of(MPI, layout))) if local.Get_rank() == 0 else None
+    where = tuning.write(t) if local.Get_rank() == 0 else None
     local.Free()
     if comm.rank == 0:
         print_table(t, str(where))

@@ -313,9 +313,124 @@ def case_mpi_path_nan_bits_alike(comm, rng, **cfg):
         assert np.isnan(got[0]) and np.isnan(got[2][:2]).all() and (got[2][2:] == comm.size).all()
 
 
+def _calibrates(comm, cfg):
+    """Whether this layout is calibrated (several ranks, no core shared)."""
+    with hc_of(comm, cfg, collectives="core") as hc:
+        return comm.size > 1 and not hc.layout.oversubscribed
+
+
+def _check_values(comm, hc, rng):
+    """A free-running sequence of every call on ``hc``, late ranks at random: values right."""
+    for i in range(60):
+        if rng.random() < 0.2:
+            time.sleep(rng.random() * 0.001)
+        n = (0, 1, 13, 700, 5000)[i % 5]
+        if i % 3 == 0:
+            hc.barrier()
+        x = np.full(n, comm.rank + 1.0)
+        assert np.all(hc.allreduce(x, "max") == comm.size)
+        assert hc.allreduce(float(comm.rank)) == comm.size * (comm.size - 1) / 2
+
+
+def case_calibration(comm, rng, **cfg):
+    """HYBRIDMPI_TUNE=auto without a table: the comm times both paths when it is made, every
+    rank takes the same one, the calls give the right values on it, and the choice is cached
+    as a table of this key (the key line the PMPI library reads included) that the next comm
+    takes; the process remembers it even when the table is gone; HYBRIDMPI_TUNE=table takes
+    the layout's default instead."""
+    if not _calibrates(comm, cfg):
+        return skip("a layout that is not calibrated")
+    clear(comm)
+    tuning._CALIBRATED.clear()
+    with env(HYBRIDMPI_TUNE="auto"):
+        with hc_of(comm, cfg) as hc:
+            path = agreed(comm, hc.collective_path)
+            assert path in tuning.PATHS and hc.tuning.startswith("calibrated in "), hc.tuning
+            _check_values(comm, hc, rng)
+            where = tuning.cached_path(tuning.key_of(MPI, hc.layout))
+            first = comm.bcast(hc.tuning)   # (a choice the ranks agree on names rank 0's words)
+        comm.Barrier()
+        t = json.loads(where.read_text())
+        assert t["made_by"] == "calibration" and t["path"] == path, t
+        assert tuning.check(t, t["key"], str(where)) == path
+        assert t["key_line"] == tuning.key_line(t["key"])
+        assert [(r["call"], r["bytes"]) for r in t["rows"]] == list(tuning.CALIBRATION_CALLS)
+        assert all(r["core_us"] > 0 and r["mpi_us"] > 0 for r in t["rows"]), t["rows"]
+        assert tuning.path_of(t["rows"]) == path
+        with hc_of(comm, cfg) as hc:
+            assert hc.collective_path == path and hc.tuning == f"table {where}", hc.tuning
+        clear(comm)
+        with hc_of(comm, cfg) as hc:   # remembered by the process: no second calibration
+            assert hc.collective_path == path and hc.tuning == first, (hc.tuning, first)
+        comm.Barrier()
+        assert not where.exists()
+    with hc_of(comm, cfg) as hc:
+        assert "the default for this layout" in hc.tuning, hc.tuning
+        assert hc.collective_path == hc.layout.default_path()
+
+
+def case_calibration_where_one_rank_has_a_table(comm, rng, **cfg):
+    """One rank finds a table (its own cache), the others none: every rank calibrates (none
+    waits in a call the others never make), all take one path, and the table found is kept."""
+    if not _calibrates(comm, cfg):
+        return skip("a layout that is not calibrated")
+    clear(comm)
+    tuning._CALIBRATED.clear()
+    own = tuning.settings.tune_dir() / f"mixed{comm.rank}"
+    with env(HYBRIDMPI_TUNE="auto", HYBRIDMPI_TUNE_DIR=str(own)):
+        with hc_of(comm, cfg, collectives="core") as hc:
+            table = dict(_table(hc, "mpi"), made_by="a test")
+        if comm.rank == 0:
+            tuning.write(table)
+        comm.Barrier()
+        with hc_of(comm, cfg) as hc:
+            agreed(comm, hc.collective_path)
+            assert hc.tuning.startswith("calibrated in "), hc.tuning
+            _check_values(comm, hc, rng)
+        if comm.rank == 0:
+            assert json.loads(tuning.cached_path(table["key"]).read_text())["made_by"] == "a test"
+
+
+def case_calibration_one_rank_fails(comm, rng, **cfg):
+    """A rank that fails inside the calibration (here: its first step raises) makes every other
+    rank's HybridComm() raise PeerError long before the deadline, nothing hangs, and the next
+    HybridComm calibrates and works."""
+    if not _calibrates(comm, cfg):
+        return skip("a layout that is not calibrated")
+    clear(comm)
+    tuning._CALIBRATED.clear()
+    last = comm.size - 1
+    real = tuning.calibrate
+
+    def broken(*args):
+        raise RuntimeError("injected: the calibration fails on this rank")
+
+    t0 = time.monotonic()
+    got = None
+    with env(HYBRIDMPI_TUNE="auto"):
+        tuning.calibrate = broken if comm.rank == last else real
+        try:
+            hc_of(comm, cfg, timeout=30.0).free()
+        except hybridmpi.PeerError as e:   # (a RuntimeError)
+            got = "peer" if f"rank {last}" in str(e) else f"wrong: {e}"
+        except RuntimeError as e:
+            got = "own" if "injected" in str(e) else f"wrong: {e}"
+        except Exception as e:  # noqa: BLE001 - the class is the verdict
+            got = f"{type(e).__name__}: {e}"
+        finally:
+            tuning.calibrate = real
+        views = comm.allgather((got, time.monotonic() - t0))
+        assert all(g == ("own" if r == last else "peer") for r, (g, _) in enumerate(views)), views
+        assert max(t for _, t in views) < 15, views
+        with hc_of(comm, cfg) as hc:
+            assert hc.tuning.startswith("calibrated in "), hc.tuning
+            _check_values(comm, hc, rng)
+
+
 CASES = [case_default_choice, case_table_taken_and_refused, case_ranks_that_see_different_tables,
          case_mpi_path_one_rank_errors, case_mpi_path_peer_failure, case_mpi_path_free_running,
-         case_mpi_path_nan_bits_alike, case_named_table_that_breaks_the_parser]
+         case_mpi_path_nan_bits_alike, case_named_table_that_breaks_the_parser, case_calibration,
+         case_calibration_where_one_rank_has_a_table, case_calibration_one_rank_fails]
 
 
 if __name__ == "__main__":

@@ -49,22 +49,23 @@ struct pmpi_cfg cfg;
 static const char *const counter_names[C_NUM] = {
     "allreduce fast", "barrier fast", "allreduce passed on", "barrier passed on",
     "communicators set up", "set-ups that fell back", "calls that failed", "neighbor fast",
-    "neighbor passed on", "allreduce mpi path", "barrier mpi path"};
+    "neighbor passed on", "allreduce mpi path", "barrier mpi path", "tables taken"};
 _Atomic long counters[C_NUM];
 static int started;   /* start() ran */
 
-/* HYBRIDMPI_TUNE, as the Python library reads it (auto, off, mpi); another value is named on
- * stderr and auto is used. */
+/* HYBRIDMPI_TUNE, as the Python library reads it (auto, table, off, mpi; auto and table alike
+ * here: a table where one is found, never a calibration); another value is named on stderr and
+ * auto is used. */
 static int tune_setting(void)
 {
     const char *v = getenv("HYBRIDMPI_TUNE");
-    if (v == NULL || *v == '\0' || strcasecmp(v, "auto") == 0)
+    if (v == NULL || *v == '\0' || strcasecmp(v, "auto") == 0 || strcasecmp(v, "table") == 0)
         return TUNE_AUTO;
     if (strcasecmp(v, "off") == 0)
         return TUNE_OFF;
     if (strcasecmp(v, "mpi") == 0)
         return TUNE_MPI;
-    fprintf(stderr, "hybridmpi pmpi: HYBRIDMPI_TUNE=%s is not auto, off or mpi; using auto\n", v);
+    fprintf(stderr, "hybridmpi pmpi: HYBRIDMPI_TUNE=%s is not auto, table, off or mpi; using auto\n", v);
     return TUNE_AUTO;
 }
 
@@ -514,9 +515,9 @@ static int net_init(state *s)
 static __thread const char *failure;   /* why this thread's last set-up failed (stats) */
 
 /* The node of `comm` (virtual nodes of cfg.node_size ranks when set), reporting to the library
- * only; 0 on success.  `shared_cores` (or NULL): 1 where the physical node has more ranks than
- * this rank may run on cores (its affinity mask). */
-int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores)
+ * only; 0 on success.  `shared_cores` and `cores` (or NULL): 1 where the physical node has more
+ * ranks than its ranks may run on cores (their affinity masks' union), and how many those are. */
+int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores, int *cores)
 {
     MPI_Comm shared;
     if (PMPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared))
@@ -541,6 +542,8 @@ int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores)
             PMPI_Allreduce(MPI_IN_PLACE, &mask, (int)sizeof mask, MPI_BYTE, MPI_BOR, shared) != MPI_SUCCESS)
             CPU_ZERO(&mask);
         *shared_cores = ranks > CPU_COUNT(&mask);
+        if (cores != NULL)
+            *cores = CPU_COUNT(&mask);
     }
     if (cfg.node_size > 0) {
         int r;
@@ -614,7 +617,7 @@ char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why
 /* This rank's part of a set-up: the node, its segment, the core; 0 on success. */
 static int map_node(state *s, int rank)
 {
-    if (pmpi_split_node(s->comm, rank, &s->node, &s->mpi_calls))   /* (shared cores, for now) */
+    if (pmpi_split_node(s->comm, rank, &s->node, &s->mpi_calls, &s->cores))   /* (shared cores, for now) */
         return failure = "MPI_Comm_split_type failed", 1;
     int nr, nn;
     PMPI_Comm_rank(s->node, &nr);
@@ -647,6 +650,41 @@ static int map_node(state *s, int rank)
 
 static void set_up_returning(state *s, int rank, int *local, int *all);
 
+/* The path of the barrier and the allreduce for the layout of `s` (collective, every rank
+ * alike: `all` is the set-up's agreement: nodes, ranks that failed, sharing cores): a tuning
+ * table's where every rank took one and they agree, the core where they differ, else the
+ * layout's default (MPI's own calls where every node has one rank with a core of its own, as
+ * tuning.Layout.default_path). */
+static int layout_path(state *s, int rank, int leader, const int *all)
+{
+    int size = 1, mine[3], most[3] = {0, 0, 0}, views[3] = {0, 0, 1};
+    PMPI_Comm_size(s->comm, &size);
+    /* the fewest and the most ranks per node, the fewest cores, by one MPI_MAX */
+    mine[0] = leader ? s->c.size : 0;
+    mine[1] = leader ? -s->c.size : -size;
+    mine[2] = -s->cores;
+    if (PMPI_Allreduce(mine, most, 3, MPI_INT, MPI_MAX, s->comm) != MPI_SUCCESS)
+        return TUNE_PATH_NONE;
+    pmpi_layout l = {.ranks = size, .nodes = all[0], .lo = -most[1], .hi = most[0],
+                     .cores = -most[2], .oversubscribed = all[2] != 0};
+    char where[4096] = "";
+    int got = pmpi_tune_table(&l, rank, where, sizeof where);
+    mine[0] = got == TUNE_PATH_CORE, mine[1] = got == TUNE_PATH_MPI, mine[2] = got == TUNE_PATH_NONE;
+    if (PMPI_Allreduce(mine, views, 3, MPI_INT, MPI_SUM, s->comm) != MPI_SUCCESS)
+        views[0] = views[1] = 0, views[2] = 1;
+    int path = views[2] ? (l.nodes == size && !l.oversubscribed ? TUNE_PATH_MPI : TUNE_PATH_CORE)
+             : views[1] == size ? TUNE_PATH_MPI : TUNE_PATH_CORE;
+    if (views[2] == 0)
+        COUNT(C_TABLES);
+    if (cfg.stats && rank == 0)
+        fprintf(stderr, "hybridmpi pmpi: a communicator of %d ranks, %d node(s) of %d-%d ranks: "
+                "barrier and allreduce on %s (%s)\n", size, l.nodes, l.lo, l.hi,
+                path == TUNE_PATH_MPI ? "MPI's own calls" : "the core",
+                views[2] ? "the layout's default: not every rank has a table" :
+                views[0] == size || views[1] == size ? where : "the ranks' tables differ");
+    return path;
+}
+
 /* Set up `s`, collectively over its communicator; every rank ends in S_FAST or in S_NEXT. */
 static void set_up(state *s)
 {
@@ -677,9 +715,8 @@ static void set_up_returning(state *s, int rank, int *local, int *all)
      * where every rank is its node's only one, with a core of its own (the core's node steps
      * are empty there, and its agreement between the nodes costs more than MPI's call), or as
      * HYBRIDMPI_TUNE says; docs/guide/tuning.md */
-    int size = 1;
-    PMPI_Comm_size(s->comm, &size);
-    s->mpi_calls = cfg.tune == TUNE_MPI || (cfg.tune == TUNE_AUTO && all[0] == size && all[2] == 0);
+    s->mpi_calls = cfg.tune == TUNE_MPI || (cfg.tune == TUNE_AUTO && all[1] == 0 &&
+                                            layout_path(s, rank, leader, all) == TUNE_PATH_MPI);
     if (all[1] == 0 && all[0] > 1) {
         /* several nodes: their leaders' communicator (every rank knows it is needed), and
          * whether every rank got its part */

@@ -23,13 +23,15 @@ struct pmpi_cfg {
     int adaptive;        /* defer set-ups where communicators die young (a vote per decision) */
     uint64_t ngh_bytes;  /* the most a rank stages in shared memory per neighbourhood call */
     uint64_t ngh_stage;  /* the most it stages for one peer (more: the MPI's messages) */
-    int tune;            /* HYBRIDMPI_TUNE: TUNE_AUTO, TUNE_OFF (the core), TUNE_MPI */
+    int tune;            /* HYBRIDMPI_TUNE: TUNE_AUTO (or table: the same here), TUNE_OFF (the
+                          * core), TUNE_MPI */
 };
 enum { TUNE_AUTO, TUNE_OFF, TUNE_MPI };
+enum { TUNE_PATH_NONE = -1, TUNE_PATH_CORE, TUNE_PATH_MPI };
 extern struct pmpi_cfg cfg;
 
 enum { C_FAST_ALLREDUCE, C_FAST_BARRIER, C_NEXT_ALLREDUCE, C_NEXT_BARRIER, C_SETUP, C_FELL_BACK,
-       C_FAILED, C_FAST_NEIGHBOR, C_NEXT_NEIGHBOR, C_MPI_ALLREDUCE, C_MPI_BARRIER, C_NUM };
+       C_FAILED, C_FAST_NEIGHBOR, C_NEXT_NEIGHBOR, C_MPI_ALLREDUCE, C_MPI_BARRIER, C_TABLES, C_NUM };
 extern _Atomic long counters[C_NUM];
 #define COUNT(k) atomic_fetch_add_explicit(&counters[k], 1, memory_order_relaxed)
 
@@ -46,8 +48,10 @@ typedef struct state {
     MPI_Comm node;          /* its ranks on this node (MPI_COMM_NULL before set-up) */
     MPI_Comm leaders;       /* the nodes' leaders, on leaders across nodes; else MPI_COMM_NULL */
     int multi;              /* more than one node */
-    int mpi_calls;          /* its barrier and allreduce go to MPI (the layout's path: one rank
-                             * per node, each with a core of its own; HYBRIDMPI_TUNE) */
+    int mpi_calls;          /* its barrier and allreduce go to MPI (the layout's path: a tuning
+                             * table's, else MPI where every node has one rank with a core of
+                             * its own; HYBRIDMPI_TUNE) */
+    int cores;              /* cores its physical node's ranks may run on (set-up only) */
     char *base;             /* the node's shared segment */
     size_t bytes;
     char **seg;
@@ -63,12 +67,24 @@ typedef struct state {
 /* hm_pmpi.c */
 state *pmpi_state(MPI_Comm comm, int now);
 void *pmpi_next(const char *name, const char *pname);   /* what comes next: RTLD_NEXT, else PMPI */
-int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores);
+int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores, int *cores);
 char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why, int *fd);
 int pmpi_failed(state *s, const char *call, int rc);
 int pmpi_revoked(state *s);
 void pmpi_poke(MPI_Comm fallback);
 int pmpi_gone(state *s, int node_rank);
+
+/* hm_pmpi_tune.c: a communicator's layout as a tuning table's key names it, and the path the
+ * table for it chose on this host and MPI (HYBRIDMPI_TUNE_FILE, else the cache folder), or
+ * TUNE_PATH_NONE; `where`: the file looked at last.  `rank`: the communicator's (0 says on
+ * stderr why a named table is not taken, once per process). */
+typedef struct pmpi_layout {
+    int ranks, nodes;
+    int lo, hi;          /* ranks per node, the fewest and the most */
+    int cores;           /* cores a physical node's ranks may run on, the fewest */
+    int oversubscribed;  /* some physical node has more ranks than cores */
+} pmpi_layout;
+int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n);
 
 /* hm_pmpi_ngh.c: frees the neighbourhood part of a state whose communicator is freed (its
  * calls still pending are completed first); 0 when it must be kept (a request MPI may still

@@ -418,7 +418,7 @@ static void set_up(state *s)
     MPI_Errhandler was;
     PMPI_Comm_get_errhandler(comm, &was);
     PMPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    failed = oom || r != 0 || pmpi_split_node(comm, rank, &node, NULL) != 0;
+    failed = oom || r != 0 || pmpi_split_node(comm, rank, &node, NULL, NULL) != 0;
     if (!failed) {
         PMPI_Comm_rank(node, &g->me);
         PMPI_Comm_size(node, &g->nn);

@@ -7,6 +7,7 @@ that the calls did go to the core (or, where they must not, to MPI).  Skipped wh
 wrapper of mpi4py's MPI is found (HYBRIDMPI_PMPI_REQUIRED=1 makes that a failure: the CI legs
 that have one)."""
 
+import json
 import os
 import re
 import shlex
@@ -14,7 +15,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import DEEP, HERE, MPIEXEC, mpi_flavor, no_cleanup
+from conftest import DEEP, HERE, MPIEXEC, launch, mpi_flavor, no_cleanup
 
 from hybridmpi.tools import pmpi
 
@@ -59,7 +60,7 @@ def run(n, preload, argv, env=None, timeout=180, cleanup=True):
     if mpi_flavor() == "openmpi":
         full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         cmd += ["--oversubscribe", "--timeout", str(timeout), "-x", f"LD_PRELOAD={preload}"]
-        cmd += [a for k in full_env if k.startswith("HYBRIDMPI_PMPI_") or k == "HYBRIDMPI_TUNE"
+        cmd += [a for k in full_env if k.startswith(("HYBRIDMPI_PMPI_", "HYBRIDMPI_TUNE"))
                 for a in ("-x", k)]
     else:
         if mpi_flavor() == "impi":
@@ -122,7 +123,7 @@ def test_layout_path(built, ranks, node_size, tune, to_mpi):
     rc, out, err = run(ranks, lib, [progs["matrix"], "quick"], env)
     assert rc == 0 and "matrix ok" in out, f"rc={rc}\n{out}\n{err}"
     if tune == "fastest":
-        assert "HYBRIDMPI_TUNE=fastest is not auto, off or mpi" in err, err
+        assert "HYBRIDMPI_TUNE=fastest is not auto, table, off or mpi" in err, err
     seen = counters(err)
     assert sorted(seen) == list(range(ranks)), err
     for c in seen.values():
@@ -131,6 +132,71 @@ def test_layout_path(built, ranks, node_size, tune, to_mpi):
             assert c["allreduce mpi path"] > 1000 and c["barrier mpi path"] > 0, c
         else:
             assert c["allreduce fast"] > 1000 and c["allreduce mpi path"] == 0, c
+
+
+def _paths(err, ranks):
+    """Each rank's path of the world communicator's calls, by its counters."""
+    seen = counters(err)
+    assert sorted(seen) == list(range(ranks)), err
+    out = set()
+    for c in seen.values():
+        if c["allreduce fast"] > 1000 and c["allreduce mpi path"] == 0:
+            out.add("core")
+        elif c["allreduce mpi path"] > 1000 and c["allreduce fast"] == 0:
+            out.add("mpi")
+        else:
+            out.add(f"mixed: {c}")
+    return out, seen
+
+
+@pytest.mark.parametrize("node_size", [1, None])
+def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
+    """A table that ``hybridmpi tune`` wrote for the program's layout and thread level (its
+    path turned against the layout's default, so that taking it shows) is taken by the PMPI
+    library from the cache and when HYBRIDMPI_TUNE_FILE names it (also as compact JSON); one of
+    another layout, a damaged one, a named pipe and a directory are not (the default path, a
+    named one's reason said once, nothing hangs); HYBRIDMPI_TUNE=off ignores tables."""
+    lib, progs = built
+    env = {"HYBRIDMPI_TUNE": "auto", "HYBRIDMPI_TUNE_DIR": str(tmp_path / "cache")}
+    size_args = ["--node-size", str(node_size)] if node_size else []
+    launch(2, ["-m", "hybridmpi", "tune", *size_args, "--reps", "1", "--sizes", "1",
+               "--thread-level", "funneled"], env=env, timeout=120)
+    [where] = list((tmp_path / "cache").glob("*.json"))
+    t = json.loads(where.read_text())
+    default = "mpi" if node_size == 1 else "core"
+    flipped = "core" if default == "mpi" else "mpi"
+    where.write_text(json.dumps(dict(t, path=flipped), indent=1))
+    env.update({"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size)} if node_size else {})
+
+    def paths(**more):
+        rc, out, err = run(2, lib, [progs["matrix"], "quick"], {**env, **more})
+        assert rc == 0 and "matrix ok" in out, f"rc={rc}\n{out}\n{err}"
+        got, seen = _paths(err, 2)
+        return got, seen, err
+
+    got, seen, err = paths()
+    assert got == {flipped} and all(c["tables taken"] >= 1 for c in seen.values()), err
+    named = tmp_path / "named.json"
+    named.write_text(json.dumps(dict(t, path=flipped), separators=(",", ":")))
+    got, seen, err = paths(HYBRIDMPI_TUNE_FILE=str(named))
+    assert got == {flipped}, err
+    assert paths(HYBRIDMPI_TUNE="off")[0] == {"core"}
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for name, bad, why in (
+            ("other", dict(t, key_line=t["key_line"].replace("ranks=2", "ranks=3"), path=flipped),
+             "for another host, MPI, thread level or layout"),
+            ("format", dict(t, format="hybridmpi-tune/0", path=flipped), "format"),
+            ("two paths", '{"format": "hybridmpi-tune/1", "key_line": "%s", "path": "%s", "path": "%s"}'
+             % (t["key_line"], flipped, flipped), "its path"),
+            ("escaped", json.dumps(dict(t, path=flipped)).replace('"path"', '"pa\\u0074h"'), "its path"),
+            ("fifo", None, "not a regular file"), ("folder", None, "not a regular file")):
+        target = fifo if name == "fifo" else tmp_path if name == "folder" else tmp_path / "bad.json"
+        if bad is not None:
+            target.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+        got, seen, err = paths(HYBRIDMPI_TUNE_FILE=str(target))
+        assert got == {default} and all(c["tables taken"] == 0 for c in seen.values()), (name, err)
+        assert err.count("is not taken") == 1 and why in err, (name, err)
 
 
 def test_matrix_thread_multiple(built):

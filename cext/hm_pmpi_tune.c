@@ -1,0 +1,269 @@
+/* hybridmpi's PMPI library: the tuning table a communicator's layout takes (docs/guide/tuning.md).
+ *
+ * The Python library writes the tables (`hybridmpi tune`, and the calibration a HybridComm runs
+ * where it finds none) into a cache folder, one JSON file per host, MPI, thread level and
+ * layout.  This file reads the same files without a JSON parser: a table carries its key as one
+ * line of printable ASCII (`key_line`, hybridmpi/comm/tuning.py key_line), which is built here
+ * the same way from what this process sees, and found in the file with its `format` and `path`
+ * fields, each a plain string field that must occur once.  Anything else (a missing folder, a
+ * foreign or damaged table, a named pipe, a file over 1 MiB) is no table; the library never
+ * calibrates. */
+#define _GNU_SOURCE
+#include "hm_pmpi.h"
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#define TABLE_FORMAT "hybridmpi-tune/1"
+#define TABLE_MAX_BYTES (1 << 20)   /* as tuning.MAX_BYTES */
+#define DIR_MAX_CANDIDATES 64       /* files of this layout's prefix looked at in the folder */
+
+/* Whitespace collapsed to single spaces, ends trimmed, in place (Python's " ".join(s.split())). */
+static void collapse(char *s)
+{
+    char *w = s;
+    for (char *r = s; *r; r++) {
+        if (isspace((unsigned char)*r)) {
+            if (w != s && w[-1] != ' ')
+                *w++ = ' ';
+        } else {
+            *w++ = *r;
+        }
+    }
+    if (w != s && w[-1] == ' ')
+        w--;
+    *w = '\0';
+}
+
+static int all_digits(const char *s)
+{
+    for (; *s; s++)
+        if (!isdigit((unsigned char)*s))
+            return 0;
+    return 1;
+}
+
+/* The processor's model from /proc/cpuinfo, as tuning.host() reads it: the value of the first
+ * "model name", "cpu model" or "processor<TAB>: " line that is not a number, else the last such
+ * value, else "". */
+static void cpu_model(char *out, size_t n)
+{
+    static const char *const keys[] = {"model name", "cpu model", "processor\t: "};
+    char line[1024];
+    out[0] = '\0';
+    FILE *f = fopen("/proc/cpuinfo", "re");
+    if (f == NULL)
+        return;
+    while (fgets(line, sizeof line, f) != NULL) {
+        char *colon = strchr(line, ':');
+        int match = 0;
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            match |= strncasecmp(line, keys[k], strlen(keys[k])) == 0;
+        if (!match || colon == NULL)
+            continue;
+        snprintf(out, n, "%s", colon + 1);
+        collapse(out);
+        if (out[0] && !all_digits(out))
+            break;
+    }
+    fclose(f);
+}
+
+/* The MPI library's name as tuning.mpi_name() gives it: the first line of its version, its
+ * unprintable characters dropped, its whitespace collapsed. */
+static void mpi_words(char *out, size_t n)
+{
+    char version[MPI_MAX_LIBRARY_VERSION_STRING + 1] = "";
+    int len = 0;
+    if (PMPI_Get_library_version(version, &len) != MPI_SUCCESS)
+        version[0] = '\0';
+    size_t w = 0;
+    for (const unsigned char *r = (const unsigned char *)version; *r && !strchr("\n\r\v\f\x1c\x1d\x1e", *r); r++)
+        if ((*r >= ' ' && *r != 0x7f) || *r >= 0x80)   /* (a UTF-8 character: kept, made ? below) */
+            if (w + 1 < n)
+                out[w++] = (char)*r;
+    out[w] = '\0';
+    collapse(out);
+}
+
+static const char *level_word(int level)
+{
+    return level == MPI_THREAD_SINGLE ? "single" : level == MPI_THREAD_FUNNELED ? "funneled"
+         : level == MPI_THREAD_SERIALIZED ? "serialized" : level == MPI_THREAD_MULTIPLE ? "multiple" : "?";
+}
+
+/* The key line of `l` on this host and MPI (tuning.key_line): printable ASCII, quotes and
+ * backslashes made ?, one ? per UTF-8 character. */
+static void key_line(const pmpi_layout *l, char *out, size_t n)
+{
+    struct utsname u;
+    char model[512], mpi[MPI_MAX_LIBRARY_VERSION_STRING + 1], raw[2048];
+    int level = MPI_THREAD_SINGLE;
+    if (uname(&u) != 0)
+        u.machine[0] = '\0';
+    cpu_model(model, sizeof model);
+    mpi_words(mpi, sizeof mpi);
+    PMPI_Query_thread(&level);
+    snprintf(raw, sizeof raw, "host=%s, %s, %ld CPUs;mpi=%s;thread_level=%s;ranks=%d;nodes=%d;"
+             "per_node=%d,%d;cores=%d;oversubscribed=%d", u.machine, model[0] ? model : "unknown processor",
+             sysconf(_SC_NPROCESSORS_ONLN), mpi, level_word(level), l->ranks, l->nodes, l->lo, l->hi,
+             l->cores, l->oversubscribed != 0);
+    size_t w = 0;
+    for (const unsigned char *r = (const unsigned char *)raw; *r && w + 1 < n; r++) {
+        if (*r >= 0x80 && *r < 0xc0)
+            continue;   /* a UTF-8 continuation byte: its character is one ? already */
+        out[w++] = *r >= ' ' && *r <= '~' && *r != '"' && *r != '\\' ? (char)*r : '?';
+    }
+    out[w] = '\0';
+}
+
+/* The file's bytes, NUL-terminated (free them), when it is a regular file of at most
+ * TABLE_MAX_BYTES that opens without blocking; else NULL and *why. */
+static char *slurp(const char *path, const char **why)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    char *buf = NULL;
+    if (fd < 0)
+        return *why = "it cannot be opened", NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        *why = "it is not a regular file";
+    else if (st.st_size > TABLE_MAX_BYTES)
+        *why = "it is larger than a table (1 MiB)";
+    else if ((buf = malloc((size_t)st.st_size + 1)) == NULL)
+        *why = "out of memory";
+    else {
+        size_t got = 0;
+        ssize_t r;
+        while (got < (size_t)st.st_size && (r = read(fd, buf + got, (size_t)st.st_size - got)) > 0)
+            got += (size_t)r;
+        buf[got] = '\0';
+        if (got != (size_t)st.st_size || strlen(buf) != got)
+            free(buf), buf = NULL, *why = "it cannot be read whole, or holds a NUL";
+    }
+    close(fd);
+    return buf;
+}
+
+/* How many times the field "name": "<string without escapes>" occurs in the JSON text `buf`
+ * (a key, not text inside a string: there every quote is escaped); the first value goes to
+ * `out` ("" where it is not a plain string). */
+static int field(const char *buf, const char *name, char *out, size_t n)
+{
+    char quoted[64];
+    int count = 0;
+    snprintf(quoted, sizeof quoted, "\"%s\"", name);
+    out[0] = '\0';
+    for (const char *p = strstr(buf, quoted); p != NULL; p = strstr(p + 1, quoted)) {
+        if (p > buf && p[-1] == '\\')
+            continue;
+        const char *v = p + strlen(quoted);
+        while (isspace((unsigned char)*v))
+            v++;
+        if (*v++ != ':')
+            continue;
+        while (isspace((unsigned char)*v))
+            v++;
+        count++;
+        if (count > 1 || *v != '"')
+            continue;
+        size_t len = strcspn(v + 1, "\"\\");
+        if (v[1 + len] == '"' && len < n)
+            memcpy(out, v + 1, len), out[len] = '\0';
+    }
+    return count;
+}
+
+/* The path a table's text chose for `line`: TUNE_PATH_CORE or TUNE_PATH_MPI; else
+ * TUNE_PATH_NONE and *why. */
+static int table_path(const char *buf, const char *line, const char **why)
+{
+    char value[4096];
+    if (field(buf, "format", value, sizeof value) != 1 || strcmp(value, TABLE_FORMAT) != 0)
+        return *why = "it is not a table of format " TABLE_FORMAT " (run hybridmpi tune again)",
+               TUNE_PATH_NONE;
+    if (field(buf, "key_line", value, sizeof value) != 1 || strcmp(value, line) != 0)
+        return *why = "it is for another host, MPI, thread level or layout", TUNE_PATH_NONE;
+    if (field(buf, "path", value, sizeof value) != 1 || (strcmp(value, "core") && strcmp(value, "mpi")))
+        return *why = "its path is not core or mpi", TUNE_PATH_NONE;
+    return strcmp(value, "mpi") == 0 ? TUNE_PATH_MPI : TUNE_PATH_CORE;
+}
+
+static int file_path(const char *path, const char *line, const char **why)
+{
+    char *buf = slurp(path, why);
+    if (buf == NULL)
+        return TUNE_PATH_NONE;
+    int got = table_path(buf, line, why);
+    free(buf);
+    return got;
+}
+
+/* The cache folder (tuning.settings.tune_dir): HYBRIDMPI_TUNE_DIR, else
+ * XDG_CACHE_HOME/hybridmpi/tune, else ~/.cache/hybridmpi/tune; 0 where none is known. */
+static int cache_dir(char *out, size_t n)
+{
+    const char *v = getenv("HYBRIDMPI_TUNE_DIR"), *home = getenv("HOME");
+    if (v != NULL && *v)
+        return snprintf(out, n, "%s", v) < (int)n;
+    v = getenv("XDG_CACHE_HOME");
+    if (v != NULL && *v)
+        return snprintf(out, n, "%s/hybridmpi/tune", v) < (int)n;
+    if (home == NULL || !*home) {
+        struct passwd *pw = getpwuid(getuid());
+        home = pw != NULL ? pw->pw_dir : NULL;
+    }
+    return home != NULL && snprintf(out, n, "%s/.cache/hybridmpi/tune", home) < (int)n;
+}
+
+/* The first table of the cache folder taken for `line`: its files named as tuning.file_name
+ * names this layout's ("<ranks>r-<nodes>n-<digest>.json"), at most DIR_MAX_CANDIDATES of them. */
+static int from_cache(const pmpi_layout *l, const char *line, char *where, size_t n)
+{
+    char dir[4096], prefix[64];
+    const char *why;
+    if (!cache_dir(dir, sizeof dir))
+        return TUNE_PATH_NONE;
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return TUNE_PATH_NONE;
+    int got = TUNE_PATH_NONE, seen = 0;
+    snprintf(prefix, sizeof prefix, "%dr-%dn-", l->ranks, l->nodes);
+    for (struct dirent *e; got == TUNE_PATH_NONE && seen < DIR_MAX_CANDIDATES && (e = readdir(d)) != NULL;) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || len < 5 || strcmp(e->d_name + len - 5, ".json"))
+            continue;
+        seen++;
+        if (snprintf(where, n, "%s/%s", dir, e->d_name) < (int)n)
+            got = file_path(where, line, &why);
+    }
+    closedir(d);
+    return got;
+}
+
+int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n)
+{
+    static int said;   /* a named table that cannot be taken is said once per process */
+    char line[4096];
+    const char *why = NULL, *named = getenv("HYBRIDMPI_TUNE_FILE");
+    key_line(l, line, sizeof line);
+    if (named == NULL || !*named)
+        return from_cache(l, line, where, n);
+    snprintf(where, n, "%s", named);
+    int got = file_path(named, line, &why);
+    if (got == TUNE_PATH_NONE && rank == 0 && !said) {
+        said = 1;
+        fprintf(stderr, "hybridmpi pmpi: the tuning table HYBRIDMPI_TUNE_FILE=%s is not taken: %s; "
+                "the layout's default path is taken\n", named, why);
+    }
+    return got;
+}

@@ -128,7 +128,8 @@ static inline quit_rec *quit(const hm_coll *c, int rank, uint64_t e)
 
 static inline int is_allreduce(int64_t kind)
 {
-    return kind == HM_K_ALLREDUCE_TREE || kind == HM_K_ALLREDUCE_RD || kind == HM_K_ALLREDUCE_DIRECT;
+    return kind == HM_K_ALLREDUCE_TREE || kind == HM_K_ALLREDUCE_RD || kind == HM_K_ALLREDUCE_DIRECT ||
+           kind == HM_K_ALLREDUCE_RSAG;
 }
 
 /* The end of this rank's part of call c->epoch: rc, and when it is HM_OK, the call stored as
@@ -927,6 +928,58 @@ static int allreduce_direct(hm_coll *c, const void *send, void *recv, uint64_t c
     return finish(c, HM_OK);
 }
 
+/* Reduce-scatter and allgather of one chunk of `count` elements of a call of `total`
+ * (hm_core.h, hm_allreduce_node).  Rank r writes the half of its slot of parity e & 1 again
+ * only in call e + 2, which it reaches after completing call e + 1, which no rank completes
+ * before every rank entered it (every collective of a node reads every rank's part), so after
+ * every rank copied what it needed of call e.  Its header is read in a call only before the
+ * reader stamps 2e, which precedes r's completing the call. */
+static int allreduce_rsag(hm_coll *c, const void *send, void *recv, uint64_t count, uint64_t total,
+                          int dtype, int op)
+{
+    size_t esz = hm_dtype_size(dtype);
+    int n = c->size, me = c->rank, ord = c->policy.order, rc;
+    uint64_t e = ++c->epoch, half = (c->capacity / 2) & ~(uint64_t)63;
+    enter(c, e, HM_K_ALLREDUCE_RSAG, total, dtype, op);
+    c->err.code = HM_OK;
+    header *mine = hdr(c, me);
+    int64_t own = sig_of(total, dtype, op);
+    mine->count = own;   /* (the signature: compared below, as the direct allreduce's) */
+    mine->epoch = (uint32_t)e;
+    memcpy((char *)hm_coll_slot(c, me) + (e & 1) * half, send, count * esz);
+    CHAOS();
+    store_rel(counter(c, me, HM_OFF_SYNC), 2 * e - 1, ord);
+    rd_sig sig = {own, -own, me, me};
+    for (int r = 0; r < n; r++) {
+        if (r != me && ((rc = wait_counter(c, r, HM_CNT_ARRIVE, 2 * e - 1)) ||
+                        (rc = other_collective(c, r, e, 1))))
+            return rc;
+        rd_head seen = {.sig_max = hdr(c, r)->count, .sig_neg = -hdr(c, r)->count,
+                        .max_rank = r, .min_rank = r};
+        rd_merge(&sig, &seen);
+    }
+    if (sig.max != -sig.neg)
+        return spread_mismatch(c, HM_K_ALLREDUCE_RSAG, &sig);
+    /* this rank's part: elements [lo, hi) of every rank's chunk, combined in rank order */
+    uint64_t lo = count * (uint64_t)me / (uint64_t)n, hi = count * (uint64_t)(me + 1) / (uint64_t)n;
+    char *out = (char *)recv + lo * esz;
+    memcpy(out, (char *)hm_coll_slot(c, 0) + (e & 1) * half + lo * esz, (hi - lo) * esz);
+    for (int r = 1; r < n; r++)
+        hm_combine(out, (char *)hm_coll_slot(c, r) + (e & 1) * half + lo * esz, hi - lo, dtype, op);
+    memcpy((char *)hm_coll_slot(c, me) + (e & 1) * half + lo * esz, out, (hi - lo) * esz);
+    CHAOS();
+    store_rel(counter(c, me, HM_OFF_SYNC), 2 * e, ord);
+    for (int k = 1; k < n; k++) {   /* the other parts, from the next rank on */
+        int r = (me + k) % n;
+        if ((rc = wait_counter(c, r, HM_CNT_RELEASE, 2 * e)))
+            return rc;
+        uint64_t a = count * (uint64_t)r / (uint64_t)n, b = count * (uint64_t)(r + 1) / (uint64_t)n;
+        memcpy((char *)recv + a * esz, (char *)hm_coll_slot(c, r) + (e & 1) * half + a * esz,
+               (b - a) * esz);
+    }
+    return finish(c, HM_OK);
+}
+
 int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
                       int any)
 {
@@ -940,6 +993,18 @@ int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, 
             return hm_allreduce_rd(c, send, recv, count, dtype, op);
         if (nbytes <= direct_bytes(c->capacity) && nbytes * (uint64_t)c->size <= HM_DIRECT_TOTAL)
             return allreduce_direct(c, send, recv, count, dtype, op);
+        uint64_t per = ((c->capacity / 2) & ~(uint64_t)63) / esz, start = 0;
+        if (per == 0)
+            return HM_EARG;
+        do {   /* in chunks of half the slot (one chunk at least) */
+            uint64_t k = count - start < per ? count - start : per;
+            int rc = allreduce_rsag(c, (const char *)send + start * esz, (char *)recv + start * esz,
+                                    k, count, dtype, op);
+            if (rc)
+                return rc;
+            start += k;
+        } while (start < count);
+        return HM_OK;
     }
     /* the tree, in chunks of the slot's size (one chunk, of no element, for count 0) */
     uint64_t per = c->capacity / esz, start = 0;

@@ -124,7 +124,8 @@ typedef struct hm_error {
  * arguments raise instead of waiting for each other.  HM_K_BAD: a rank
  * that found its own arguments invalid (hm_coll_bad). */
 enum { HM_K_BARRIER_TREE = 1, HM_K_BARRIER_LINEAR = 2, HM_K_BARRIER_DISS = 3,
-       HM_K_ALLREDUCE_TREE = 4, HM_K_ALLREDUCE_RD = 5, HM_K_ALLREDUCE_DIRECT = 6, HM_K_BAD = 7 };
+       HM_K_ALLREDUCE_TREE = 4, HM_K_ALLREDUCE_RD = 5, HM_K_ALLREDUCE_DIRECT = 6, HM_K_BAD = 7,
+       HM_K_ALLREDUCE_RSAG = 8 };
 
 /* Per-rank state of the node collectives (private memory). */
 typedef struct hm_coll {
@@ -235,13 +236,19 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
 /* The node's whole allreduce of `count` elements, the algorithm chosen by size: with `any`
  * set (one node; the Python library's allreduce="recursive_doubling", and the PMPI library on
  * one node), recursive doubling up to HM_RD_BYTES, the direct allreduce while node ranks times
- * bytes is at most HM_DIRECT_TOTAL, else the tree (hm_allreduce) in slot-sized chunks; with
- * `any` 0 the tree chunks only (a rank of a node whose leader joins other nodes between its
- * phases).  Direct: every rank publishes its value and signature in its own buffer (two, by
- * epoch parity, so one round of stamps is the whole synchronization) and combines every
- * rank's value in rank order, so every rank computes the same bits; ranks that passed
- * different arguments all get HM_EMISMATCH as in hm_allreduce_rd.  Every rank of the node
- * must pass the same `any`.  `send` may equal `recv`.  HM_EARG for an invalid type or op. */
+ * bytes is at most HM_DIRECT_TOTAL, else the reduce-scatter and allgather in chunks of half
+ * the slot; with `any` 0 the tree (hm_allreduce) in slot-sized chunks only (a rank of a node
+ * whose leader joins other nodes between its phases).  Direct: every rank publishes its value
+ * and signature in its own buffer (two, by epoch parity, so one round of stamps is the whole
+ * synchronization) and combines every rank's value in rank order, so every rank computes the
+ * same bits; ranks that passed different arguments all get HM_EMISMATCH as in
+ * hm_allreduce_rd.  Reduce-scatter and allgather: every rank publishes its chunk in the half
+ * of its slot of the call's parity, with its signature in its header, and stamps SYNC with
+ * 2e - 1; rank r then reduces the r-th of n equal parts of every rank's chunk, in rank order
+ * (the direct allreduce's bits), into its own half and stamps 2e; every rank copies the other
+ * parts from their owners.  No rank reads all the data (each reads about twice the chunk,
+ * against n times for the direct one).  Every rank of the node must pass the same `any`.
+ * `send` may equal `recv`.  HM_EARG for an invalid type or op. */
 int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
                       int any);
 

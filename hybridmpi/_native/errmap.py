@@ -38,7 +38,7 @@ _ECMA, _EPEER = lib.HM_ECMA, lib.HM_EPEER
 _K_BAD, _PYINT = lib.HM_K_BAD, lib.HM_PYINT
 #: the allreduces that name, in err.peer, the rank with the smallest arguments (the tree
 #: compares with the node root)
-_K_SPREAD = (lib.HM_K_ALLREDUCE_RD, lib.HM_K_ALLREDUCE_DIRECT)
+_K_SPREAD = (lib.HM_K_ALLREDUCE_RD, lib.HM_K_ALLREDUCE_DIRECT, lib.HM_K_ALLREDUCE_RSAG)
 
 #: what each collective kind (the C core's HM_K_*) is called in errors
 KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: "barrier(linear)",
@@ -46,6 +46,7 @@ KIND_NAMES = {lib.HM_K_BARRIER_TREE: "barrier(tree)", lib.HM_K_BARRIER_LINEAR: "
               lib.HM_K_ALLREDUCE_TREE: "allreduce (tree)",
               lib.HM_K_ALLREDUCE_RD: "allreduce (recursive doubling)",
               lib.HM_K_ALLREDUCE_DIRECT: "allreduce (direct)",
+              lib.HM_K_ALLREDUCE_RSAG: "allreduce (reduce-scatter and allgather)",
               lib.HM_K_BAD: "a collective with invalid arguments"}
 
 
@@ -234,7 +235,7 @@ def sig(count: int, dtype: int, op: int) -> str:
 def call_name(kind: int, count: int, dtype: int, op: int) -> str:
     """A collective call as the C core records it, in words."""
     name = KIND_NAMES.get(int(kind), f"collective {kind}")
-    if kind in (lib.HM_K_ALLREDUCE_TREE, lib.HM_K_ALLREDUCE_RD, lib.HM_K_ALLREDUCE_DIRECT):
+    if kind in (lib.HM_K_ALLREDUCE_TREE, *_K_SPREAD):
         name += " " + sig(count, dtype, op)
     return name
 

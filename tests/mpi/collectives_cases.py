@@ -825,9 +825,10 @@ def case_same_bits_on_every_rank(comm, rng, **cfg):
 
 
 #: count pairs on both sides of each of the node's thresholds, and inside one algorithm (doubles:
-#: 96 bytes, 32 KiB over 3 ranks, 16 KiB, the 256 KiB chunk), and a pair of chunk counts
+#: 96 bytes, 32 KiB over 3 ranks, 16 KiB, the reduce-scatter's 128 KiB chunk, the tree's 256 KiB
+#: chunk), and a pair of chunk counts
 STRADDLES = [(5, 6), (12, 13), (0, 5000), (1365, 1366), (2048, 2049), (4096, 4097),
-             (32768, 32769), (1, 40000)]
+             (16384, 16385), (32768, 32769), (1, 40000), (40000, 40001)]
 
 
 def case_count_mismatch_one_outcome(comm, rng, **cfg):

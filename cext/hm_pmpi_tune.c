@@ -5,13 +5,15 @@
  * layout.  This file reads the same files without a JSON parser: a table carries its key as one
  * line of printable ASCII (`key_line`, hybridmpi/comm/tuning.py key_line), which is built here
  * the same way from what this process sees, and found in the file with its `format` and `path`
- * fields, each a plain string field that must occur once.  Anything else (a missing folder, a
+ * fields, each a plain string field that must occur once; the cache file is the one whose name
+ * holds the key line's FNV-1a hash (tuning.file_name).  Anything else (a missing folder, a
  * foreign or damaged table, a named pipe, a file over 1 MiB) is no table; the library never
- * calibrates. */
+ * calibrates.  It does not check the JSON around the three fields (the Python library does):
+ * a table edited by hand into something else that keeps them is taken by both or by this one
+ * only, and either path gives the same results. */
 #define _GNU_SOURCE
 #include "hm_pmpi.h"
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pwd.h>
@@ -25,7 +27,6 @@
 
 #define TABLE_FORMAT "hybridmpi-tune/1"
 #define TABLE_MAX_BYTES (1 << 20)   /* as tuning.MAX_BYTES */
-#define DIR_MAX_CANDIDATES 64       /* files of this layout's prefix looked at in the folder */
 
 /* Whitespace collapsed to single spaces, ends trimmed, in place (Python's " ".join(s.split())). */
 static void collapse(char *s)
@@ -208,15 +209,34 @@ static int file_path(const char *path, const char *line, const char **why)
     return got;
 }
 
+/* The value of environment variable `name`, its surrounding whitespace trimmed (as
+ * settings.raw), into out; 0 where unset or empty. */
+static int env_trimmed(const char *name, char *out, size_t n)
+{
+    const char *v = getenv(name);
+    if (v == NULL)
+        return 0;
+    while (isspace((unsigned char)*v))
+        v++;
+    size_t len = strlen(v);
+    while (len > 0 && isspace((unsigned char)v[len - 1]))
+        len--;
+    if (len == 0 || len >= n)
+        return 0;
+    memcpy(out, v, len);
+    out[len] = '\0';
+    return 1;
+}
+
 /* The cache folder (tuning.settings.tune_dir): HYBRIDMPI_TUNE_DIR, else
  * XDG_CACHE_HOME/hybridmpi/tune, else ~/.cache/hybridmpi/tune; 0 where none is known. */
 static int cache_dir(char *out, size_t n)
 {
-    const char *v = getenv("HYBRIDMPI_TUNE_DIR"), *home = getenv("HOME");
-    if (v != NULL && *v)
+    char v[4096];
+    const char *home = getenv("HOME");
+    if (env_trimmed("HYBRIDMPI_TUNE_DIR", v, sizeof v))
         return snprintf(out, n, "%s", v) < (int)n;
-    v = getenv("XDG_CACHE_HOME");
-    if (v != NULL && *v)
+    if (env_trimmed("XDG_CACHE_HOME", v, sizeof v))
         return snprintf(out, n, "%s/hybridmpi/tune", v) < (int)n;
     if (home == NULL || !*home) {
         struct passwd *pw = getpwuid(getuid());
@@ -225,38 +245,34 @@ static int cache_dir(char *out, size_t n)
     return home != NULL && snprintf(out, n, "%s/.cache/hybridmpi/tune", home) < (int)n;
 }
 
-/* The first table of the cache folder taken for `line`: its files named as tuning.file_name
- * names this layout's ("<ranks>r-<nodes>n-<digest>.json"), at most DIR_MAX_CANDIDATES of them. */
+/* The 64-bit FNV-1a hash of a string (tuning.fnv1a64). */
+static uint64_t fnv1a64(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return h;
+}
+
+/* The table of the cache folder for `line`: the file that tuning.file_name names. */
 static int from_cache(const pmpi_layout *l, const char *line, char *where, size_t n)
 {
-    char dir[4096], prefix[64];
+    char dir[4096];
     const char *why;
-    if (!cache_dir(dir, sizeof dir))
+    if (!cache_dir(dir, sizeof dir) ||
+        snprintf(where, n, "%s/%dr-%dn-%016llx.json", dir, l->ranks, l->nodes,
+                 (unsigned long long)fnv1a64(line)) >= (int)n)
         return TUNE_PATH_NONE;
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return TUNE_PATH_NONE;
-    int got = TUNE_PATH_NONE, seen = 0;
-    snprintf(prefix, sizeof prefix, "%dr-%dn-", l->ranks, l->nodes);
-    for (struct dirent *e; got == TUNE_PATH_NONE && seen < DIR_MAX_CANDIDATES && (e = readdir(d)) != NULL;) {
-        size_t len = strlen(e->d_name);
-        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || len < 5 || strcmp(e->d_name + len - 5, ".json"))
-            continue;
-        seen++;
-        if (snprintf(where, n, "%s/%s", dir, e->d_name) < (int)n)
-            got = file_path(where, line, &why);
-    }
-    closedir(d);
-    return got;
+    return file_path(where, line, &why);
 }
 
 int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n)
 {
     static int said;   /* a named table that cannot be taken is said once per process */
-    char line[4096];
-    const char *why = NULL, *named = getenv("HYBRIDMPI_TUNE_FILE");
+    char line[4096], named[4096];
+    const char *why = NULL;
     key_line(l, line, sizeof line);
-    if (named == NULL || !*named)
+    if (!env_trimmed("HYBRIDMPI_TUNE_FILE", named, sizeof named))
         return from_cache(l, line, where, n);
     snprintf(where, n, "%s", named);
     int got = file_path(named, line, &why);

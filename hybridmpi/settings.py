@@ -120,7 +120,7 @@ def tune_dir() -> Path:
     value = raw("HYBRIDMPI_TUNE_DIR")
     if value:
         return Path(value)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybridmpi" / "tune"
+    return Path(raw("XDG_CACHE_HOME") or Path.home() / ".cache") / "hybridmpi" / "tune"
 
 
 def timeout() -> float | None:

@@ -176,6 +176,10 @@ def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
 
     got, seen, err = paths()
     assert got == {flipped} and all(c["tables taken"] >= 1 for c in seen.values()), err
+    copy = where.with_name(f"{t['key']['ranks']}r-{t['key']['nodes']}n-copy.json")
+    where.rename(copy)   # another name in the cache: not this key's file (nor Python's)
+    assert paths()[0] == {default}
+    copy.rename(where)
     named = tmp_path / "named.json"
     named.write_text(json.dumps(dict(t, path=flipped), separators=(",", ":")))
     got, seen, err = paths(HYBRIDMPI_TUNE_FILE=str(named))

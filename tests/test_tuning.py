@@ -112,6 +112,18 @@ def test_key_line_is_one_line_of_plain_ascii():
     assert json.dumps(odd)[1:-1] == odd
 
 
+def test_cache_names_hash_the_key_line_as_the_pmpi_library_does():
+    assert tuning.fnv1a64("") == 0xCBF29CE484222325 and tuning.fnv1a64("a") == 0xAF63DC4C8601EC8C
+    assert tuning.file_name(KEY) == f"2r-2n-{tuning.fnv1a64(tuning.key_line(KEY)):016x}.json"
+
+
+def test_a_key_line_that_is_not_the_key_s_is_refused():
+    t = table(key_line=tuning.key_line(dict(KEY, ranks=3)))
+    with pytest.raises(tuning.TableError, match="key line"):
+        tuning.check(t, KEY, "t.json")
+    assert tuning.check(table(key_line=tuning.key_line(KEY)), KEY, "t.json") == "mpi"
+
+
 class _FakeMPI:
     @staticmethod
     def Get_library_version():
@@ -158,6 +170,25 @@ def test_a_calibration_keeps_a_table_it_finds_and_replaces_a_stale_one(monkeypat
     t = json.loads(where.read_text())
     assert t["made_by"] == "calibration" and t["path"] == "core" and f"cached in {where}" in done.source
     assert t["key_line"] == tuning.key_line(t["key"]) and tuning.check(t, t["key"], "x") == "core"
+
+
+def test_a_cache_that_cannot_be_looked_in_is_no_table(monkeypatch, tmp_path):
+    """A folder name too long for the file system (or one this user may not enter): the
+    layout's default or a calibration, said why, never an error (outside review)."""
+    monkeypatch.setenv("HYBRIDMPI_TUNE_DIR", str(tmp_path / ("a" * 300)))
+    monkeypatch.setattr(tuning, "_CALIBRATED", {})
+    for mode, calibrates in (("auto", True), ("table", False)):
+        monkeypatch.setenv("HYBRIDMPI_TUNE", mode)
+        c = tuning.choose(_FakeMPI, tuning.Layout(2, 1, (2, 2), 2))
+        assert c.calibrate == calibrates and "cannot be looked in" in c.source, c
+    rows = [{"call": "barrier", "bytes": 0, "core_us": 1.0, "mpi_us": 3.0}]
+    done = tuning.calibrated(_FakeMPI, tuning.Layout(2, 1, (2, 2), 2), rows, 0.004, keep=True)
+    assert done.path == "core" and "not cached" in done.source, done
+
+
+def test_a_folder_named_as_a_table_is_refused_by_its_name(tmp_path):
+    with pytest.raises(tuning.TableError, match=f"{tmp_path} is not a regular file"):
+        tuning.read(tmp_path)
 
 
 def test_a_calibration_that_cannot_write_says_so(monkeypatch, tmp_path):

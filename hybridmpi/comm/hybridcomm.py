@@ -92,6 +92,33 @@ def _env_settings():
     return out, problem
 
 
+@contextlib.contextmanager
+def _ctrl_c_deferred():
+    """A first SIGINT (Ctrl-C) in the block is delivered when the block ends (in the main
+    thread; elsewhere nothing changes), a second at once: MPI's own calls block without a
+    deadline, so a rank that left the calibration between two of them on KeyboardInterrupt
+    would leave its peers waiting in MPI for it; all ranks leave it together instead (mpiexec
+    sends the signal to every rank)."""
+    pending = []
+
+    def later(signum, frame):
+        if pending:
+            raise KeyboardInterrupt
+        pending.append(signum)
+
+    try:
+        old = signal.signal(signal.SIGINT, later)
+    except (ValueError, TypeError):   # not the main thread, or a handler set outside Python
+        old = None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+            if pending:
+                signal.raise_signal(signal.SIGINT)
+
+
 def _chaos(rank):
     """Turn on the C core's chaos hook from env HYBRIDMPI_CHAOS=SEED[:MAX_US] (drift tests:
     random yields, spins and sleeps of up to MAX_US microseconds, default 200, at protocol
@@ -452,7 +479,8 @@ class HybridComm:
         try:
             mpi = Collectives(self, st, self._segs, plan, self._leaders,
                               break_comm=self._break, peer_error=self._peer_error)
-            rows, seconds = tuning.calibrate(self.comm, MPI, core, mpi)
+            with _ctrl_c_deferred():
+                rows, seconds = tuning.calibrate(core, mpi)
         except BaseException as e:
             # the peers stop waiting on this rank (those in MPI's own call without a deadline
             # wait as in any MPI program) and raise PeerError

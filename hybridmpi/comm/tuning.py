@@ -18,7 +18,6 @@ never meet one in the core and another in MPI, where neither would see the other
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -116,10 +115,18 @@ def key_line(key: dict[str, Any]) -> str:
     return "".join(ch if " " <= ch <= "~" and ch not in "\\\"" else "?" for ch in line)
 
 
+def fnv1a64(text: str) -> int:
+    """The 64-bit FNV-1a hash of ``text``'s ASCII bytes (cext/hm_pmpi_tune.c computes it too)."""
+    h = 0xCBF29CE484222325
+    for b in text.encode("ascii", "replace"):
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 def file_name(key: dict[str, Any]) -> str:
-    """The cache file of a key: its layout in short, then a digest of the whole key."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return f"{key['ranks']}r-{key['nodes']}n-{digest}.json"
+    """The cache file of a key: its layout in short, then a hash of its key line (the PMPI
+    library opens the same name)."""
+    return f"{key['ranks']}r-{key['nodes']}n-{fnv1a64(key_line(key)):016x}.json"
 
 
 def cached_path(key: dict[str, Any]) -> Path:
@@ -148,6 +155,10 @@ def check(table: Any, key: dict[str, Any], where: str) -> str:
         if type(got) is not type(value) or got != value:   # (2.0 is not the count 2)
             raise TableError(f"tuning table {where} is for {field} {theirs.get(field)!r}, this job "
                              f"has {value!r}: run hybridmpi tune here, at this layout")
+    line = table.get("key_line")
+    if line is not None and line != key_line(key):   # (what the PMPI library goes by)
+        raise TableError(f"tuning table {where} has a key line of another host, MPI or layout: "
+                         "run hybridmpi tune here, at this layout")
     path = table.get("path")
     if path not in PATHS:
         raise TableError(f"tuning table {where} chose path {path!r}, not one of {list(PATHS)}")
@@ -168,10 +179,11 @@ def read(path: Path | str) -> Any:
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise TableError(f"tuning table {path} is not a regular file")
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise TableError(f"tuning table {path} is not a regular file")
             if st.st_size > MAX_BYTES:
                 raise TableError(f"tuning table {path} has {st.st_size} bytes, more than a table "
                                  f"({MAX_BYTES})")
@@ -229,7 +241,12 @@ def choose(MPI: Any, layout: Layout) -> Choice:
     if named:
         return Choice(check(read(named), key, named), f"table {named}")
     cached = cached_path(key)
-    if not cached.is_file():
+    try:
+        found = cached.is_file()
+    except OSError as e:   # (a name too long, a folder this user may not enter)
+        return _default(layout, key, mode, f"the cache cannot be looked in: {type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:200]}")
+    if not found:
         return _default(layout, key, mode, "no tuning table for this host, MPI and layout")
     try:
         return Choice(check(read(cached), key, str(cached)), f"table {cached}")
@@ -281,12 +298,13 @@ def _calls_of(coll: Any) -> list[Any]:
             lambda: coll.Allreduce(x, y)]
 
 
-def calibrate(comm: Any, MPI: Any, core: Any, mpi: Any) -> tuple[list[dict[str, Any]], float]:
+def calibrate(core: Any, mpi: Any) -> tuple[list[dict[str, Any]], float]:
     """Time the calibration's calls by both paths' collectives (``core`` and ``mpi``) over
-    ``comm``'s ranks (collective): each call's median time per rank over rounds in alternating
-    order, the slowest rank's taken; as many rounds as fit in :data:`CALIBRATION_S` by a first
-    probe (none where one round is longer: the probe decides).  Every rank gets the same rows
-    (they come from MPI_MAX reductions), and the seconds it took."""
+    their comm's ranks (collective): each call's median time per rank over rounds in
+    alternating order, the slowest rank's taken; as many rounds as fit in
+    :data:`CALIBRATION_S` by a first probe (none where one round is longer: the probe decides).
+    Every rank gets the same rows (they come from the core's max reductions), and the seconds
+    it took."""
     t0 = time.perf_counter()
     cands = (_calls_of(core), _calls_of(mpi))
     n = len(CALIBRATION_CALLS)
@@ -299,8 +317,8 @@ def calibrate(comm: Any, MPI: Any, core: Any, mpi: Any) -> tuple[list[dict[str, 
     for calls in cands:   # the first calls set things up (MPICH's shared-memory paths)
         for f in calls:
             f()
-    times = np.array([[[once(k, i) for k in (0, 1)] for i in range(n)]])
-    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    # the agreements go by the core's own allreduce: under the deadline and the failure notices
+    times = core.allreduce(np.array([[[once(k, i) for k in (0, 1)] for i in range(n)]]), "max")
     rounds = int(min(CALIBRATION_ROUNDS, CALIBRATION_S // max(float(times.sum()), 1e-9)))
     if rounds > 0:
         times = np.empty((rounds, n, 2))
@@ -309,8 +327,7 @@ def calibrate(comm: Any, MPI: Any, core: Any, mpi: Any) -> tuple[list[dict[str, 
                 for k in ((0, 1) if r % 2 == 0 else (1, 0)):
                     times[r, i, k] = once(k, i)
         # (the middle of the sorted rounds: np.median's first call costs 15 ms)
-        times = np.ascontiguousarray(np.sort(times, axis=0)[rounds // 2])[None]
-        comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+        times = core.allreduce(np.ascontiguousarray(np.sort(times, axis=0)[rounds // 2])[None], "max")
     rows = [{"call": name, "bytes": nbytes, "rounds": max(rounds, 1),
              "core_us": float(times[0, i, 0] * 1e6), "mpi_us": float(times[0, i, 1] * 1e6)}
             for i, (name, nbytes) in enumerate(CALIBRATION_CALLS)]

@@ -44,8 +44,9 @@ R, P = comm.rank, comm.size
 
 # allreduce lengths around the thresholds: 12 doubles = 96 bytes (recursive doubling), 2048
 # doubles = 16 KiB (the direct allreduce up to 32 KiB over the node's ranks: 2048 at 2 ranks,
-# 1024 at 4, 512 at 8), 32768 doubles = one 256 KiB slot (chunks beyond)
-AR_LENGTHS = (1, 3, 12, 13, 100, 512, 513, 1024, 1025, 2048, 2049, 32768, 32769, 40000)
+# 1024 at 4, 512 at 8; the reduce-scatter past it), 16384 doubles = half the slot (the
+# reduce-scatter's chunk), 32768 doubles = one 256 KiB slot (the tree's chunk)
+AR_LENGTHS = (1, 3, 12, 13, 100, 512, 513, 1024, 1025, 2048, 2049, 16384, 16385, 32768, 32769, 40000)
 
 
 class Injected(Exception):

@@ -980,6 +980,27 @@ static int allreduce_rsag(hm_coll *c, const void *send, void *recv, uint64_t cou
     return finish(c, HM_OK);
 }
 
+/* The node's allreduce of `count` elements in chunks (one, of no element, for count 0): of
+ * half the slot by the reduce-scatter and allgather (`rsag`), else of the slot by the tree. */
+static int in_chunks(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
+                     int rsag)
+{
+    size_t esz = hm_dtype_size(dtype);
+    uint64_t per = (rsag ? (c->capacity / 2) & ~(uint64_t)63 : c->capacity) / esz, start = 0;
+    if (per == 0)
+        return HM_EARG;
+    do {
+        uint64_t k = count - start < per ? count - start : per, at = start * esz;
+        int rc = rsag ? allreduce_rsag(c, (const char *)send + at, (char *)recv + at, k, count, dtype, op)
+                      : hm_allreduce_chunk(c, (const char *)send + at, (char *)recv + at, k, count, dtype,
+                                           op, HM_BOTH);
+        if (rc)
+            return rc;
+        start += k;
+    } while (start < count);
+    return HM_OK;
+}
+
 int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op,
                       int any)
 {
@@ -993,32 +1014,9 @@ int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, 
             return hm_allreduce_rd(c, send, recv, count, dtype, op);
         if (nbytes <= direct_bytes(c->capacity) && nbytes * (uint64_t)c->size <= HM_DIRECT_TOTAL)
             return allreduce_direct(c, send, recv, count, dtype, op);
-        uint64_t per = ((c->capacity / 2) & ~(uint64_t)63) / esz, start = 0;
-        if (per == 0)
-            return HM_EARG;
-        do {   /* in chunks of half the slot (one chunk at least) */
-            uint64_t k = count - start < per ? count - start : per;
-            int rc = allreduce_rsag(c, (const char *)send + start * esz, (char *)recv + start * esz,
-                                    k, count, dtype, op);
-            if (rc)
-                return rc;
-            start += k;
-        } while (start < count);
-        return HM_OK;
+        return in_chunks(c, send, recv, count, dtype, op, 1);
     }
-    /* the tree, in chunks of the slot's size (one chunk, of no element, for count 0) */
-    uint64_t per = c->capacity / esz, start = 0;
-    if (per == 0)
-        return HM_EARG;
-    do {
-        uint64_t k = count - start < per ? count - start : per;
-        int rc = hm_allreduce_chunk(c, (const char *)send + start * esz, (char *)recv + start * esz,
-                                    k, count, dtype, op, HM_BOTH);
-        if (rc)
-            return rc;
-        start += k;
-    } while (start < count);
-    return HM_OK;
+    return in_chunks(c, send, recv, count, dtype, op, 0);
 }
 
 void hm_coll_poison(hm_coll *c, uint64_t bits)

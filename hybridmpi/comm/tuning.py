@@ -262,12 +262,10 @@ def path_of(rows: list[dict[str, Any]]) -> str:
 
 
 def make_table(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: float,
-               made_by: str) -> dict[str, Any]:
+               made_by: str, version: str | None = None) -> dict[str, Any]:
     """A table of ``rows`` (each: call, bytes, core_us, mpi_us, and mpi4py's MPI_us where
     measured) for this host, MPI and ``layout``; ``made_by``: ``"hybridmpi tune"`` or
-    ``"calibration"``."""
-    from .. import __version__
-
+    ``"calibration"``; ``version``: the library's, where the caller knows it (the command)."""
     path = path_of(rows)
     for r in rows:
         r["chosen_us"] = r[f"{path}_us"]
@@ -278,7 +276,7 @@ def make_table(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: fl
     return {"format": FORMAT, "key": key, "key_line": key_line(key), "path": path,
             "made_by": made_by, "layout": layout.words(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "seconds": round(seconds, 4), "hybridmpi": __version__, "rows": rows}
+            "seconds": round(seconds, 4), "hybridmpi": version, "rows": rows}
 
 
 #: the calibration's calls: (call, bytes); the calls of ``hybridmpi tune`` but fewer sizes

@@ -164,7 +164,9 @@ def run(args: Any) -> None:
     say(f"# hybridmpi tune: {comm.size} ranks, {len(sizes) + 1} calls, {args.reps} blocks each "
         "of the core, MPI's call and mpi4py's, alternating")
     layout, rows = measure(comm, args.node_size, sizes, args.reps, say)
-    t = tuning.make_table(MPI, layout, rows, time.perf_counter() - t0, "hybridmpi tune")
+    from .. import __version__
+
+    t = tuning.make_table(MPI, layout, rows, time.perf_counter() - t0, "hybridmpi tune", __version__)
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # each host writes it to its own cache
     where = tuning.write(t) if local.Get_rank() == 0 else None
     local.Free()

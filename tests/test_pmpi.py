@@ -203,6 +203,16 @@ def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
         assert err.count("is not taken") == 1 and why in err, (name, err)
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_matrix_reduce_scatter(built, ranks):
+    """With payloads up to 128 KiB on the core (HYBRIDMPI_PMPI_MAX_BYTES), the counts past the
+    direct allreduce take the reduce-scatter and allgather, in chunks of half the slot (5,000
+    complex doubles: two): every result equals PMPI_Allreduce's."""
+    lib, progs = built
+    seen = passed(ranks, lib, [progs["matrix"]], "matrix ok", {"HYBRIDMPI_PMPI_MAX_BYTES": "131072"})
+    assert all(c["allreduce fast"] > 1000 for c in seen.values()), seen
+
+
 def test_matrix_thread_multiple(built):
     lib, progs = built
     seen = passed(3, lib, [progs["matrix"], "multiple", "quick"], "matrix ok")

@@ -251,13 +251,28 @@ static __thread struct {
 static __thread state *waiting;
 static __thread int64_t idle_polls;
 
+/* The extensions registered (pmpi_extend), in the order they came. */
+enum { MAX_EXTENSIONS = 4 };
+static const pmpi_extension *extensions[MAX_EXTENSIONS];
+static int nextensions;
+
+void pmpi_extend(const pmpi_extension *x)
+{
+    if (nextensions < MAX_EXTENSIONS)
+        extensions[nextensions++] = x;
+}
+
 /* Frees what `s` holds; 0 when it must be kept instead: a call between the nodes failed and
  * left a request that MPI may still complete into the state, the segment and the leaders'
- * communicator (a revoked communicator's, once: it is kept whole, never freed). */
+ * communicator (a revoked communicator's, once: it is kept whole, never freed), or an
+ * extension keeps it. */
 static int release(state *s)
 {
-    if ((s->leaders != MPI_COMM_NULL && hm_net_pending(&s->net)) || !pmpi_ngh_release(s))
+    if (s->leaders != MPI_COMM_NULL && hm_net_pending(&s->net))
         return 0;
+    for (int i = 0; i < nextensions; i++)
+        if (!extensions[i]->release(s))
+            return 0;
     if (s->base != NULL)
         munmap(s->base, s->bytes);
     s->base = NULL;
@@ -335,7 +350,8 @@ static int at_finalize(MPI_Comm comm, int key, void *value, void *extra)
         if (stuck)
             break;
     }
-    pmpi_ngh_drain();
+    for (int i = 0; i < nextensions; i++)
+        extensions[i]->drain();
     quiet_close();
     if (cfg.stats)
         print_counters();

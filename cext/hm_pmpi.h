@@ -86,11 +86,15 @@ typedef struct pmpi_layout {
 } pmpi_layout;
 int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n);
 
-/* hm_pmpi_ngh.c: frees the neighbourhood part of a state whose communicator is freed (its
- * calls still pending are completed first); 0 when it must be kept (a request MPI may still
- * complete into it). */
-int pmpi_ngh_release(state *s);
-/* ... and at MPI_Finalize, once every state is freed: the messages still on their way go. */
-void pmpi_ngh_drain(void);
+/* An extension of the base (hm_pmpi_ngh.c: the neighbourhood collectives), registered by the
+ * extension when the library is loaded (pmpi_extend, from a constructor), so that the base
+ * names none of them.  `release`: frees the extension's part of a state whose communicator is
+ * freed; 0 when the state must be kept (a request MPI may still complete into it).  `drain`:
+ * at MPI_Finalize, once every state is freed (the messages still on their way go). */
+typedef struct pmpi_extension {
+    int (*release)(state *s);
+    void (*drain)(void);
+} pmpi_extension;
+void pmpi_extend(const pmpi_extension *x);
 
 #endif

@@ -1815,7 +1815,7 @@ EXPORT int MPI_Type_free(MPI_Datatype *t)
 /* The communicator is freed: its calls still pending (requests freed, or never waited for)
  * complete first, under its lock (a thread may be waiting on one of them); the part itself
  * lives on while a call holds it. */
-int pmpi_ngh_release(state *s)
+static int ngh_release(state *s)
 {
     ngh *g = s->ngh;
     if (g == NULL)
@@ -1838,7 +1838,7 @@ int pmpi_ngh_release(state *s)
  * them in calls that must complete before their own MPI_Finalize; a program that ends with them
  * pending lost them in a rendezvous).  Those of revoked communicators are not waited for, and
  * HYBRIDMPI_PMPI_TIMEOUT bounds the wait. */
-void pmpi_ngh_drain(void)
+static void ngh_drain(void)
 {
     pthread_mutex_lock(&orphan_lock);
     int64_t polls = 0;
@@ -1852,4 +1852,11 @@ void pmpi_ngh_drain(void)
             break;
     }
     pthread_mutex_unlock(&orphan_lock);
+}
+
+/* This file's part in the base's release and MPI_Finalize (hm_pmpi.h, pmpi_extension). */
+__attribute__((constructor)) static void ngh_register(void)
+{
+    static const pmpi_extension ngh_extension = {.release = ngh_release, .drain = ngh_drain};
+    pmpi_extend(&ngh_extension);
 }

@@ -22,8 +22,12 @@ class Variable(NamedTuple):
 
     name: str
     default: str
-    when: str        # "per comm" (agreed by HybridComm()), "import", "call" or "process"
+    when: str        # "per comm" (agreed by HybridComm()), "import", "call", "process" or
+    #                  "PMPI library" (read by it, in each process, at its first call)
     meaning: str
+    #: who reads it: "python" (this package), "pmpi" (the PMPI library, cext/hm_pmpi*.c) or
+    #: "both"
+    reader: str = "python"
 
 
 def variables() -> tuple[Variable, ...]:

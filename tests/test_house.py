@@ -200,8 +200,18 @@ def test_settings_read_in_one_module():
         doc = fh.read()
     for v in VARIABLES:
         assert f"| `{v.name}` | {v.default} |" in doc, v.name
+        assert v.reader in ("python", "pmpi", "both"), v
     named = set(re.findall(r"HYBRIDMPI_[A-Z_]+", open(os.path.join(PKG, "settings.py")).read()))
-    assert named == {v.name for v in VARIABLES}, named ^ {v.name for v in VARIABLES}
+    python = {v.name for v in VARIABLES if v.reader != "pmpi"}
+    assert named == python, named ^ python
+    # the PMPI library's reads (its env_* helpers and getenv) are the table's "pmpi" and "both"
+    read = set()
+    for f in os.listdir(os.path.join(ROOT, "cext")):
+        if f.startswith("hm_pmpi") and f.endswith(".c"):
+            text = open(os.path.join(ROOT, "cext", f)).read()
+            read |= set(re.findall(r'(?:getenv|env_[a-z]+)\("(HYBRIDMPI_[A-Z_]+)"', text))
+    pmpi = {v.name for v in VARIABLES if v.reader != "python"}
+    assert read == pmpi, read ^ pmpi
 
 
 #: the module that loads the C core and the error map

@@ -800,8 +800,9 @@ static int allreduce_direct(hm_coll *c, const void *send, void *recv, uint64_t c
  * (hm_core.h, hm_allreduce_node).  Rank r writes the half of its slot of parity e & 1 again
  * only in call e + 2, which it reaches after completing call e + 1, which no rank completes
  * before every rank entered it (every collective of a node reads every rank's part), so after
- * every rank copied what it needed of call e.  Its header is read in a call only before the
- * reader stamps 2e, which precedes r's completing the call. */
+ * every rank copied what it needed of call e.  Its header (one, not by parity) is read in a
+ * call only before the reader stamps 2e, and r leaves the call, completed or with a mismatch,
+ * only after every rank stamped 2e. */
 static int allreduce_rsag(hm_coll *c, const void *send, void *recv, uint64_t count, uint64_t total,
                           int dtype, int op)
 {
@@ -826,8 +827,15 @@ static int allreduce_rsag(hm_coll *c, const void *send, void *recv, uint64_t cou
                         .max_rank = r, .min_rank = r};
         rd_merge(&sig, &seen);
     }
-    if (sig.max != -sig.neg)
+    if (sig.max != -sig.neg) {
+        /* every rank found it (each read every header): none leaves before all have read them,
+         * since a rank's next call writes its header again (outside review) */
+        store_rel(counter(c, me, HM_OFF_SYNC), 2 * e, ord);
+        for (int r = 0; r < n; r++)
+            if (r != me && (rc = wait_counter(c, r, HM_CNT_RELEASE, 2 * e)))
+                return rc;
         return spread_mismatch(c, HM_K_ALLREDUCE_RSAG, &sig);
+    }
     /* this rank's part: elements [lo, hi) of every rank's chunk, combined in rank order */
     uint64_t lo = count * (uint64_t)me / (uint64_t)n, hi = count * (uint64_t)(me + 1) / (uint64_t)n;
     char *out = (char *)recv + lo * esz;

@@ -254,11 +254,16 @@ def choose(MPI: Any, layout: Layout) -> Choice:
         return _default(layout, key, mode, str(e))
 
 
+def core_over_mpi(rows: list[dict[str, Any]]) -> float:
+    """The core's time over MPI's call's, the geometric mean over a table's rows (``core_us``,
+    ``mpi_us``; rows without both times left out)."""
+    logs = [math.log(r["core_us"] / r["mpi_us"]) for r in rows if r["core_us"] > 0 and r["mpi_us"] > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+
 def path_of(rows: list[dict[str, Any]]) -> str:
     """The path of lower geometric-mean time over a table's rows (``core_us``, ``mpi_us``)."""
-    log = sum(math.log(r["core_us"] / r["mpi_us"]) for r in rows
-              if r["core_us"] > 0 and r["mpi_us"] > 0)
-    return "mpi" if log > 0 else "core"
+    return "mpi" if core_over_mpi(rows) > 1.0 else "core"
 
 
 def make_table(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: float,
@@ -357,10 +362,8 @@ def calibrated(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: fl
     where = f"the node's first rank caches it in {target}"
     if keep:
         where = _keep(table, target)
-    ratio = math.exp(sum(math.log(r["core_us"] / r["mpi_us"]) for r in rows
-                         if r["core_us"] > 0 and r["mpi_us"] > 0) / len(rows))
     choice = Choice(table["path"], f"calibrated in {seconds * 1e3:.1f} ms (the core's time "
-                    f"{ratio:.2f} x MPI's call's, geometric mean; {where})")
+                    f"{core_over_mpi(rows):.2f} x MPI's call's, geometric mean; {where})")
     _CALIBRATED[file_name(table["key"])] = choice
     return choice
 

@@ -36,23 +36,43 @@ SANITIZED = ("test_core.py", "test_bounds.py", "test_collectives.py", "test_glob
 MAX_RANKS = int(os.environ.get("HYBRIDMPI_TEST_MAX_RANKS") or 0)
 
 
-#: HYBRIDMPI_TEST_DEEP=1 (.ci/run's MPICH and Debian legs) runs everything.  Without it (the
+#: HYBRIDMPI_TEST_SELECT=mpi (CI's legs of the other MPIs: Intel MPI, Open MPI from pip,
+#: Debian's Open MPI) runs only the files whose outcome depends on the MPI library under
+#: hybridmpi: the comm's set-up and its windows, the paths between nodes, the launchers' ways
+#: with failing and signalled ranks, MPI's resources and limits, the PMPI library, the tuning
+#: tables (keyed by the MPI), DOLFINx and PETSc.  The rest (the C core alone, the tools, the
+#: command line, meshes, FEM, apps, plots, the house rules, the stress and fuzz soaks) runs in
+#: the MPICH leg, the README's command.
+PER_MPI = ("test_collectives.py", "test_halo.py", "test_globalmem.py", "test_views.py",
+           "test_faults.py", "test_signals.py", "test_resources.py", "test_limits.py",
+           "test_agreement.py", "test_onerank.py", "test_pmpi.py", "test_tuning.py", "test_drift.py",
+           "test_interop.py", "test_docs.py")
+SELECT = os.environ.get("HYBRIDMPI_TEST_SELECT", "")
+if SELECT not in ("", "mpi"):
+    raise pytest.UsageError(f"HYBRIDMPI_TEST_SELECT={SELECT!r}: 'mpi' or unset")
+
+
+#: HYBRIDMPI_TEST_DEEP=1 (run by hand before a release: docs/development.md) runs everything.  Without it (the
 #: README's test command) the suite runs each layout and method once, at up to 4 ranks, in about
-#: 7 minutes on a 2-core machine, and leaves to the deep run the 8-rank runs (oversubscribed four
-#: to a core: 10-20 s each), the second size of a layout already run at another (cliques at 3 when
-#: 4 runs, the memory order and uneven virtual nodes at 4 when 3 runs), the longer soaks (10,000
-#: live Halos at 3 ranks, every fuzz reproducer and signal at both sizes) and the PMPI matrix past
-#: 2 ranks; each such test reads as skipped, with this reason.
+#: 10 minutes on a 2-core machine, and leaves to the deep run the 8-rank runs (oversubscribed four
+#: to a core: 10-20 s each), the second size of a layout already run at another (the Halo's
+#: cliques at 3 when 4 runs; global memory's cliques, the Halo's one-rank nodes, the memory order
+#: and uneven virtual nodes at 4 when 3 runs), the longer soaks (17,000 Halos' lifecycle, which the
+#: 16,000 Halos of test_silent.py stand for; 10,000 live Halos at 3 ranks, every fuzz reproducer
+#: and signal at both sizes), the PMPI matrix past 2 ranks, and the full counts of a few cases
+#: (tests/mpi/ reads HYBRIDMPI_TEST_DEEP: thousands of live global memories at every size, each
+#: rank odd one out three times); each such test reads as skipped, with this reason.
 DEEP = os.environ.get("HYBRIDMPI_TEST_DEEP") == "1"
 DEEP_ONLY = (
     *(f"test_collectives.py::test_collectives[{c}]" for c in ("cliques2-3", "seq_cst-4", "node_size3-4",
                                                                "node_size1-3", "node-3", "node_size2-3")),
-    "test_globalmem.py::test_globalmem[cliques2-3]", "test_globalmem.py::test_globalmem[seq_cst-4]",
+    "test_globalmem.py::test_globalmem[cliques2-4]", "test_globalmem.py::test_globalmem[seq_cst-4]",
     "test_globalmem.py::test_globalmem[node_size3-4]",
     "test_halo.py::test_halo[cliques2-3]", "test_halo.py::test_halo[seq_cst-4]",
-    "test_halo.py::test_halo[node_size3-4]",
+    "test_halo.py::test_halo[node_size3-4]", "test_halo.py::test_halo[node_size1-4]",
     "test_signals.py::test_signals[4-args1]",
     "test_agreement.py::test_agreement[3-1]",
+    "test_fuzz.py::test_lifecycle_17000_halos_and_tags",
     "test_fuzz.py::test_fuzz_findings_reproducers[4-node_size2]",
     "test_fuzz.py::test_fuzz_findings_reproducers[3]", "test_fuzz.py::test_fuzz_findings_reproducers[2]",
     "test_silent.py::test_nothing_silently_wrong[3]",
@@ -78,6 +98,12 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="HYBRIDMPI_SANITIZE: only the files of the C paths run")
         for item in items:
             if item.path.name not in SANITIZED:
+                item.add_marker(skip)
+    if SELECT == "mpi":
+        skip = pytest.mark.skip(reason="HYBRIDMPI_TEST_SELECT=mpi: the files whose outcome depends "
+                                       "on the MPI library run (conftest.py PER_MPI)")
+        for item in items:
+            if item.path.name not in PER_MPI:
                 item.add_marker(skip)
     if MAX_RANKS:
         skip = pytest.mark.skip(reason=f"HYBRIDMPI_TEST_MAX_RANKS={MAX_RANKS}")
@@ -189,6 +215,9 @@ def run_mpi(script, n, *args, env=None, timeout=240):
 
 #: (program, case, reason) of every case a harness program skipped in this pytest run
 SKIPPED_CASES = []
+#: (seconds, program, case) of every harness case run in this pytest run; with
+#: HYBRIDMPI_TEST_SLOWEST=N the session ends with the N slowest (where a leg's time goes)
+CASE_TIMES = []
 
 
 def check_summary(stdout, what):
@@ -202,6 +231,8 @@ def check_summary(stdout, what):
     reasons = re.findall(r"^(\w+): skipped \((.*)\) \(", stdout, re.M)
     assert len(reasons) == skipped, stdout
     SKIPPED_CASES.extend((what, case, why) for case, why in reasons)
+    CASE_TIMES.extend((float(t), what, case) for case, t in
+                      re.findall(r"^(\w+): (?:ok|skipped .*) \((\d+\.\d+) s\)$", stdout, re.M))
     if not passed:
         assert skipped, f"{what}: no case ran:\n{stdout}"
         pytest.skip(f"{what}: every case skipped: " + "; ".join(f"{c}: {w}" for c, w in reasons))
@@ -212,6 +243,12 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section(f"harness cases skipped inside MPI programs: {len(SKIPPED_CASES)}")
         for what, case, why in SKIPPED_CASES:
             terminalreporter.line(f"{what}: {case}: {why}")
+    slowest = int(os.environ.get("HYBRIDMPI_TEST_SLOWEST") or 0)
+    if slowest and CASE_TIMES:
+        total = sum(t for t, _, _ in CASE_TIMES)
+        terminalreporter.section(f"slowest harness cases ({len(CASE_TIMES)} cases, {total:.0f} s in all)")
+        for t, what, case in sorted(CASE_TIMES, reverse=True)[:slowest]:
+            terminalreporter.line(f"{t:7.2f} s  {case}  ({what})")
 
 
 def no_cleanup():

@@ -59,3 +59,21 @@ def test_register_refuses_taken_names():
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_selections_name_files_and_tests_that_exist():
+    """The selections of conftest.py (the files of HYBRIDMPI_TEST_SELECT=mpi and of the sanitizer
+    leg, the tests the quick run leaves to the deep one) name only files and tests that exist: a
+    renamed file must not drop out of a CI leg unnoticed."""
+    import os
+    import re
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = {f for f in os.listdir(here) if f.startswith("test_") and f.endswith(".py")}
+    for name in (*conftest.PER_MPI, *conftest.SANITIZED):
+        assert name in files, f"conftest.py names {name}, which tests/ does not have"
+    for nodeid in conftest.DEEP_ONLY:
+        path, test = nodeid.split("::")
+        assert path in files, nodeid
+        with open(os.path.join(here, path)) as f:
+            assert re.search(rf"^def {re.escape(test.split('[')[0])}\(", f.read(), re.M), nodeid

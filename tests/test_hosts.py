@@ -38,6 +38,12 @@ T = 5.0
 CASES = os.path.join("tests", "mpi")
 
 
+#: every job's environment: the core's collectives, as in the rest of the suite
+#: (tests/conftest.py); with no tuning table a comm would calibrate and might take MPI's own
+#: calls, whose mismatches and absent peers are MPI's (no error, no deadline)
+SUITE_ENV = {"HYBRIDMPI_TUNE": "off", "HYBRIDMPI_TUNE_DIR": os.path.join(HERE, ".no-tuning-tables")}
+
+
 def have(mpi):
     return os.path.exists(os.path.join(ROOT, hm.VENVS[mpi], "bin", "python"))
 
@@ -84,7 +90,7 @@ def run_cases(hs, mpi, per_host, script, *args, env=None, timeout=150):
     """Run a case file (tests/mpi/_harness.py) across the hosts; every rank must pass, and
     the hosts' /dev/shm must be empty afterwards."""
     hosts = len(per_host) if isinstance(per_host, list) else 2
-    full = {"HYBRIDMPI_TIMEOUT": "30", **(env or {})}
+    full = {**SUITE_ENV, "HYBRIDMPI_TIMEOUT": "30", **(env or {})}
     t0 = time.monotonic()
     rc, out = hs.run(mpi, per_host, ["python", "-m", "mpi4py", os.path.join(CASES, script), *map(str, args)],
                      timeout=timeout, env=full, hosts=hosts)
@@ -149,7 +155,7 @@ def test_layout_from_hostnames(hosts, mpi):
             "size {hc.node_size}', flush=True); hc.free()")
     for per_host, want in ((2, [(0, 2, 2), (1, 2, 2)]), ([2, 1, 1], [(0, 3, 2), (1, 3, 1), (2, 3, 1)])):
         n = len(per_host) if isinstance(per_host, list) else 2
-        rc, out = hosts.run(mpi, per_host, ["python", "-c", prog], timeout=60, hosts=n)
+        rc, out = hosts.run(mpi, per_host, ["python", "-c", prog], timeout=60, hosts=n, env=SUITE_ENV)
         assert rc == 0, out
         for node, num, size in want:
             assert f"host hm-h{node} node {node}/{num} size {size}" in out, out
@@ -202,7 +208,7 @@ def fault(hs, mpi, kind, *, pattern="all", hosts=2, per_host=2):
     launcher = []
     if kind == "kill":  # keep the other ranks alive: they must find out themselves
         launcher = ["-disable-auto-cleanup"] if mpi in ("mpich", "impi") else []
-    env = {"HYBRIDMPI_TIMEOUT": str(T), **json.loads(os.environ.get("HOSTS_FAULT_ENV", "{}"))}
+    env = {**SUITE_ENV, "HYBRIDMPI_TIMEOUT": str(T), **json.loads(os.environ.get("HOSTS_FAULT_ENV", "{}"))}
     if mpi == "mpich":  # ch4:ucx does not return from a wait on a host whose link is down
         env["MPIR_CVAR_CH4_NETMOD"] = "ofi"
     if mpi == "impi":  # Intel MPI's own check of a peer's connection would end the job first

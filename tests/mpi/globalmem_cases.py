@@ -276,6 +276,8 @@ def case_many_objects(comm, rng, **cfg):
     # take ranks / cores times as long oversubscribed: 8 ranks on 2 cores took 50 s) and under
     # the sanitizers (.ci/sanitize), whose allocations are slower
     k = 4 if os.environ.get("HYBRIDMPI_SANITIZE") == "1" or comm.size > 2 else 1
+    # the quick selection (the README's command): a quarter again (the deep run has the counts)
+    k *= 1 if os.environ.get("HYBRIDMPI_TEST_DEEP") == "1" else 4
     with make_hc(comm, cfg) as hc:
         mems = [GlobalMemory(hc, 1 + i % 5, np.int64) for i in range(2000 // k)]
         arrays = [Coarray(hc, (2, 2), np.float32) for _ in range(200 // k)]

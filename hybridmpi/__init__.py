@@ -132,7 +132,7 @@ if not any(isinstance(f, _Moved) for f in sys.meta_path):
 
 def _start_env_profile(hc: Any) -> None:
     """Start the environment profile (HYBRIDMPI_PROFILE) of a new HybridComm."""
-    from .profiling.profile import start_env
+    from .profiling.env import start_env
 
     start_env(hc)
 

@@ -31,8 +31,9 @@ from ._hooks import START_ENV_PROFILE
 from ._notice import Notices, new_nonce
 from ._resource import leave_on_error
 from ._waits import progress_off, progress_on
-from .arena import HYBRIDCOMM_IDS, Arena, allocate_shared, check_room, commit
+from .arena import Arena, allocate_shared
 from .collectives import SLOT_BYTES, Collectives, Plan
+from .room import HYBRIDCOMM_IDS, check_room, commit
 
 _ALLREDUCES = ("recursive_doubling", "tree")
 #: the paths a HybridComm's barrier and allreduce may take: the tuning's choice, the C core,

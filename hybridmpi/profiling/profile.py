@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 import numpy as np
@@ -33,10 +33,10 @@ import numpy as np
 from .._native.clib import ffi, lib
 from .._native.marks import CLK as _CLK
 from .._native.marks import now as _now
-from .._native.tables import mpi
 from ..comm._agree import agree
 from ..comm._resource import leave_on_error
 from ..errors import FreedError
+from .waits import clock_offset
 
 if TYPE_CHECKING:
     from ..comm.hybridcomm import HybridComm
@@ -181,7 +181,7 @@ class profile:
         # collective call, and a peer that broke (its notice) or is in another call makes it
         # raise PeerError or SyncTimeout instead of waiting
         agree(hc.comm, problem and (RuntimeError, f"rank {hc.rank}: {problem}"), "profile")
-        self._offset = _clock_offset(hc)
+        self._offset = clock_offset(hc)
         self._state = "on"
         hc.context.profile = _Recorder(self, self._adopt, self._forget)
         self._adopt(hc)
@@ -216,11 +216,6 @@ class profile:
         is freed inside the block, and when a profiled comm broke): ``rows()`` then raises."""
         self._stop()
         self._state = "failed"
-
-    def end_env(self) -> None:
-        """End the environment profile (HYBRIDMPI_PROFILE) of this profile's HybridComm at
-        its free: print, write the JSON (called by HybridComm.free)."""
-        stop_env(self.hc)
 
     def _stop(self):
         self.elapsed_s = (_now() - self._t0) * 1e-9
@@ -527,130 +522,3 @@ def _finish(rec, obj):
     def moved(out, *args, **kw):
         return _nbytes(op, args, out, section_nbytes)
     return moved
-
-
-def split_waits(hc: HybridComm, entries: Any, exits: Any,
-                peers: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The imbalance of a sequence of synchronizing regions of an application, measured the
-    way the profile measures a call (collective over ``hc``): call ``i`` on every rank is
-    region ``i``; ``entries`` and ``exits`` are this rank's monotonic times (ns) of entering
-    and leaving each region, ``peers`` the ranks each region waits for.  Works for any
-    exchange (plain mpi4py too), so that baselines are split the same way.
-
-    Returns:
-        (imbalance, late): per region, the ns spent before the last peer had entered
-        (at most the region's time) and that peer (-1 when none was late).
-    """
-    raw = np.asarray(entries, dtype=np.int64)
-    entries = raw + _clock_offset(hc)
-    span = np.asarray(exits, dtype=np.int64) - raw
-    peers = [p for p in peers if p != hc.rank]
-    sends = [None] * hc.size
-    for p in peers:
-        sends[p] = entries
-    got = hc.comm.alltoall(sends)
-    latest = np.full(entries.size, np.iinfo(np.int64).min, dtype=np.int64)
-    late = np.full(entries.size, -1, dtype=np.int64)
-    for p in peers:
-        theirs = got[p]
-        if theirs is None or theirs.size != entries.size:
-            have = None if theirs is None else theirs.size
-            raise ValueError(f"hybridmpi: split_waits: rank {p} has {have} regions, rank {hc.rank} "
-                             f"{entries.size}, or does not name it")
-        newer = theirs > latest
-        latest = np.where(newer, theirs, latest)
-        late = np.where(newer, p, late)
-    imb = np.where(late >= 0, np.clip(np.where(late >= 0, latest, 0) - entries, 0, span), 0)
-    return imb, np.where(imb > 0, late, -1)
-
-
-def _clock_offset(hc):
-    """This rank's clock minus rank 0's (ns): 0 on rank 0's shared-memory node; elsewhere
-    the node leader's, measured by ping-pong with rank 0 (the round trip of least delay)."""
-    cached = hc.context.clock_offset
-    if cached is not None:
-        return cached
-    MPI = mpi()
-    comm = hc.comm
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, hc.rank)
-    try:
-        leader = node.bcast(hc.rank if node.Get_rank() == 0 else None, root=0)
-        leaders = sorted(set(comm.allgather(leader)))
-        mine = 0
-        buf = np.zeros(1, dtype=np.int64)
-        for other in leaders:
-            if other == 0:
-                continue
-            if hc.rank == 0:
-                best = None
-                for _ in range(16):
-                    t_send = _now()
-                    comm.Send(buf, other, 32701)
-                    comm.Recv(buf, other, 32701)
-                    t_back = _now()
-                    if best is None or t_back - t_send < best[0]:
-                        best = (t_back - t_send, int(buf[0]) - (t_send + t_back) // 2)
-                comm.Send(np.array([best[1]], dtype=np.int64), other, 32701)
-            elif hc.rank == other:
-                for _ in range(16):
-                    comm.Recv(buf, 0, 32701)
-                    buf[0] = _now()
-                    comm.Send(buf, 0, 32701)
-                comm.Recv(buf, 0, 32701)
-                mine = int(buf[0])
-        # times are sent on rank 0's clock: subtract this node's offset
-        hc.context.clock_offset = -int(node.bcast(mine, root=0))
-        return hc.context.clock_offset
-    finally:
-        node.Free()
-
-
-_AT_EXIT: list[Any] = []
-
-
-def start_env(hc):
-    """HYBRIDMPI_PROFILE: profile ``hc`` until its free, or the end of the run."""
-    prof = profile(hc)
-    prof.__enter__()
-    hc.context.env_profile = prof
-    if not _AT_EXIT:
-        # after mpi4py's own exit handler was registered (it finalizes MPI), so this runs first
-        import atexit
-        import weakref
-
-        _AT_EXIT.append(weakref.WeakSet())
-        atexit.register(_at_exit)
-    _AT_EXIT[0].add(hc)
-
-
-def _at_exit():
-    """The end of a run that profiled with HYBRIDMPI_PROFILE: the comms not freed end their
-    profile here (collective), unless the program ended with an uncaught exception."""
-    if hasattr(sys, "last_value"):
-        # an uncaught exception ends this rank: break its comms, so that peers ending their
-        # profiles raise PeerError instead of waiting for it
-        for hc in list(_AT_EXIT[0]):
-            ctx = hc.context
-            if ctx.env_profile is not None and ctx.broken() is None and not mpi().Is_finalized():
-                ctx.break_comm("an uncaught exception")
-        return
-    for hc in sorted(_AT_EXIT[0], key=lambda h: h.context.serial):
-        if hc.context.env_profile is not None and not mpi().Is_finalized():
-            stop_env(hc)
-
-
-def stop_env(hc):
-    """At the free of a HybridComm profiled by HYBRIDMPI_PROFILE: end, print, write JSON."""
-    ctx = hc.context
-    prof = ctx.env_profile
-    if prof is None:
-        return
-    ctx.env_profile = None
-    if ctx.broken() is not None:
-        prof.abandon()
-        return
-    prof.__exit__(None, None, None)
-    prof.print(file=sys.stderr if hc.env.get("profile") == "stderr" else None)
-    path = hc.env.get("profile")
-    if path and path.endswith(".json"):
-        prof.to_json(path)

@@ -527,7 +527,7 @@ def case_pscw_free_with_a_begin_pending(comm, rng, node_size):
     ids and mappings leaked), and once freed windows were kept, the next pscw Halo failed in
     MPI_Win_post.  A Halo with a window of its own ends a pending call in its free (every rank
     is in that free): the next Halos of each method are right, nothing leaks."""
-    from hybridmpi.comm.arena import held_ids
+    from hybridmpi.comm.room import held_ids
     ids0 = held_ids()
     with HybridComm(comm, node_size=node_size) as hc:
         pat, owned, ghosts = ring(hc)

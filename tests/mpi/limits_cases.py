@@ -14,7 +14,7 @@ from _harness import main, skip
 
 import hybridmpi
 from hybridmpi import GhostPattern, GlobalMemory, Halo, HybridComm
-from hybridmpi.comm.arena import held_ids
+from hybridmpi.comm.room import held_ids
 from hybridmpi.errors import FreedError
 
 

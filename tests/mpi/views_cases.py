@@ -210,7 +210,8 @@ def case_views_past_the_comm_cost_nothing_once_gone(comm, rng, **cfg):
     windows and context ids all come back (review finding F4: one chunk kept per cycle).  On a
     node of one rank MPICH gives a window private memory, which cannot be detached: those chunks
     stay (documented)."""
-    from hybridmpi.comm.arena import _KEPT, held_ids
+    from hybridmpi.comm.arena import _KEPT
+    from hybridmpi.comm.room import held_ids
 
     ids0, kept0 = held_ids(), len(_KEPT)
     one_rank_nodes = False

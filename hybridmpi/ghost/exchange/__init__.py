@@ -46,7 +46,7 @@ from ..._native.errmap import check as check_rc
 from ..._native.tables import mpi
 from ...comm._agree import allgather, alltoall, barrier
 from ...comm._waits import wait_requests
-from ...comm.arena import round_up as _round
+from ...comm.room import round_up as _round
 
 FWD, REV = 0, 1
 #: channel size (bytes) from which shared vectors are updated without staging buffers
@@ -427,7 +427,7 @@ class SharedWindow:
         self.win = None
         self.base, self.pad = self._allocate(hc, off)
         # Zero the counters only: the buffers are written before they are read (their pages
-        # are committed already: arena.commit).
+        # are committed already: room.commit).
         mine = self.base[hc.node_rank]
         for start in [0] + [v[0] for v in layout.values()]:
             ffi.memmove(ffi.cast("char *", mine + start), bytes(lib.HM_REGION), lib.HM_REGION)

@@ -45,7 +45,7 @@ class Stepper:
         self.step_count = 0
         self.times = {"halo": 0.0, "compute": 0.0, "reduce": 0.0}
         #: with a list here, each step appends the monotonic times (ns) of entering and
-        #: leaving its three exchange parts (hybridmpi.profiling.profile.split_waits splits them)
+        #: leaving its three exchange parts (hybridmpi.profiling.waits.split_waits splits them)
         self.marks = None
 
     @property

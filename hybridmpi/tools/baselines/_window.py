@@ -12,7 +12,8 @@ from ..._native.errmap import Fault, broke_before
 from ..._native.marks import mark as prof_mark
 from ..._native.marks import mark_end as prof_mark_end
 from ...comm._waits import NOTICE_GRACE_S
-from ...comm.arena import KeptWindow, allocate_shared, check_room, commit, hold_ids
+from ...comm.arena import KeptWindow, allocate_shared
+from ...comm.room import check_room, commit, hold_ids
 from ...ghost.exchange import NO_ROOM_HINT, Exchange, SharedWindow, Transport
 
 _WORD = (1 << 64) - 1   # a counter as the unsigned 64-bit word it is

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from ...comm.hybridcomm import HybridComm
-from ...profiling.profile import split_waits
+from ...profiling.waits import split_waits
 from ..apps import heat3d, himeno
 from ._common import Progress, add, document
 

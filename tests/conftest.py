@@ -54,7 +54,7 @@ if SELECT not in ("", "mpi"):
 
 #: HYBRIDMPI_TEST_DEEP=1 (run by hand before a release: docs/development.md) runs everything.  Without it (the
 #: README's test command) the suite runs each layout and method once, at up to 4 ranks, in about
-#: 10 minutes on a 2-core machine, and leaves to the deep run the 8-rank runs (oversubscribed four
+#: 13 minutes on a 2-core machine, and leaves to the deep run the 8-rank runs (oversubscribed four
 #: to a core: 10-20 s each), the second size of a layout already run at another (the Halo's
 #: cliques at 3 when 4 runs; global memory's cliques, the Halo's one-rank nodes, the memory order
 #: and uneven virtual nodes at 4 when 3 runs), the longer soaks (17,000 Halos' lifecycle, which the
@@ -84,9 +84,17 @@ DEEP_ONLY = (
 )
 
 
+def _only_files(items, files, reason):
+    """Skip, with ``reason``, every test whose file is not one of ``files``."""
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if item.path.name not in files:
+            item.add_marker(skip)
+
+
 def pytest_collection_modifyitems(config, items):
     if not DEEP:
-        skip = pytest.mark.skip(reason="deep run only (HYBRIDMPI_TEST_DEEP=1, as .ci/run sets): "
+        skip = pytest.mark.skip(reason="deep run only (HYBRIDMPI_TEST_DEEP=1, run by hand): "
                                        "8 ranks, a second size of a layout, a long soak")
         for item in items:
             spec = getattr(item, "callspec", None)
@@ -95,16 +103,10 @@ def pytest_collection_modifyitems(config, items):
                     any(item.nodeid.endswith(d) for d in DEEP_ONLY):
                 item.add_marker(skip)
     if os.environ.get("HYBRIDMPI_SANITIZE") == "1":
-        skip = pytest.mark.skip(reason="HYBRIDMPI_SANITIZE: only the files of the C paths run")
-        for item in items:
-            if item.path.name not in SANITIZED:
-                item.add_marker(skip)
+        _only_files(items, SANITIZED, "HYBRIDMPI_SANITIZE: only the files of the C paths run")
     if SELECT == "mpi":
-        skip = pytest.mark.skip(reason="HYBRIDMPI_TEST_SELECT=mpi: the files whose outcome depends "
-                                       "on the MPI library run (conftest.py PER_MPI)")
-        for item in items:
-            if item.path.name not in PER_MPI:
-                item.add_marker(skip)
+        _only_files(items, PER_MPI, "HYBRIDMPI_TEST_SELECT=mpi: the files whose outcome depends on "
+                                    "the MPI library run (conftest.py PER_MPI)")
     if MAX_RANKS:
         skip = pytest.mark.skip(reason=f"HYBRIDMPI_TEST_MAX_RANKS={MAX_RANKS}")
         for item in items:

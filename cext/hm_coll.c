@@ -48,6 +48,21 @@ uint64_t hm_coll_segment_bytes(uint64_t capacity)
     return extra_offset(capacity) + (uint64_t)DIRECT_AT + 2 * direct_span(capacity);
 }
 
+int hm_coll_set_radix(hm_coll *c, int radix)
+{
+    if (radix < 2 || radix > HM_MAX_RADIX)
+        return HM_EARG;
+    c->radix = radix;
+    c->parent = c->rank == 0 ? -1 : (c->rank - 1) / radix;
+    c->nchildren = 0;
+    for (int k = 1; k <= radix; k++) {
+        long child = (long)c->rank * radix + k;
+        if (child < c->size)
+            c->children[c->nchildren++] = (int)child;
+    }
+    return HM_OK;
+}
+
 int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t capacity)
 {
     /* a capacity near 2^64 would wrap the segment's size (extra_offset) */
@@ -57,16 +72,10 @@ int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t
     memset(c, 0, sizeof *c);
     c->rank = rank;
     c->size = size;
-    c->radix = radix;
     c->seg = seg;
     c->capacity = capacity;
     c->extra = extra_offset(capacity);
-    c->parent = rank == 0 ? -1 : (rank - 1) / radix;
-    for (int k = 1; k <= radix; k++) {
-        long child = (long)rank * radix + k;
-        if (child < size)
-            c->children[c->nchildren++] = (int)child;
-    }
+    hm_coll_set_radix(c, radix);
     c->policy.spin = 1000;
     c->policy.yield_ns = 1000000;
     c->policy.sleep_ns = 50000;

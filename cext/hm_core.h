@@ -204,6 +204,11 @@ uint64_t hm_coll_segment_bytes(uint64_t capacity);
 int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg,
                  uint64_t capacity);
 
+/* The node tree's arity: `radix` (2..HM_MAX_RADIX, else HM_EARG), set by hm_coll_init; changed
+ * only before the first collective call, to the same value on every node rank (the PMPI
+ * library takes a tuning table's after its set-up has read the table). */
+int hm_coll_set_radix(hm_coll *c, int radix);
+
 /* Barrier over the node.  `part` = HM_BOTH for a whole barrier; the root
  * may split it into HM_GATHER (returns once every rank arrived) and
  * HM_RELEASE (lets everyone go).  Guarantees: every write made by any

@@ -76,7 +76,8 @@ int pmpi_gone(state *s, int node_rank);
 
 /* hm_pmpi_tune.c: a communicator's layout as a tuning table's key names it, and the path the
  * table for it chose on this host and MPI (HYBRIDMPI_TUNE_FILE, else the cache folder), or
- * TUNE_PATH_NONE; `where`: the file looked at last.  `rank`: the communicator's (0 says on
+ * TUNE_PATH_NONE; `where`: the file looked at last; `radix`: the node tree's arity the table
+ * chose, 0 where it chose none.  `rank`: the communicator's (0 says on
  * stderr why a named table is not taken, once per process). */
 typedef struct pmpi_layout {
     int ranks, nodes;
@@ -84,7 +85,7 @@ typedef struct pmpi_layout {
     int cores;           /* cores a physical node's ranks may run on, the fewest */
     int oversubscribed;  /* some physical node has more ranks than cores */
 } pmpi_layout;
-int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n);
+int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n, int *radix);
 
 /* An extension of the base (hm_pmpi_ngh.c: the neighbourhood collectives), registered by the
  * extension when the library is loaded (pmpi_extend, from a constructor), so that the base

@@ -155,15 +155,18 @@ static char *slurp(const char *path, const char **why)
     return buf;
 }
 
-/* How many times the field "name": "<string without escapes>" occurs in the JSON text `buf`
- * (a key, not text inside a string: there every quote is escaped); the first value goes to
- * `out` ("" where it is not a plain string). */
-static int field(const char *buf, const char *name, char *out, size_t n)
+/* How many times the field "name" occurs in the JSON text `buf` (a key, not text inside a
+ * string: there every quote is escaped); the first value goes to `out` where it is a plain
+ * string ("<no escapes>"), or where `number` is given, a run of digits ending the field (then
+ * *number is 1); else `out` is "". */
+static int field(const char *buf, const char *name, char *out, size_t n, int *number)
 {
     char quoted[64];
     int count = 0;
     snprintf(quoted, sizeof quoted, "\"%s\"", name);
     out[0] = '\0';
+    if (number)
+        *number = 0;
     for (const char *p = strstr(buf, quoted); p != NULL; p = strstr(p + 1, quoted)) {
         if (p > buf && p[-1] == '\\')
             continue;
@@ -175,7 +178,17 @@ static int field(const char *buf, const char *name, char *out, size_t n)
         while (isspace((unsigned char)*v))
             v++;
         count++;
-        if (count > 1 || *v != '"')
+        if (count > 1)
+            continue;
+        if (number && isdigit((unsigned char)*v)) {
+            size_t len = strspn(v, "0123456789"), end = len;
+            while (isspace((unsigned char)v[end]))
+                end++;
+            if ((v[end] == ',' || v[end] == '}') && len < n)
+                memcpy(out, v, len), out[len] = '\0', *number = 1;
+            continue;
+        }
+        if (*v != '"')
             continue;
         size_t len = strcspn(v + 1, "\"\\");
         if (v[1 + len] == '"' && len < n)
@@ -184,27 +197,34 @@ static int field(const char *buf, const char *name, char *out, size_t n)
     return count;
 }
 
-/* The path a table's text chose for `line`: TUNE_PATH_CORE or TUNE_PATH_MPI; else
- * TUNE_PATH_NONE and *why. */
-static int table_path(const char *buf, const char *line, const char **why)
+/* The path a table's text chose for `line`: TUNE_PATH_CORE or TUNE_PATH_MPI, and its node
+ * tree's radix (0 where it names none); else TUNE_PATH_NONE and *why. */
+static int table_path(const char *buf, const char *line, int *radix, const char **why)
 {
     char value[4096];
-    if (field(buf, "format", value, sizeof value) != 1 || strcmp(value, TABLE_FORMAT) != 0)
+    int number, count = field(buf, "radix", value, sizeof value, &number);
+    *radix = 0;
+    if (count > 1 || (count == 1 && (!number || strlen(value) > 2 || value[0] == '0' ||
+                                     atoi(value) < 2 || atoi(value) > HM_MAX_RADIX)))
+        return *why = "its radix is not one integer from 2 to 16", TUNE_PATH_NONE;
+    if (count == 1)
+        *radix = atoi(value);
+    if (field(buf, "format", value, sizeof value, NULL) != 1 || strcmp(value, TABLE_FORMAT) != 0)
         return *why = "it is not a table of format " TABLE_FORMAT " (run hybridmpi tune again)",
                TUNE_PATH_NONE;
-    if (field(buf, "key_line", value, sizeof value) != 1 || strcmp(value, line) != 0)
+    if (field(buf, "key_line", value, sizeof value, NULL) != 1 || strcmp(value, line) != 0)
         return *why = "it is for another host, MPI, thread level or layout", TUNE_PATH_NONE;
-    if (field(buf, "path", value, sizeof value) != 1 || (strcmp(value, "core") && strcmp(value, "mpi")))
+    if (field(buf, "path", value, sizeof value, NULL) != 1 || (strcmp(value, "core") && strcmp(value, "mpi")))
         return *why = "its path is not core or mpi", TUNE_PATH_NONE;
     return strcmp(value, "mpi") == 0 ? TUNE_PATH_MPI : TUNE_PATH_CORE;
 }
 
-static int file_path(const char *path, const char *line, const char **why)
+static int file_path(const char *path, const char *line, int *radix, const char **why)
 {
     char *buf = slurp(path, why);
     if (buf == NULL)
         return TUNE_PATH_NONE;
-    int got = table_path(buf, line, why);
+    int got = table_path(buf, line, radix, why);
     free(buf);
     return got;
 }
@@ -255,7 +275,7 @@ static uint64_t fnv1a64(const char *s)
 }
 
 /* The table of the cache folder for `line`: the file that tuning.file_name names. */
-static int from_cache(const pmpi_layout *l, const char *line, char *where, size_t n)
+static int from_cache(const pmpi_layout *l, const char *line, char *where, size_t n, int *radix)
 {
     char dir[4096];
     const char *why;
@@ -263,19 +283,20 @@ static int from_cache(const pmpi_layout *l, const char *line, char *where, size_
         snprintf(where, n, "%s/%dr-%dn-%016llx.json", dir, l->ranks, l->nodes,
                  (unsigned long long)fnv1a64(line)) >= (int)n)
         return TUNE_PATH_NONE;
-    return file_path(where, line, &why);
+    return file_path(where, line, radix, &why);
 }
 
-int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n)
+int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n, int *radix)
 {
     static int said;   /* a named table that cannot be taken is said once per process */
     char line[4096], named[4096];
     const char *why = NULL;
+    *radix = 0;
     key_line(l, line, sizeof line);
     if (!env_trimmed("HYBRIDMPI_TUNE_FILE", named, sizeof named))
-        return from_cache(l, line, where, n);
+        return from_cache(l, line, where, n, radix);
     snprintf(where, n, "%s", named);
-    int got = file_path(named, line, &why);
+    int got = file_path(named, line, radix, &why);
     if (got == TUNE_PATH_NONE && rank == 0 && !said) {
         said = 1;
         fprintf(stderr, "hybridmpi pmpi: the tuning table HYBRIDMPI_TUNE_FILE=%s is not taken: %s; "

@@ -165,7 +165,7 @@ def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
     t = json.loads(where.read_text())
     default = "mpi" if node_size == 1 else "core"
     flipped = "core" if default == "mpi" else "mpi"
-    where.write_text(json.dumps(dict(t, path=flipped), indent=1))
+    where.write_text(json.dumps(dict(t, path=flipped, radix=3), indent=1))
     env.update({"HYBRIDMPI_PMPI_NODE_SIZE": str(node_size)} if node_size else {})
 
     def paths(**more):
@@ -176,6 +176,7 @@ def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
 
     got, seen, err = paths()
     assert got == {flipped} and all(c["tables taken"] >= 1 for c in seen.values()), err
+    assert "node tree of radix 3 (" in err and "node tree of radix 4" not in err, err
     copy = where.with_name(f"{t['key']['ranks']}r-{t['key']['nodes']}n-copy.json")
     where.rename(copy)   # another name in the cache: not this key's file (nor Python's)
     assert paths()[0] == {default}
@@ -194,6 +195,10 @@ def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
             ("two paths", '{"format": "hybridmpi-tune/1", "key_line": "%s", "path": "%s", "path": "%s"}'
              % (t["key_line"], flipped, flipped), "its path"),
             ("escaped", json.dumps(dict(t, path=flipped)).replace('"path"', '"pa\\u0074h"'), "its path"),
+            ("radix 17", dict(t, path=flipped, radix=17), "its radix"),
+            ("radix as text", dict(t, path=flipped, radix="3"), "its radix"),
+            ("radix 02", json.dumps(dict(t, path=flipped, radix=3)).replace('"radix": 3', '"radix": 02'),
+             "its radix"),
             ("fifo", None, "not a regular file"), ("folder", None, "not a regular file")):
         target = fifo if name == "fifo" else tmp_path if name == "folder" else tmp_path / "bad.json"
         if bad is not None:
@@ -201,6 +206,24 @@ def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
         got, seen, err = paths(HYBRIDMPI_TUNE_FILE=str(target))
         assert got == {default} and all(c["tables taken"] == 0 for c in seen.values()), (name, err)
         assert err.count("is not taken") == 1 and why in err, (name, err)
+        assert "node tree of radix 4 (" in err, (name, err)
+
+
+def test_a_table_s_radix_shapes_the_node_tree(built, tmp_path):
+    """A table's radix is the node tree's arity at 4 ranks on one node (radix 2: a tree of
+    depth 2; 3: flat), results right by the matrix's checks."""
+    lib, progs = built
+    env = {"HYBRIDMPI_TUNE": "auto", "HYBRIDMPI_TUNE_DIR": str(tmp_path)}
+    launch(4, ["-m", "hybridmpi", "tune", "--reps", "1", "--sizes", "1", "--thread-level",
+               "funneled"], env=env, timeout=120)
+    [where] = list(tmp_path.glob("*.json"))
+    t = json.loads(where.read_text())
+    assert t["radix"] in (2, 3) and all(set(r["radix_us"]) == {"2", "3"} for r in t["rows"]), t
+    for radix in (2, 3):
+        where.write_text(json.dumps(dict(t, path="core", radix=radix)))
+        rc, out, err = run(4, lib, [progs["matrix"], "quick"], env)
+        assert rc == 0 and "matrix ok" in out, f"rc={rc}\n{out}\n{err}"
+        assert f"node tree of radix {radix} (" in err and _paths(err, 4)[0] == {"core"}, err
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -44,6 +44,25 @@ def test_check_refuses_what_is_not_a_table(bad):
     assert "\n" not in str(e.value) and "t.json" in str(e.value)
 
 
+def test_a_table_s_radix_is_an_int_from_2_to_16():
+    """The node tree's radix a table chose (None where it chose none); anything but an int from
+    2 to 16 (a bool, a float, text) refuses the table in one line, naming it."""
+    assert tuning.radix_of(table()) is None
+    for radix in (2, 16):
+        assert tuning.check(table(radix=radix), KEY, "t.json") == "mpi"
+        assert tuning.radix_of(table(radix=radix)) == radix
+    for bad in (0, 1, 17, -4, True, 3.0, "3", [3]):
+        with pytest.raises(tuning.TableError) as e:
+            tuning.check(table(radix=bad), KEY, "t.json")
+        assert "\n" not in str(e.value) and "radix" in str(e.value) and "t.json" in str(e.value)
+
+
+def test_tune_times_the_trees_that_differ():
+    from hybridmpi.tools.tune import radices
+    assert [radices(n) for n in (1, 2, 3, 4, 5, 8, 16, 17, 128)] == [
+        [], [], [], [2, 3], [2, 4], [2, 4, 7], [2, 4, 8, 15], [2, 4, 8, 16], [2, 4, 8, 16]]
+
+
 def test_read_refuses_missing_and_garbage(tmp_path):
     (tmp_path / "g.json").write_text("{nope")
     for name in ("g.json", "absent.json"):

@@ -194,7 +194,9 @@ class HybridComm:
             ``"seq_cst"`` (sequential consistency for every atomic).
         timeout: seconds any wait may last before :class:`SyncTimeout`;
             default: env ``HYBRIDMPI_TIMEOUT``, else no limit.
-        radix: arity of the node tree used by barrier and allreduce.
+        radix: arity of the node tree used by barrier and allreduce; default:
+            the tuning table's (``hybridmpi tune`` times the candidates where a
+            node has more than 2 ranks), else 4.
         spin: polls spent spinning before a wait yields the CPU; default:
             env ``HYBRIDMPI_SPIN``, else 2000 when each rank of the node has
             a core of its own and 16 when ranks outnumber cores.
@@ -237,7 +239,7 @@ class HybridComm:
 
     def __init__(self, comm: Any = None, *, node_size: int | None = None,
                  memory_order: str = "acq_rel", timeout: float | None = None,
-                 radix: int = DEFAULT_RADIX, spin: int | None = None,
+                 radix: int | None = None, spin: int | None = None,
                  allreduce: str = "recursive_doubling", collectives: str = "auto") -> None:
         MPI = _mpi()
         self._calls = Calls(self.OPERATIONS)  # what serves and records barrier and allreduce
@@ -260,10 +262,12 @@ class HybridComm:
         spin = self._split(MPI, comm, node_size, spin)
         try:
             #: the path of barrier and allreduce, "core" or "mpi", and where the choice came from
-            self.collective_path, self.tuning = self._tuned(MPI, collectives)
+            self.collective_path, self.tuning, tuned_radix = self._tuned(MPI, collectives)
         except Exception:
             self._free_split()
             raise
+        if radix is None:
+            radix = tuned_radix or DEFAULT_RADIX
         self.memory_order = memory_order
         self.timeout = timeout if timeout and timeout < _FOREVER_S else None
         self.radix = radix
@@ -292,7 +296,7 @@ class HybridComm:
                            f"{safe_repr(collectives)}")
             if problem is None:  # numpy integers become ints (checked above)
                 node_size = None if node_size is None else operator.index(node_size)
-                radix = operator.index(radix)
+                radix = None if radix is None else operator.index(radix)
                 spin = None if spin is None else operator.index(spin)
         except Exception as e:  # noqa: BLE001 - agreed like any other problem
             problem = TypeError, f"an argument could not be checked ({type(e).__name__}: {e})"
@@ -437,8 +441,9 @@ class HybridComm:
         self._coll.serve(self._calls)
 
     def _tuned(self, MPI, collectives):
-        """The path of this comm's barrier and allreduce, ``"core"`` or ``"mpi"``, and where the
-        choice came from: ``collectives`` when it names one, else the tuning
+        """The path of this comm's barrier and allreduce, ``"core"`` or ``"mpi"``, where the
+        choice came from, and the table's radix (None: none, or the ranks' differ):
+        ``collectives`` when it names one, else the tuning
         (:func:`hybridmpi.comm.tuning.choose`), alike on every rank (collective): a table that
         one rank cannot take raises ValueError on every rank; ranks whose views differ (tables
         of different hosts) take the core.  Sets :attr:`layout`."""
@@ -450,7 +455,7 @@ class HybridComm:
                                              (min(per_node), max(per_node)),
                                              min(c for _, c, _ in facts), any(s for _, _, s in facts))
         if collectives != "auto":
-            return collectives, f"collectives={collectives!r}"
+            return collectives, f"collectives={collectives!r}", None
         try:
             mine: tuple[str, str | None] = tuning.choose(MPI, layout), None
         except Exception as e:  # noqa: BLE001 - whatever it is, every rank must hear of it
@@ -463,11 +468,14 @@ class HybridComm:
             r, p = problems[0]
             raise ValueError(f"hybridmpi: HybridComm(): rank {r}: {p}")
         if any(c.calibrate for c, _ in views):   # some rank has no table: every rank times both
-            return "calibrate", next(c.source for c, _ in views if c.calibrate)
+            return "calibrate", next(c.source for c, _ in views if c.calibrate), None
         if len({c.path for c, _ in views}) != 1:
             return "core", ("the default (the ranks' tuning tables differ: "
-                            f"{sorted({c.source for c, _ in views})})")
-        return views[0][0][:2]
+                            f"{sorted({c.source for c, _ in views})})"), None
+        radices = {c.radix for c, _ in views}
+        if len(radices) > 1:
+            return views[0][0].path, f"{views[0][0].source} (the ranks' radices differ: the default)", None
+        return views[0][0].path, views[0][0].source, radices.pop()
 
     def _calibrate(self, MPI, st, allreduce):
         """Time the core's collectives (made by :meth:`_init_state`) against MPI's own calls'
@@ -492,8 +500,8 @@ class HybridComm:
             with contextlib.suppress(Exception):
                 self.free()
             raise
-        self.collective_path, self.tuning, _ = tuning.calibrated(MPI, self.layout, rows, seconds,
-                                                                 keep=self.node_rank == 0)
+        choice = tuning.calibrated(MPI, self.layout, rows, seconds, keep=self.node_rank == 0)
+        self.collective_path, self.tuning = choice.path, choice.source
         if self.collective_path == "mpi":
             self.plan, self._coll = plan, mpi
             self._drop_collectives(core)
@@ -525,8 +533,9 @@ class HybridComm:
         problem = check_seconds(timeout, "timeout")
         if problem:
             return problem
-        if as_int(radix) is None or not 2 <= radix <= lib.HM_MAX_RADIX:
-            return f"radix must be an int from 2 to {lib.HM_MAX_RADIX}, got {safe_repr(radix)}"
+        if radix is not None and (as_int(radix) is None or not 2 <= radix <= lib.HM_MAX_RADIX):
+            return (f"radix must be an int from 2 to {lib.HM_MAX_RADIX} or None, got "
+                    f"{safe_repr(radix)}")
         if spin is not None and (as_int(spin) is None or not 0 <= spin <= _MAX_SPIN):
             return f"spin must be an int from 0 to {_MAX_SPIN} or None, got {safe_repr(spin)}"
         return None

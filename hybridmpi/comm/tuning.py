@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import settings
+from .._native.clib import lib
 
 #: the table's format; a table of another is refused (run ``hybridmpi tune`` again)
 FORMAT = "hybridmpi-tune/1"
@@ -162,6 +163,10 @@ def check(table: Any, key: dict[str, Any], where: str) -> str:
     path = table.get("path")
     if path not in PATHS:
         raise TableError(f"tuning table {where} chose path {path!r}, not one of {list(PATHS)}")
+    radix = table.get("radix")
+    if radix is not None and (type(radix) is not int or not 2 <= radix <= lib.HM_MAX_RADIX):
+        raise TableError(f"tuning table {where} chose radix {radix!r}, not an int from 2 to "
+                         f"{lib.HM_MAX_RADIX}")
     return str(path)
 
 
@@ -197,11 +202,30 @@ def read(path: Path | str) -> Any:
 
 class Choice(NamedTuple):
     """The path this rank's view chose, and where the choice came from, in words; ``calibrate``:
-    no table was found, and the comm should time both paths (:func:`calibrate`)."""
+    no table was found, and the comm should time both paths (:func:`calibrate`); ``radix``: the
+    node tree's arity a table chose (None: the comm's default)."""
 
     path: str
     source: str
     calibrate: bool = False
+    radix: int | None = None
+
+
+def radix_of(table: dict[str, Any]) -> int | None:
+    """The node tree's radix a table (already :func:`check`-ed) chose, None where it chose
+    none (a calibration's, or a layout of at most 2 ranks per node)."""
+    radix = table.get("radix")
+    return int(radix) if radix is not None else None
+
+
+def taken(path: Path | str, key: dict[str, Any], source: str) -> Choice:
+    """The choice of the table at ``path`` for ``key``.
+
+    Raises:
+        TableError: it cannot be taken here.
+    """
+    table = read(path)
+    return Choice(check(table, key, str(path)), source, radix=radix_of(table))
 
 
 #: what calibrations chose in this process, by a key's file name (also when no table could be
@@ -239,7 +263,7 @@ def choose(MPI: Any, layout: Layout) -> Choice:
     key = key_of(MPI, layout)
     named = settings.tune_file()
     if named:
-        return Choice(check(read(named), key, named), f"table {named}")
+        return taken(named, key, f"table {named}")
     cached = cached_path(key)
     try:
         found = cached.is_file()
@@ -249,7 +273,7 @@ def choose(MPI: Any, layout: Layout) -> Choice:
     if not found:
         return _default(layout, key, mode, "no tuning table for this host, MPI and layout")
     try:
-        return Choice(check(read(cached), key, str(cached)), f"table {cached}")
+        return taken(cached, key, f"table {cached}")
     except TableError as e:
         return _default(layout, key, mode, str(e))
 
@@ -267,10 +291,11 @@ def path_of(rows: list[dict[str, Any]]) -> str:
 
 
 def make_table(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: float,
-               made_by: str, version: str | None = None) -> dict[str, Any]:
+               made_by: str, version: str | None = None, radix: int | None = None) -> dict[str, Any]:
     """A table of ``rows`` (each: call, bytes, core_us, mpi_us, and mpi4py's MPI_us where
     measured) for this host, MPI and ``layout``; ``made_by``: ``"hybridmpi tune"`` or
-    ``"calibration"``; ``version``: the library's, where the caller knows it (the command)."""
+    ``"calibration"``; ``version``: the library's, where the caller knows it (the command);
+    ``radix``: the core's node tree chosen, where one was (``hybridmpi tune``)."""
     path = path_of(rows)
     for r in rows:
         r["chosen_us"] = r[f"{path}_us"]
@@ -279,7 +304,7 @@ def make_table(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: fl
         r["ratio_to_mpi4py"] = r["chosen_us"] / mpi4py if mpi4py else None
     key = key_of(MPI, layout)
     return {"format": FORMAT, "key": key, "key_line": key_line(key), "path": path,
-            "made_by": made_by, "layout": layout.words(),
+            **({"radix": radix} if radix is not None else {}), "made_by": made_by, "layout": layout.words(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "seconds": round(seconds, 4), "hybridmpi": version, "rows": rows}
 

@@ -7,11 +7,14 @@ Both candidates run through the library (two ``HybridComm`` of the same layout, 
 median of the blocks' times (each the slowest rank's) taken; mpi4py's own call (``comm.Barrier``,
 ``comm.Allreduce``) is timed beside them for reference.  The path is chosen for the layout, not
 per size (docs/guide/tuning.md): the one whose times' geometric mean over the calls is lower
-(:func:`hybridmpi.comm.tuning.path_of`).
+(:func:`hybridmpi.comm.tuning.path_of`).  Where a node has more than 3 ranks, the core is timed
+with each radix of :func:`radices` (a ``HybridComm`` each) and the radix of the lowest geometric
+mean is the table's, and the core's times in it.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._extras import need
+from .._native.clib import lib
 from ..comm import tuning
 from ..comm.hybridcomm import HybridComm
 
@@ -38,6 +42,15 @@ def arguments(p: Any) -> None:
     p.add_argument("--plot", help="a PNG figure of the candidates' times")
     p.add_argument("--show", action="store_true",
                    help="print the table this layout takes now, measure nothing")
+
+
+def radices(per_node: int) -> list[int]:
+    """The node tree's radices timed where a node has at most ``per_node`` ranks: 2, 4, 8 and
+    16 below the flat tree, and the flat tree (every rank a child of the first); none where
+    fewer than two trees differ (up to 3 ranks per node)."""
+    flat = min(per_node - 1, lib.HM_MAX_RADIX)
+    out = sorted({k for k in (2, 4, 8, 16) if k < flat} | {flat}) if flat >= 2 else []
+    return out if len(out) > 1 else []
 
 
 def _calls(hc: Any, comm: Any, sizes: list[int]) -> list[tuple[str, int, Any, Any]]:
@@ -66,35 +79,61 @@ def _block(comm: Any, call: Any, iters: int) -> float:
 
 
 def measure(comm: Any, node_size: int | None, sizes: list[int], reps: int,
-            say: Any = print) -> tuple[Any, list[dict[str, Any]]]:
+            say: Any = print) -> tuple[Any, list[dict[str, Any]], int | None]:
     """The rows of a table: each call's median time by the core, by MPI's own call through the
-    library, and by mpi4py's call (µs); and the core comm's HybridComm facts (its layout)."""
+    library, and by mpi4py's call (µs); the core comm's HybridComm facts (its layout); and the
+    radix chosen (None where :func:`radices` gives none: the core's default)."""
     core = HybridComm(comm, node_size=node_size, collectives="core")
-    mpi = HybridComm(comm, node_size=node_size, collectives="mpi")
+    comms = {"mpi": HybridComm(comm, node_size=node_size, collectives="mpi")}
     layout = core.layout
-    rows = []
+    trees = radices(layout.per_node[1])
     try:
-        for name, nbytes, call, raw in _calls(core, comm, sizes):
-            cands = {"core": lambda c=call: c(core), "mpi": lambda c=call: c(mpi), "MPI": raw}
-            for f in cands.values():   # warm up: MPICH switches its shared-memory paths on
-                for _ in range(20):
-                    f()
-            t1 = _block(comm, cands["core"], 3) + _block(comm, cands["mpi"], 3)
-            iters = max(3, min(20000, int(BLOCK_S * 1e6 / max(t1 / 2, 0.05))))
-            times: dict[str, list[float]] = {k: [] for k in cands}
-            for _ in range(reps):   # alternating blocks
-                for k, f in cands.items():
-                    times[k].append(_block(comm, f, iters))
-            row = {"call": name, "bytes": nbytes, "iters": iters,
-                   **{f"{k}_us": statistics.median(v) for k, v in
-                      (("core", times["core"]), ("mpi", times["mpi"]), ("MPI", times["MPI"]))}}
-            rows.append(row)
-            say(f"# {name:9s} {nbytes:>8d} B: core {row['core_us']:9.3f} us, MPI's call through "
-                f"the library {row['mpi_us']:9.3f} us, mpi4py's {row['MPI_us']:9.3f} us")
+        for k in trees:
+            comms[f"radix {k}"] = HybridComm(comm, node_size=node_size, collectives="core", radix=k)
+        # (with several radices, the core is timed as each of them: one of them is its default)
+        rows = [_row(comm, name, nbytes, raw, reps, say,
+                     {**({} if trees else {"core": lambda c=call: c(core)}),
+                      **{w: lambda c=call, h=h: c(h) for w, h in comms.items()}})
+                for name, nbytes, call, raw in _calls(core, comm, sizes)]
     finally:
-        mpi.free()
+        for h in reversed(comms.values()):
+            h.free()
         core.free()
-    return layout, rows
+    radix = None
+    if trees:
+        radix = min(trees, key=lambda k: sum(math.log(r["radix_us"][str(k)]) for r in rows))
+        for r in rows:
+            r["core_us"] = r["radix_us"][str(radix)]
+        say(f"# radix {radix} chosen of {trees} (the lowest geometric mean of the core's times)")
+    return layout, rows, radix
+
+
+def _row(comm: Any, name: str, nbytes: int, raw: Any, reps: int, say: Any,
+         lib_calls: dict[str, Any]) -> dict[str, Any]:
+    """One call's row: its median time by each of ``lib_calls`` (the core, MPI's call through
+    the library, the core with each radix) and by mpi4py's ``raw``, in alternating blocks."""
+    cands = {**lib_calls, "MPI": raw}
+    for f in cands.values():   # warm up: MPICH switches its shared-memory paths on
+        for _ in range(20):
+            f()
+    first = next(k for k in cands if k != "mpi")   # the core, or its first radix
+    t1 = _block(comm, cands[first], 3) + _block(comm, cands["mpi"], 3)
+    iters = max(3, min(20000, int(BLOCK_S * 1e6 / max(t1 / 2, 0.05))))
+    times: dict[str, list[float]] = {k: [] for k in cands}
+    for _ in range(reps):   # alternating blocks
+        for k, f in cands.items():
+            times[k].append(_block(comm, f, iters))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    trees = {k.split()[1]: v for k, v in med.items() if k.startswith("radix ")}
+    row: dict[str, Any] = {"call": name, "bytes": nbytes, "iters": iters,
+                           "core_us": med.get("core", min(trees.values(), default=0.0)),
+                           "mpi_us": med["mpi"], "MPI_us": med["MPI"]}
+    if trees:
+        row["radix_us"] = trees
+    say(f"# {name:9s} {nbytes:>8d} B: core {row['core_us']:9.3f} us, MPI's call through "
+        f"the library {row['mpi_us']:9.3f} us, mpi4py's {row['MPI_us']:9.3f} us"
+        + "".join(f", radix {k} {v:.3f}" for k, v in trees.items()))
+    return row
 
 
 def print_table(t: dict[str, Any], where: str, out: Any = None) -> None:
@@ -103,7 +142,8 @@ def print_table(t: dict[str, Any], where: str, out: Any = None) -> None:
     print(f"# tuning table {where}", file=out)
     print(f"# host {k['host']}; {k['mpi']}, thread level {k['thread_level']}; {t['layout']}",
           file=out)
-    print(f"# path chosen: {t['path']} (made by {t.get('made_by', 'hybridmpi tune')} "
+    tree = f"; the core's node tree of radix {t['radix']}" if t.get("radix") else ""
+    print(f"# path chosen: {t['path']}{tree} (made by {t.get('made_by', 'hybridmpi tune')} "
           f"{t['created']} in {t['seconds']} s)", file=out)
     print(f"{'# call':<12}{'bytes':>9}{'core us':>11}{'mpi us':>11}{'mpi4py us':>11}"
           f"{'chosen':>8}{'vs best':>9}{'vs mpi4py':>11}", file=out)
@@ -163,10 +203,11 @@ def run(args: Any) -> None:
     t0 = time.perf_counter()
     say(f"# hybridmpi tune: {comm.size} ranks, {len(sizes) + 1} calls, {args.reps} blocks each "
         "of the core, MPI's call and mpi4py's, alternating")
-    layout, rows = measure(comm, args.node_size, sizes, args.reps, say)
+    layout, rows, radix = measure(comm, args.node_size, sizes, args.reps, say)
     from .. import __version__
 
-    t = tuning.make_table(MPI, layout, rows, time.perf_counter() - t0, "hybridmpi tune", __version__)
+    t = tuning.make_table(MPI, layout, rows, time.perf_counter() - t0, "hybridmpi tune", __version__,
+                          radix=radix)
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # each host writes it to its own cache
     where = tuning.write(t) if local.Get_rank() == 0 else None
     local.Free()

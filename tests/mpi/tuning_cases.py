@@ -165,6 +165,54 @@ def case_ranks_that_see_different_tables(comm, rng, **cfg):
             assert "differ" in hc.tuning, hc.tuning
 
 
+def case_table_radix(comm, rng, **cfg):
+    """A table's radix is the node tree's arity of the comms that take it (results right on the
+    tree's allreduce, past the direct one's sizes); an explicit ``radix`` wins, and
+    ``collectives=`` takes no table; ranks whose tables give different radices take the
+    default 4; a table whose radix is not an int from 2 to 16 is passed over in the cache (the
+    reason in ``tuning``) and refused on every rank when named."""
+    clear(comm)
+    with hc_of(comm, cfg) as hc:
+        table = dict(_table(hc, hc.collective_path), radix=2)
+        assert hc.radix == 4, hc.radix
+    folder = tuning.settings.tune_dir()
+    comm.Barrier()
+    if comm.rank == 0:
+        tuning.write(table)
+    comm.Barrier()
+    x = np.arange(8192.0) * (comm.rank + 1)
+    want = np.arange(8192.0) * sum(range(1, comm.size + 1))
+    with hc_of(comm, cfg) as hc:
+        assert agreed(comm, (hc.radix, hc.tuning)) == (2, f"table {tuning.cached_path(table['key'])}")
+        assert np.array_equal(hc.allreduce(x), want)
+        hc.barrier()
+    with hc_of(comm, cfg, radix=3) as hc:
+        assert hc.radix == 3 and np.array_equal(hc.allreduce(x), want)
+    with hc_of(comm, cfg, collectives="core") as hc:
+        assert hc.radix == 4, hc.radix
+    own = folder / f"rank{comm.rank}"
+    with env(HYBRIDMPI_TUNE_DIR=str(own)):
+        tuning.write(dict(table, radix=2 + comm.rank % 2))
+        comm.Barrier()
+        with hc_of(comm, cfg) as hc:
+            assert agreed(comm, hc.radix) == (4 if comm.size > 1 else 2), hc.radix
+            assert comm.size == 1 or "radices differ" in hc.tuning, hc.tuning
+    comm.Barrier()
+    if comm.rank == 0:
+        tuning.write(dict(table, radix=17))
+        (folder / "named-radix.json").write_text(json.dumps(dict(table, radix="2")))
+    comm.Barrier()
+    with hc_of(comm, cfg) as hc:
+        assert hc.radix == 4 and "radix 17" in hc.tuning, hc.tuning
+    with env(HYBRIDMPI_TUNE_FILE=str(folder / "named-radix.json")):
+        try:
+            hc_of(comm, cfg).free()
+        except ValueError as e:
+            assert "radix '2'" in str(e) and "\n" not in str(e), str(e)
+        else:
+            raise AssertionError("a table of radix '2' was taken")
+
+
 def case_mpi_path_one_rank_errors(comm, rng, **cfg):
     """MPI's own calls: an argument error raises on the rank that made it, before any data
     moves (as MPI's calls do), and ranks in the call meanwhile end at their deadline

@@ -67,12 +67,22 @@ typedef struct state {
 /* hm_pmpi.c */
 state *pmpi_state(MPI_Comm comm, int now);
 void *pmpi_next(const char *name, const char *pname);   /* what comes next: RTLD_NEXT, else PMPI */
-int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores, int *cores);
-char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why, int *fd);
+int pmpi_release(state *s);   /* frees what `s` holds; 0: it must be kept (a pending request) */
 int pmpi_failed(state *s, const char *call, int rc);
 int pmpi_revoked(state *s);
 void pmpi_poke(MPI_Comm fallback);
 int pmpi_gone(state *s, int node_rank);
+
+/* hm_pmpi_setup.c: set `s` up, collectively over its communicator (every rank ends in S_FAST
+ * or in S_NEXT); the core's codes of a named type and operation (-1: not the core's); the named
+ * types of this MPI, once at start-up; the node split and shared segment (the neighbourhood
+ * collectives' set-up too) */
+void pmpi_set_up(state *s);
+int pmpi_type_code(MPI_Datatype t);
+int pmpi_op_code(MPI_Op op, int dtype);
+void pmpi_types_init(void);
+int pmpi_split_node(MPI_Comm comm, int rank, MPI_Comm *node, int *shared_cores, int *cores);
+char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why, int *fd);
 
 /* hm_pmpi_tune.c: a communicator's layout as a tuning table's key names it, and the path the
  * table for it chose on this host and MPI (HYBRIDMPI_TUNE_FILE, else the cache folder), or

@@ -25,7 +25,7 @@ from pathlib import Path
 from .. import settings
 
 #: the C sources compiled into the library: the entry points and the C core they run on
-SOURCES = ("hm_pmpi.c", "hm_pmpi_tune.c", "hm_pmpi_ngh.c", "hm_pmpi_ngh_graph.c", "hm_pmpi_ngh_plan.c",
+SOURCES = ("hm_pmpi.c", "hm_pmpi_setup.c", "hm_pmpi_tune.c", "hm_pmpi_ngh.c", "hm_pmpi_ngh_graph.c", "hm_pmpi_ngh_plan.c",
            "hm_pmpi_ngh_op.c", "hm_pmpi_ngh_req.c", "hm_coll.c", "hm_ops.c", "hm_net.c", "hm_halo.c",
            "hm_wait.c", "hm_prof.c", "hm_chaos.c")
 HEADERS = ("hm_core.h", "hm_wait.h", "hm_pmpi.h", "hm_pmpi_ngh.h")

@@ -5,10 +5,11 @@
  * layout.  This file reads the same files without a JSON parser: a table carries its key as one
  * line of printable ASCII (`key_line`, hybridmpi/comm/tuning.py key_line), which is built here
  * the same way from what this process sees, and found in the file with its `format` and `path`
- * fields, each a plain string field that must occur once; the cache file is the one whose name
- * holds the key line's FNV-1a hash (tuning.file_name).  Anything else (a missing folder, a
+ * fields, each a plain string field of the outermost object that must occur once (and `radix`,
+ * a number, at most once); the cache file is the one whose name holds the key line's FNV-1a
+ * hash (tuning.file_name).  Anything else (a missing folder, a
  * foreign or damaged table, a named pipe, a file over 1 MiB) is no table; the library never
- * calibrates.  It does not check the JSON around the three fields (the Python library does):
+ * calibrates.  It does not check the JSON around the four fields (the Python library does):
  * a table edited by hand into something else that keeps them is taken by both or by this one
  * only, and either path gives the same results. */
 #define _GNU_SOURCE
@@ -155,44 +156,54 @@ static char *slurp(const char *path, const char **why)
     return buf;
 }
 
-/* How many times the field "name" occurs in the JSON text `buf` (a key, not text inside a
- * string: there every quote is escaped); the first value goes to `out` where it is a plain
+/* How many times the table's own field "name" (a key of the outermost object, not of a row)
+ * occurs in the JSON text `buf`; the first one's value goes to `out` where it is a plain
  * string ("<no escapes>"), or where `number` is given, a run of digits ending the field (then
- * *number is 1); else `out` is "". */
-static int field(const char *buf, const char *name, char *out, size_t n, int *number)
+ * *number is 1); else `out` is "".  *escaped: some key of the outermost object is written with
+ * escapes (the Python library refuses such a table: both read its fields alike). */
+static int field(const char *buf, const char *name, char *out, size_t n, int *number, int *escaped)
 {
-    char quoted[64];
-    int count = 0;
-    snprintf(quoted, sizeof quoted, "\"%s\"", name);
+    size_t len = strlen(name);
+    int depth = 0, count = 0;
     out[0] = '\0';
+    *escaped = 0;
     if (number)
         *number = 0;
-    for (const char *p = strstr(buf, quoted); p != NULL; p = strstr(p + 1, quoted)) {
-        if (p > buf && p[-1] == '\\')
+    for (const char *p = buf; *p; p++) {
+        if (*p == '{' || *p == '[')
+            depth++;
+        else if (*p == '}' || *p == ']')
+            depth--;
+        if (*p != '"')
             continue;
-        const char *v = p + strlen(quoted);
+        const char *key = ++p;   /* a string: to its closing quote */
+        while (*p && *p != '"')
+            p += p[0] == '\\' && p[1] ? 2 : 1;
+        if (!*p)
+            break;
+        const char *v = p + 1;
         while (isspace((unsigned char)*v))
             v++;
-        if (*v++ != ':')
+        if (depth != 1 || *v != ':')   /* a value, or a key of a nested object */
             continue;
+        if (memchr(key, '\\', (size_t)(p - key)))
+            *escaped = 1;
+        if ((size_t)(p - key) != len || memcmp(key, name, len) != 0 || ++count > 1)
+            continue;
+        v++;
         while (isspace((unsigned char)*v))
             v++;
-        count++;
-        if (count > 1)
-            continue;
         if (number && isdigit((unsigned char)*v)) {
-            size_t len = strspn(v, "0123456789"), end = len;
+            size_t k = strspn(v, "0123456789"), end = k;
             while (isspace((unsigned char)v[end]))
                 end++;
-            if ((v[end] == ',' || v[end] == '}') && len < n)
-                memcpy(out, v, len), out[len] = '\0', *number = 1;
-            continue;
+            if ((v[end] == ',' || v[end] == '}') && k < n)
+                memcpy(out, v, k), out[k] = '\0', *number = 1;
+        } else if (*v == '"') {
+            size_t k = strcspn(v + 1, "\"\\");
+            if (v[1 + k] == '"' && k < n)
+                memcpy(out, v + 1, k), out[k] = '\0';
         }
-        if (*v != '"')
-            continue;
-        size_t len = strcspn(v + 1, "\"\\");
-        if (v[1 + len] == '"' && len < n)
-            memcpy(out, v + 1, len), out[len] = '\0';
     }
     return count;
 }
@@ -202,19 +213,21 @@ static int field(const char *buf, const char *name, char *out, size_t n, int *nu
 static int table_path(const char *buf, const char *line, int *radix, const char **why)
 {
     char value[4096];
-    int number, count = field(buf, "radix", value, sizeof value, &number);
+    int number, escaped, count = field(buf, "radix", value, sizeof value, &number, &escaped);
     *radix = 0;
+    if (escaped)
+        return *why = "a field of its own is named with escapes", TUNE_PATH_NONE;
     if (count > 1 || (count == 1 && (!number || strlen(value) > 2 || value[0] == '0' ||
                                      atoi(value) < 2 || atoi(value) > HM_MAX_RADIX)))
         return *why = "its radix is not one integer from 2 to 16", TUNE_PATH_NONE;
     if (count == 1)
         *radix = atoi(value);
-    if (field(buf, "format", value, sizeof value, NULL) != 1 || strcmp(value, TABLE_FORMAT) != 0)
+    if (field(buf, "format", value, sizeof value, NULL, &escaped) != 1 || strcmp(value, TABLE_FORMAT) != 0)
         return *why = "it is not a table of format " TABLE_FORMAT " (run hybridmpi tune again)",
                TUNE_PATH_NONE;
-    if (field(buf, "key_line", value, sizeof value, NULL) != 1 || strcmp(value, line) != 0)
+    if (field(buf, "key_line", value, sizeof value, NULL, &escaped) != 1 || strcmp(value, line) != 0)
         return *why = "it is for another host, MPI, thread level or layout", TUNE_PATH_NONE;
-    if (field(buf, "path", value, sizeof value, NULL) != 1 || (strcmp(value, "core") && strcmp(value, "mpi")))
+    if (field(buf, "path", value, sizeof value, NULL, &escaped) != 1 || (strcmp(value, "core") && strcmp(value, "mpi")))
         return *why = "its path is not core or mpi", TUNE_PATH_NONE;
     return strcmp(value, "mpi") == 0 ? TUNE_PATH_MPI : TUNE_PATH_CORE;
 }

@@ -194,7 +194,9 @@ def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
             ("format", dict(t, format="hybridmpi-tune/0", path=flipped), "format"),
             ("two paths", '{"format": "hybridmpi-tune/1", "key_line": "%s", "path": "%s", "path": "%s"}'
              % (t["key_line"], flipped, flipped), "its path"),
-            ("escaped", json.dumps(dict(t, path=flipped)).replace('"path"', '"pa\\u0074h"'), "its path"),
+            ("escaped", json.dumps(dict(t, path=flipped)).replace('"path"', '"pa\\u0074h"'), "with escapes"),
+            ("escaped radix", json.dumps(dict(t, path=flipped, radix=3)).replace('"radix"', '"rad\\u0069x"'),
+             "with escapes"),
             ("radix 17", dict(t, path=flipped, radix=17), "its radix"),
             ("radix as text", dict(t, path=flipped, radix="3"), "its radix"),
             ("radix 02", json.dumps(dict(t, path=flipped, radix=3)).replace('"radix": 3', '"radix": 02'),
@@ -224,6 +226,11 @@ def test_a_table_s_radix_shapes_the_node_tree(built, tmp_path):
         rc, out, err = run(4, lib, [progs["matrix"], "quick"], env)
         assert rc == 0 and "matrix ok" in out, f"rc={rc}\n{out}\n{err}"
         assert f"node tree of radix {radix} (" in err and _paths(err, 4)[0] == {"core"}, err
+    # a "radix" inside a row is the row's, not the table's (outside review)
+    rows = [dict(r, radix=8) for r in t["rows"]]
+    where.write_text(json.dumps(dict({k: v for k, v in t.items() if k != "radix"}, path="core", rows=rows)))
+    rc, out, err = run(4, lib, [progs["matrix"], "quick"], env)
+    assert rc == 0 and "node tree of radix 4 (" in err and "tables taken" in err, f"rc={rc}\n{out}\n{err}"
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

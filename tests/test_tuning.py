@@ -57,6 +57,27 @@ def test_a_table_s_radix_is_an_int_from_2_to_16():
         assert "\n" not in str(e.value) and "radix" in str(e.value) and "t.json" in str(e.value)
 
 
+def test_a_table_s_own_fields_once_and_without_escapes(tmp_path):
+    """A field of the table given twice (json would keep the last), ``"radix": null``, or a
+    field's name written with escapes (the PMPI library, which reads the text, would not see
+    it) make a table that cannot be taken; a row's keys are its own (outside review)."""
+    good = json.dumps(table(radix=8))
+    cases = {"twice": good.replace('"radix": 8', '"radix": 99, "radix": 8'),
+             "twice alike": good.replace('"radix": 8', '"radix": 8, "radix": 8'),
+             "path twice": good.replace('"path": "mpi"', '"path": "core", "path": "mpi"'),
+             "null": json.dumps(table(radix=None)),
+             "escaped": good.replace('"radix"', '"rad\\u0069x"'),
+             "escaped path": good.replace('"path"', '"pa\\u0074h"')}
+    for name, text in cases.items():
+        (tmp_path / "t.json").write_text(text)
+        with pytest.raises(tuning.TableError) as e:
+            tuning.check(tuning.read(tmp_path / "t.json"), KEY, "t.json")
+        assert "\n" not in str(e.value), (name, str(e.value))
+    (tmp_path / "t.json").write_text(json.dumps(table(rows=[{"radix": 9, "radix_us": {"2": 1.0}}])))
+    t = tuning.read(tmp_path / "t.json")
+    assert tuning.check(t, KEY, "t.json") == "mpi" and tuning.radix_of(t) is None
+
+
 def test_tune_times_the_trees_that_differ():
     from hybridmpi.tools.tune import radices
     assert [radices(n) for n in (1, 2, 3, 4, 5, 8, 16, 17, 128)] == [

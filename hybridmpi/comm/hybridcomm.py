@@ -501,7 +501,8 @@ class HybridComm:
                 self.free()
             raise
         choice = tuning.calibrated(MPI, self.layout, rows, seconds, keep=self.node_rank == 0)
-        self.collective_path, self.tuning = choice.path, choice.source
+        # (self.tuning: why no table was taken)
+        self.collective_path, self.tuning = choice.path, f"{choice.source}; {self.tuning}"
         if self.collective_path == "mpi":
             self.plan, self._coll = plan, mpi
             self._drop_collectives(core)

@@ -163,8 +163,8 @@ def check(table: Any, key: dict[str, Any], where: str) -> str:
     path = table.get("path")
     if path not in PATHS:
         raise TableError(f"tuning table {where} chose path {path!r}, not one of {list(PATHS)}")
-    radix = table.get("radix")
-    if radix is not None and (type(radix) is not int or not 2 <= radix <= lib.HM_MAX_RADIX):
+    radix = table.get("radix", 2)
+    if type(radix) is not int or not 2 <= radix <= lib.HM_MAX_RADIX:
         raise TableError(f"tuning table {where} chose radix {radix!r}, not an int from 2 to "
                          f"{lib.HM_MAX_RADIX}")
     return str(path)
@@ -174,13 +174,42 @@ def check(table: Any, key: dict[str, Any], where: str) -> str:
 MAX_BYTES = 1 << 20
 
 
+class _Fields(dict):
+    """A JSON object that remembers the keys it was given more than once."""
+
+    repeated: list[str]
+
+
+def _fields(pairs: list[tuple[str, Any]]) -> _Fields:
+    out = _Fields(pairs)
+    seen: set[str] = set()
+    out.repeated = [k for k, _ in pairs if k in seen or seen.add(k)]  # type: ignore[func-returns-value]
+    return out
+
+
+def _plain(table: Any, text: bytes, path: Path | str) -> Any:
+    """``table`` if its own fields are written as the PMPI library reads them: each once, its
+    name without escapes (the library finds ``"radix"``, not ``"rad\u0069x"``); else
+    TableError.  Nested objects are not the table's fields (a row's keys are its own)."""
+    if isinstance(table, _Fields):
+        if table.repeated:
+            raise TableError(f"tuning table {path} has the field {table.repeated[0]!r} twice")
+        for name in table:
+            if f'"{name}"'.encode("utf-8", "replace") not in text:
+                raise TableError(f"tuning table {path} writes the name of its field {name!r} with "
+                                 "escapes")
+    return table
+
+
 def read(path: Path | str) -> Any:
     """A table file's JSON.  Only a regular file of at most :data:`MAX_BYTES` is opened (never
     blocking: a named pipe or a device is refused), and whatever its content, the only error
     is TableError.
 
     Raises:
-        TableError: missing, not a regular file, too large, unreadable or not JSON.
+        TableError: missing, not a regular file, too large, unreadable or not JSON, or a field
+            of its own given twice or named with escapes (which the PMPI library reads
+            otherwise).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -192,7 +221,8 @@ def read(path: Path | str) -> Any:
             if st.st_size > MAX_BYTES:
                 raise TableError(f"tuning table {path} has {st.st_size} bytes, more than a table "
                                  f"({MAX_BYTES})")
-            return json.loads(f.read(MAX_BYTES + 1))
+            text = f.read(MAX_BYTES + 1)
+        return _plain(json.loads(text, object_pairs_hook=_fields), text, path)
     except TableError:
         raise
     except Exception as e:  # noqa: BLE001 - any content (a nesting too deep: RecursionError)
@@ -243,8 +273,9 @@ def _default(layout: Layout, key: dict[str, Any], mode: str, missing: str) -> Ch
     if mode == "auto" and layout.ranks > 1 and not layout.oversubscribed:
         done = _CALIBRATED.get(file_name(key))
         if done is not None:
-            return done
-        return Choice(default, f"a calibration ({missing})", True)
+            return done._replace(source=f"{done.source}; this process's, for this layout "
+                                 f"({missing})")
+        return Choice(default, missing, True)
     return Choice(default, f"the default for this layout ({why}; {missing})")
 
 

@@ -394,6 +394,7 @@ def case_calibration(comm, rng, **cfg):
         with hc_of(comm, cfg) as hc:
             path = agreed(comm, hc.collective_path)
             assert path in tuning.PATHS and hc.tuning.startswith("calibrated in "), hc.tuning
+            assert "no tuning table for this host, MPI and layout" in hc.tuning, hc.tuning
             _check_values(comm, hc, rng)
             where = tuning.cached_path(tuning.key_of(MPI, hc.layout))
             first = comm.bcast(hc.tuning)   # (a choice the ranks agree on names rank 0's words)
@@ -409,9 +410,20 @@ def case_calibration(comm, rng, **cfg):
             assert hc.collective_path == path and hc.tuning == f"table {where}", hc.tuning
         clear(comm)
         with hc_of(comm, cfg) as hc:   # remembered by the process: no second calibration
-            assert hc.collective_path == path and hc.tuning == first, (hc.tuning, first)
+            calibrated = first.split("; no tuning table")[0]
+            assert hc.collective_path == path and hc.tuning.startswith(calibrated), (hc.tuning, first)
+            assert "this process's, for this layout (no tuning table" in hc.tuning, hc.tuning
         comm.Barrier()
         assert not where.exists()
+        if comm.rank == 0:   # a table that cannot be taken: the calibration says why
+            tuning.write(dict(t, radix=17), where)
+        comm.Barrier()
+        tuning._CALIBRATED.clear()
+        with hc_of(comm, cfg) as hc:
+            assert hc.tuning.startswith("calibrated in ") and "chose radix 17" in hc.tuning, hc.tuning
+        comm.Barrier()
+        assert json.loads(where.read_text()).get("radix") is None   # replaced by the calibration's
+        clear(comm)
     with hc_of(comm, cfg) as hc:
         assert "the default for this layout" in hc.tuning, hc.tuning
         assert hc.collective_path == hc.layout.default_path()

@@ -48,6 +48,12 @@ uint64_t hm_coll_segment_bytes(uint64_t capacity)
     return extra_offset(capacity) + (uint64_t)DIRECT_AT + 2 * direct_span(capacity);
 }
 
+void hm_policy_init(hm_wait_policy *p, int shared_cores)
+{
+    *p = (hm_wait_policy){.spin = shared_cores ? HM_SPIN_SHARED : HM_SPIN_DEDICATED,
+                          .yield_ns = 1000000, .sleep_ns = 50000, .order = HM_ACQ_REL};
+}
+
 int hm_coll_set_radix(hm_coll *c, int radix)
 {
     if (radix < 2 || radix > HM_MAX_RADIX)
@@ -76,9 +82,7 @@ int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t
     c->capacity = capacity;
     c->extra = extra_offset(capacity);
     hm_coll_set_radix(c, radix);
-    c->policy.spin = 1000;
-    c->policy.yield_ns = 1000000;
-    c->policy.sleep_ns = 50000;
+    hm_policy_init(&c->policy, 0);
     memset(seg[rank], 0, hm_coll_segment_bytes(capacity));
     return HM_OK;
 }

@@ -97,6 +97,15 @@ typedef struct hm_wait_policy {
     int order;
 } hm_wait_policy;
 
+/* The node's wait policy, the same in both front-ends (HybridComm, the PMPI library): spin
+ * HM_SPIN_DEDICATED polls where each rank of the physical node has a core of its own (a poll
+ * costs less than a wake-up), HM_SPIN_SHARED where ranks outnumber cores (the peer a wait
+ * needs may be the one that is not running), then yield for 1 ms, then sleep 50 us at a time;
+ * acquire/release order, no deadline, no warning.  The front-ends then set what their
+ * settings say (HYBRIDMPI_SPIN, the timeouts). */
+enum { HM_SPIN_DEDICATED = 2000, HM_SPIN_SHARED = 16 };
+void hm_policy_init(hm_wait_policy *p, int shared_cores);
+
 /* What a failed call leaves behind for the error message. */
 typedef struct hm_error {
     int code;

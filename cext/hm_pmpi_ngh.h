@@ -145,8 +145,10 @@ static inline int tag_of(const struct ngh *g, uint64_t e, int key)
  * buffered messages at MPI_Finalize): spin, then yield and sleep, HYBRIDMPI_PMPI_TIMEOUT. */
 static inline hm_wait_policy plain_policy(void)
 {
-    return (hm_wait_policy){.spin = 1000, .yield_ns = 2000000000, .sleep_ns = 50000,
-                            .timeout_ns = (int64_t)(cfg.timeout_s * 1e9)};
+    hm_wait_policy p;
+    hm_policy_init(&p, 0);
+    p.timeout_ns = (int64_t)(cfg.timeout_s * 1e9);
+    return p;
 }
 
 /* One idle turn of such a wait: 1 once its deadline passed. */

@@ -298,11 +298,8 @@ static int map_node(state *s, int rank)
     if (hm_coll_init(&s->c, nr, nn, 4, s->seg, cfg.max_bytes) != HM_OK || !hm_lock_free())
         return failure = "the core cannot run here", 1;
     hm_wait_policy *p = &s->c.policy;
-    p->spin = 1000;
-    p->yield_ns = 2000000000;
-    p->sleep_ns = 50000;
+    hm_policy_init(p, s->mpi_calls);   /* (s->mpi_calls: the physical node's ranks share cores) */
     p->timeout_ns = (int64_t)(cfg.timeout_s * 1e9);
-    p->order = HM_ACQ_REL;
     return 0;
 }
 

@@ -42,9 +42,7 @@ _COLLECTIVES = ("auto", "core", "mpi")
 _ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
 
 DEFAULT_RADIX = 4
-_SPIN_DEDICATED = 2000
 _MAX_SPIN = 2**62  # polls (an int64 in the C core)
-_SPIN_SHARED = 16
 
 # Every HybridComm not yet freed, in creation order (freed at MPI finalize).
 _LIVE: dict[int, HybridComm] = {}
@@ -346,7 +344,7 @@ class HybridComm:
         self._cores = len(cores)
         self._shared_cores = max(physical.Get_size(), settings.local_ranks()) > len(cores)
         if spin is None:
-            spin = _SPIN_DEDICATED if physical.Get_size() <= len(cores) else _SPIN_SHARED
+            spin = lib.HM_SPIN_DEDICATED if physical.Get_size() <= len(cores) else lib.HM_SPIN_SHARED
         if node_size is not None:
             self.node_comm = physical.Split(physical.Get_rank() // node_size, key=self.rank)
             physical.Free()

@@ -186,12 +186,14 @@ def test_without_a_table_a_calibration_or_the_default(monkeypatch, tmp_path, mod
     monkeypatch.setattr(tuning, "_CALIBRATED", {})
     c = tuning.choose(_FakeMPI, layout)
     assert c.calibrate == calibrates and c.path == layout.default_path(), c
-    assert ("calibration" if calibrates else "the default") in c.source, c
+    assert ("no tuning table for this host" if calibrates else "the default") in c.source, c
     if calibrates:   # once calibrated, the process remembers it (also where no table was written)
         rows = [{"call": "barrier", "bytes": 0, "core_us": 2.0, "mpi_us": 1.0}]
         done = tuning.calibrated(_FakeMPI, layout, rows, 0.004, keep=False)
         assert done.path == "mpi" and "calibrated in 4.0 ms" in done.source and "2.00 x" in done.source
-        assert tuning.choose(_FakeMPI, layout) == done
+        again = tuning.choose(_FakeMPI, layout)
+        assert again.path == done.path and again.source.startswith(done.source), again
+        assert "this process's, for this layout (no tuning table" in again.source, again
         assert not list(tmp_path.iterdir())
 
 

@@ -37,7 +37,7 @@ class Context:
             the HYBRIDMPI_PROFILE profile, else None; clock_offset: the profile's offset of
             this node's clock (None until measured).
         take_id, release_id: a Halo identifier, the same on every rank (collective), and its
-            return (the HybridComm's ``_take_id``/``_release_id``).
+            return (the HybridComm's :class:`~hybridmpi.comm.room.TagIds`).
         break_comm: ``break_comm(why, notify=True, raised=None)`` makes the comm unusable and
             its waiting peers raise (its ``_break``; ``raised``: the class this rank raised,
             which its later errors name).

@@ -16,153 +16,46 @@ import os
 import signal
 from typing import Any, ClassVar
 
-import numpy as np
-
 from .. import settings
 from .._native import errmap as _errmap
 from .._native.clib import Calls, ffi, lib, operations
-from .._native.tables import as_int
 from .._native.tables import mpi as _mpi
 from ..errors import PeerError, SyncTimeout, agreed
 from . import tuning
-from ._agree import agree, complete, register, safe_repr, unregister
+from ._agree import agree, register, safe_repr, unregister
 from ._context import Context
+from ._env import (
+    FOREVER_S,
+    LIVE,
+    ORDERS,
+    chaos,
+    check_args,
+    check_seconds,
+    ctrl_c_deferred,
+    env_settings,
+    install_finalize_hook,
+    seconds_ns,
+)
 from ._hooks import START_ENV_PROFILE
 from ._notice import Notices, new_nonce
 from ._resource import leave_on_error
 from ._waits import progress_off, progress_on
 from .arena import Arena, allocate_shared
 from .collectives import SLOT_BYTES, Collectives, Plan
-from .room import HYBRIDCOMM_IDS, check_room, commit
+from .room import HYBRIDCOMM_IDS, TagIds, check_room, commit
 
 _ALLREDUCES = ("recursive_doubling", "tree")
 #: the paths a HybridComm's barrier and allreduce may take: the tuning's choice, the C core,
 #: MPI's own calls
 _COLLECTIVES = ("auto", "core", "mpi")
-_ORDERS = {"acq_rel": lib.HM_ACQ_REL, "seq_cst": lib.HM_SEQ_CST}
 
 DEFAULT_RADIX = 4
-_MAX_SPIN = 2**62  # polls (an int64 in the C core)
 
-# Every HybridComm not yet freed, in creation order (freed at MPI finalize).
-_LIVE: dict[int, HybridComm] = {}
 #: communicators of broken HybridComms, never freed (HybridComm._free_comm)
 _KEPT: list[Any] = []
-_FINALIZE_HOOK: list[int] = []
 _SERIALS = itertools.count()  # HybridComms made by this process, in order
-#: identifiers of live Halos on one HybridComm (each takes MPI tags 100 + 2 * id, + 1)
-TAG_SLOTS = 16000
 
 
-
-
-# Waits longer than this are waits without a limit (int64 nanoseconds end near 292 years).
-_FOREVER_S = 1e9
-
-
-def seconds_ns(value):
-    """Nanoseconds of a validated number of seconds for the C core (0: no limit)."""
-    if value is None or value == 0 or value >= _FOREVER_S:
-        return 0
-    return max(1, int(value * 1e9))
-
-
-def check_seconds(value, what):
-    """None, or the problem with a number of seconds (None or a number >= 0; inf: no limit)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or value != value or value < 0:
-        return f"{what} must be a number of seconds >= 0 or None, got {safe_repr(value)}"
-    return None
-
-
-def _env_settings():
-    """The environment settings a HybridComm reads once (settings.per_comm): the values, or
-    the problem with one of them (the ranks then agree on these values or raise)."""
-    try:
-        out = settings.per_comm()
-    except ValueError as e:
-        return None, str(e)
-    problem = (check_seconds(out["timeout"], "env HYBRIDMPI_TIMEOUT")
-               or check_seconds(out["warn_after"], "env HYBRIDMPI_WARN_AFTER"))
-    if problem is None and out["spin"] is not None and out["spin"] < 0:
-        problem = f"env HYBRIDMPI_SPIN must be >= 0, got {out['spin']}"
-    return out, problem
-
-
-@contextlib.contextmanager
-def _ctrl_c_deferred():
-    """A first SIGINT (Ctrl-C) in the block is delivered when the block ends (in the main
-    thread; elsewhere nothing changes), a second at once: MPI's own calls block without a
-    deadline, so a rank that left the calibration between two of them on KeyboardInterrupt
-    would leave its peers waiting in MPI for it; all ranks leave it together instead (mpiexec
-    sends the signal to every rank)."""
-    pending = []
-
-    def later(signum, frame):
-        if pending:
-            raise KeyboardInterrupt
-        pending.append(signum)
-
-    try:
-        old = signal.signal(signal.SIGINT, later)
-    except (ValueError, TypeError):   # not the main thread, or a handler set outside Python
-        old = None
-    try:
-        yield
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
-            if pending:
-                signal.raise_signal(signal.SIGINT)
-
-
-def _chaos(rank):
-    """Turn on the C core's chaos hook from env HYBRIDMPI_CHAOS=SEED[:MAX_US] (drift tests:
-    random yields, spins and sleeps of up to MAX_US microseconds, default 200, at protocol
-    points; each rank draws its own sequence)."""
-    found = settings.chaos()
-    if found is not None:
-        seed, most = found
-        lib.hm_set_chaos(seed * 7919 + rank + 1, int(most * 1000))
-
-
-@ffi.def_extern()
-def hm_py_warn(word, value, seen, waited):
-    """Once per wait that lasts HYBRIDMPI_WARN_AFTER seconds: say on stderr what this rank
-    waits for, and keep waiting (a hang is diagnosed even without a timeout)."""
-    import sys
-
-    addr = int(ffi.cast("uintptr_t", word))
-    where = "a Halo, global-memory or sync_images call"
-    for hc in _LIVE.values():
-        where = hc.context.describe_word(addr) or where
-    rank = next((hc.rank for hc in _LIVE.values()), "?")
-    print(f"hybridmpi: rank {rank} has waited {waited:.0f} s in {where}: the word at {addr:#x} "
-          f"reads {_errmap.describe_word_value(seen)}, it needs {value}; still waiting "
-          "(HYBRIDMPI_WARN_AFTER)", file=sys.stderr, flush=True)
-
-
-def _free_all_at_finalize(*_args):
-    for hc in list(_LIVE.values()):
-        try:
-            hc.free()
-        except Exception as e:  # noqa: BLE001 - MPI_Finalize goes on; say what was left
-            import sys
-
-            print(f"hybridmpi: at MPI_Finalize, {hc!r} was not freed: {e}", file=sys.stderr)
-    return 0
-
-
-def _install_finalize_hook(MPI):
-    # Attributes of COMM_SELF are deleted first thing in MPI_Finalize, while
-    # MPI still works: the standard place to release cached MPI objects.
-    if _FINALIZE_HOOK:
-        return
-    keyval = MPI.Comm.Create_keyval(delete_fn=_free_all_at_finalize)
-    MPI.COMM_SELF.Set_attr(keyval, True)
-    _FINALIZE_HOOK.append(keyval)
 
 
 def _by_collectives(name: str) -> Any:
@@ -267,14 +160,14 @@ class HybridComm:
         if radix is None:
             radix = tuned_radix or DEFAULT_RADIX
         self.memory_order = memory_order
-        self.timeout = timeout if timeout and timeout < _FOREVER_S else None
+        self.timeout = timeout if timeout and timeout < FOREVER_S else None
         self.radix = radix
         st = self._init_core(MPI, radix, spin, memory_order, env)
         self._init_state(MPI, st, allreduce)
         if self.collective_path == "calibrate":
             self._calibrate(MPI, st, allreduce)
-        _install_finalize_hook(MPI)
-        _LIVE[id(self)] = self
+        install_finalize_hook(MPI)
+        LIVE[id(self)] = self
         if env["profile"]:
             for start in START_ENV_PROFILE:   # registered by the package (the profile is above)
                 start(self)
@@ -286,7 +179,7 @@ class HybridComm:
         # Checks that need no communication come first, then the ones that
         # need all ranks' view, so that every rank raises the same error.
         try:   # nothing raises on one rank alone (a __repr__ or __index__ that raises)
-            problem = self._check_args(node_size, memory_order, timeout, radix, spin)
+            problem = check_args(node_size, memory_order, timeout, radix, spin)
             if problem is None and (type(allreduce) is not str or allreduce not in _ALLREDUCES):
                 problem = f"allreduce must be one of {list(_ALLREDUCES)}, got {safe_repr(allreduce)}"
             if problem is None and (type(collectives) is not str or collectives not in _COLLECTIVES):
@@ -298,7 +191,7 @@ class HybridComm:
                 spin = None if spin is None else operator.index(spin)
         except Exception as e:  # noqa: BLE001 - agreed like any other problem
             problem = TypeError, f"an argument could not be checked ({type(e).__name__}: {e})"
-        env, env_problem = _env_settings()
+        env, env_problem = env_settings()
         problem = problem or env_problem
         # The environment decides paths (zero copy, cross-memory attach) and waits: every
         # rank must have the same, or ranks would take different collectives.
@@ -326,7 +219,7 @@ class HybridComm:
                              "every rank")
         self.env = env
         self._nonce = views[0][4]
-        _chaos(comm.Get_rank())
+        chaos(comm.Get_rank())
         return env, node_size, radix, spin
 
     def _split(self, MPI, comm, node_size, spin):
@@ -385,7 +278,7 @@ class HybridComm:
         st = ffi.new("hm_coll *")
         lib.hm_coll_init(st, self.node_rank, self.node_size, radix, self._segs, SLOT_BYTES)
         st.policy.spin = spin
-        st.policy.order = _ORDERS[memory_order]
+        st.policy.order = ORDERS[memory_order]
         st.policy.timeout_ns = seconds_ns(self.timeout)
         st.policy.warn_ns = seconds_ns(env["warn_after"])
         if st.policy.warn_ns:
@@ -411,16 +304,17 @@ class HybridComm:
         self._broken_by: int | None = None   # the peer whose error broke it here, when known
         self._broken_as: str | None = None   # the class this rank raised then, when known
         self._children: dict[int, Any] = {}  # Halos and global memory built on this comm, freed with it
-        self._tags = np.zeros(TAG_SLOTS // 64 + 1, dtype=np.uint64)  # bit i: identifier i taken
+        self._tags = TagIds()   # the identifiers of its live Halos
         self._notices = Notices(self.comm, self._nonce, MPI)  # this rank's and the peers' (_break)
         self._services: dict[str, Any] = {}  # other layers' state per comm (_service)
         #: what the transports, the waits and the arena see of this comm
         self.context = Context(self, MPI, st, self._notices, serial=next(_SERIALS),
                                children=self._children, hooks=dict(
                                    service=self._service, free_comm=self._free_comm,
-                                   broken=lambda: self._broken, take_id=self._take_id,
+                                   broken=lambda: self._broken,
+                                   take_id=lambda: self._tags.take(self.context, self.comm, self._MPI),
                                    broken_cause=lambda: (self._broken_by, self._broken_as),
-                                   release_id=self._release_id, break_comm=self._break,
+                                   release_id=self._tags.release, break_comm=self._break,
                                    peer_error=self._peer_error, describe_word=self._where_word,
                                    calls=self._calls,
                                    agree_free=self._agree_free, agree_views=self._agree_views))
@@ -447,33 +341,11 @@ class HybridComm:
         of different hosts) take the core.  Sets :attr:`layout`."""
         facts = self.comm.allgather((self.node_size if self.is_leader else 0, self._cores,
                                      self._shared_cores))
-        per_node = [n for n, _, _ in facts if n]
         #: what a tuning table's choice depends on besides the host and the MPI
-        self.layout = layout = tuning.Layout(self.size, self.num_nodes,
-                                             (min(per_node), max(per_node)),
-                                             min(c for _, c, _ in facts), any(s for _, _, s in facts))
+        self.layout = tuning.Layout.of(facts, self.num_nodes)
         if collectives != "auto":
             return collectives, f"collectives={collectives!r}", None
-        try:
-            mine: tuple[str, str | None] = tuning.choose(MPI, layout), None
-        except Exception as e:  # noqa: BLE001 - whatever it is, every rank must hear of it
-            reason = str(e) if isinstance(e, tuning.TableError) else \
-                f"the tuning table could not be chosen ({type(e).__name__}: {e})"
-            mine = tuning.Choice("core", ""), " ".join(reason.split())[:300]
-        views = self.comm.allgather(mine)
-        problems = [(r, p) for r, (_, p) in enumerate(views) if p]
-        if problems:
-            r, p = problems[0]
-            raise ValueError(f"hybridmpi: HybridComm(): rank {r}: {p}")
-        if any(c.calibrate for c, _ in views):   # some rank has no table: every rank times both
-            return "calibrate", next(c.source for c, _ in views if c.calibrate), None
-        if len({c.path for c, _ in views}) != 1:
-            return "core", ("the default (the ranks' tuning tables differ: "
-                            f"{sorted({c.source for c, _ in views})})"), None
-        radices = {c.radix for c, _ in views}
-        if len(radices) > 1:
-            return views[0][0].path, f"{views[0][0].source} (the ranks' radices differ: the default)", None
-        return views[0][0].path, views[0][0].source, radices.pop()
+        return tuning.agreed(self.comm, MPI, self.layout)
 
     def _calibrate(self, MPI, st, allreduce):
         """Time the core's collectives (made by :meth:`_init_state`) against MPI's own calls'
@@ -486,7 +358,7 @@ class HybridComm:
         try:
             mpi = Collectives(self, st, self._segs, plan, self._leaders,
                               break_comm=self._break, peer_error=self._peer_error)
-            with _ctrl_c_deferred():
+            with ctrl_c_deferred():
                 rows, seconds = tuning.calibrate(core, mpi)
         except BaseException as e:
             # the peers stop waiting on this rank (those in MPI's own call without a deadline
@@ -521,35 +393,17 @@ class HybridComm:
         if own is not None:
             self._free_comm(own)
 
-    @staticmethod
-    def _check_args(node_size, memory_order, timeout, radix, spin):
-        """This rank's problem with the arguments (None if none).  Integers may be numpy
-        integers (not bools); nothing here raises, so every rank reaches the agreement."""
-        if node_size is not None and (as_int(node_size) is None or node_size < 1):
-            return f"node_size must be a positive int or None, got {safe_repr(node_size)}"
-        if type(memory_order) is not str or memory_order not in _ORDERS:
-            return f"memory_order must be 'acq_rel' or 'seq_cst', got {safe_repr(memory_order)}"
-        problem = check_seconds(timeout, "timeout")
-        if problem:
-            return problem
-        if radix is not None and (as_int(radix) is None or not 2 <= radix <= lib.HM_MAX_RADIX):
-            return (f"radix must be an int from 2 to {lib.HM_MAX_RADIX} or None, got "
-                    f"{safe_repr(radix)}")
-        if spin is not None and (as_int(spin) is None or not 0 <= spin <= _MAX_SPIN):
-            return f"spin must be an int from 0 to {_MAX_SPIN} or None, got {safe_repr(spin)}"
-        return None
-
     # ------------------------------------------------------------------ life
 
     def free(self) -> None:
         """Release the window and communicators (collective).  Idempotent."""
         if self._st is None:
-            _LIVE.pop(id(self), None)
+            LIVE.pop(id(self), None)
             return
         # the collective frees below run only when every rank frees this comm (else it breaks)
         if not self._MPI.Is_finalized():
             self._agree_free(f"HybridComm {self._nonce:x}")
-        _LIVE.pop(id(self), None)
+        LIVE.pop(id(self), None)
         unregister(self.comm)
         progress_off(self.comm)
         ctx = self.context
@@ -660,29 +514,6 @@ class HybridComm:
         (their method ``name``): ``poison`` or ``describe_word``."""
         hooks = [h[name] for h in self.context.hooks.values() if h.get(name) is not None]
         return hooks + [getattr(s, name) for s in self._services.values() if hasattr(s, name)]
-
-    def _take_id(self):
-        """An identifier (0 <= id < TAG_SLOTS) that no live Halo holds on any rank, the same
-        on every rank (collective: one Allreduce of the ranks' taken sets, so identifiers freed
-        in different orders on different ranks are never handed out twice); None when all
-        are taken.  Freed identifiers are reused: nothing wraps around onto a live one.
-        The Allreduce is non-blocking and waited on as every agreement is (under the timeout,
-        ended by a peer's failure notice): a peer interrupted between the constructor's
-        agreement and this call (Ctrl-C) made the others wait in a blocking MPI_Allreduce for
-        ever (found by test_signals' Halo constructor loop, 2 runs in 14)."""
-        taken = self._tags.copy()
-        complete(self.context, self.comm,
-                 self.comm.Iallreduce(self._MPI.IN_PLACE, taken, op=self._MPI.BOR), "Halo()")
-        free = np.flatnonzero(np.unpackbits(~taken.view(np.uint8), bitorder="little")[:TAG_SLOTS])
-        if free.size == 0:
-            return None
-        i = int(free[0])
-        self._tags[i >> 6] |= np.uint64(1 << (i & 63))
-        return i
-
-    def _release_id(self, i):
-        """Give back an identifier of :meth:`_take_id` (a Halo was freed)."""
-        self._tags[i >> 6] &= ~np.uint64(1 << (i & 63))
 
     def __copy__(self) -> Any:
         raise TypeError("hybridmpi: a HybridComm cannot be copied (it owns shared memory and "

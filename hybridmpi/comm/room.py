@@ -2,17 +2,20 @@
 library's budget of communicators and windows in this process) and the room of /dev/shm (a
 tmpfs that runs out mid-run kills the process with SIGBUS instead of failing the allocation),
 and the committing of shared pages, agreed on every rank.  The arena (:mod:`.arena`), the
-HybridComm and the Halo's own windows call these before they allocate."""
+HybridComm and the Halo's own windows call these before they allocate.  And the identifiers
+a comm's Halos take their MPI tags from (:class:`TagIds`)."""
 
 import ctypes
 import errno
 import mmap
 import os
 
+import numpy as np
+
 from .. import settings
 from .._native.clib import lib
 from .._native.tables import mpi
-from ._agree import agree, allgather, context_of
+from ._agree import agree, allgather, complete, context_of
 
 _R = lib.HM_REGION
 PAGE = mmap.PAGESIZE
@@ -179,3 +182,37 @@ def commit(hc, addr, nbytes, what, hint="", undo=None):
         if undo is not None:
             undo()
         raise
+
+
+#: identifiers of live Halos on one HybridComm (each takes MPI tags 100 + 2 * id, + 1)
+TAG_SLOTS = 16000
+
+
+class TagIds:
+    """The identifiers of one comm's live Halos: bit i of :attr:`bits` is identifier i taken."""
+
+    def __init__(self):
+        self.bits = np.zeros(TAG_SLOTS // 64 + 1, dtype=np.uint64)
+
+    def take(self, ctx, comm, MPI):
+        """An identifier (0 <= id < TAG_SLOTS) that no live Halo holds on any rank, the same
+        on every rank (collective over ``comm``, the comm's own, ``ctx`` its Context: one
+        Allreduce of the ranks' taken sets, so identifiers freed in different orders on
+        different ranks are never handed out twice); None when all are taken.  Freed
+        identifiers are reused: nothing wraps around onto a live one.  The Allreduce is
+        non-blocking and waited on as every agreement is (under the timeout, ended by a peer's
+        failure notice): a peer interrupted between the constructor's agreement and this call
+        (Ctrl-C) made the others wait in a blocking MPI_Allreduce for ever (found by
+        test_signals' Halo constructor loop, 2 runs in 14)."""
+        taken = self.bits.copy()
+        complete(ctx, comm, comm.Iallreduce(MPI.IN_PLACE, taken, op=MPI.BOR), "Halo()")
+        free = np.flatnonzero(np.unpackbits(~taken.view(np.uint8), bitorder="little")[:TAG_SLOTS])
+        if free.size == 0:
+            return None
+        i = int(free[0])
+        self.bits[i >> 6] |= np.uint64(1 << (i & 63))
+        return i
+
+    def release(self, i):
+        """Give back an identifier of :meth:`take` (a Halo was freed)."""
+        self.bits[i >> 6] &= ~np.uint64(1 << (i & 63))

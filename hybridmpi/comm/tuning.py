@@ -54,6 +54,14 @@ class Layout(NamedTuple):
     #: some physical node has more ranks than cores (its ranks share cores)
     oversubscribed: bool = False
 
+    @classmethod
+    def of(cls, facts: list[tuple[int, int, bool]], nodes: int) -> Layout:
+        """The layout of a comm from each rank's (its node's size where it leads the node, else
+        0; the cores its physical node's ranks may run on; whether they share them)."""
+        per_node = [n for n, _, _ in facts if n]
+        return cls(len(facts), nodes, (min(per_node), max(per_node)), min(c for _, c, _ in facts),
+                   any(s for _, _, s in facts))
+
     def words(self) -> str:
         lo, hi = self.per_node
         per = f"{lo}" if lo == hi else f"{lo}-{hi}"
@@ -307,6 +315,34 @@ def choose(MPI: Any, layout: Layout) -> Choice:
         return taken(cached, key, f"table {cached}")
     except TableError as e:
         return _default(layout, key, mode, str(e))
+
+
+def agreed(comm: Any, MPI: Any, layout: Layout) -> tuple[str, str, int | None]:
+    """The path every rank of ``comm`` takes (``"calibrate"``: time both), where the choice came
+    from, and the tables' radix (None: none, or the ranks' differ), from each rank's
+    :func:`choose` (collective): a table that one rank cannot take raises ValueError on every
+    rank; ranks whose views differ (tables of different hosts) take the core."""
+    try:
+        mine: tuple[Choice, str | None] = choose(MPI, layout), None
+    except Exception as e:  # noqa: BLE001 - whatever it is, every rank must hear of it
+        reason = str(e) if isinstance(e, TableError) else \
+            f"the tuning table could not be chosen ({type(e).__name__}: {e})"
+        mine = Choice("core", ""), " ".join(reason.split())[:300]
+    views = comm.allgather(mine)
+    problems = [(r, p) for r, (_, p) in enumerate(views) if p]
+    if problems:
+        r, p = problems[0]
+        raise ValueError(f"hybridmpi: HybridComm(): rank {r}: {p}")
+    if any(c.calibrate for c, _ in views):   # some rank has no table: every rank times both
+        return "calibrate", next(c.source for c, _ in views if c.calibrate), None
+    if len({c.path for c, _ in views}) != 1:
+        return "core", ("the default (the ranks' tuning tables differ: "
+                        f"{sorted({c.source for c, _ in views})})"), None
+    radices = {c.radix for c, _ in views}
+    first = views[0][0]
+    if len(radices) > 1:
+        return first.path, f"{first.source} (the ranks' radices differ: the default)", None
+    return first.path, first.source, radices.pop()
 
 
 def core_over_mpi(rows: list[dict[str, Any]]) -> float:

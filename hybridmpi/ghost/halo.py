@@ -14,7 +14,7 @@ from .._native.clib import Calls, Hot, State, ffi, lib, operations
 from .._native.tables import DTYPES, mpi
 from ..comm._agree import agree, barrier, safe_repr, unusable
 from ..comm._resource import Freed
-from ..comm.hybridcomm import TAG_SLOTS
+from ..comm.room import TAG_SLOTS
 from ..errors import FreedError, PeerArgumentError, PeerError, agreed
 from .exchange import CMA_BYTES, CMA_MIN_RUN, FWD, METHODS, REV, ZERO_COPY_BYTES, Fault, Paths, Spec
 from .pattern import GhostPattern

@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from .. import settings
 from .._native import errmap as _errmap
 from .._native.clib import Calls, Hot, State, ffi, lib, operations
 from .._native.tables import DTYPES, mpi
-from ..comm._agree import agree, barrier, safe_repr, unusable
+from ..comm._agree import barrier, unusable
 from ..comm._resource import Freed
 from ..comm.room import TAG_SLOTS
 from ..errors import FreedError, PeerArgumentError, PeerError, agreed
-from .exchange import CMA_BYTES, CMA_MIN_RUN, FWD, METHODS, REV, ZERO_COPY_BYTES, Fault, Paths, Spec
+from ._args import REVERSE_OPS, agree_args, make_transport, reverse_op, setting
+from .exchange import CMA_BYTES, CMA_MIN_RUN, FWD, REV, ZERO_COPY_BYTES, Fault, Paths, Spec
 from .pattern import GhostPattern
 
 __all__ = ["CMA_BYTES", "CMA_MIN_RUN", "ZERO_COPY_BYTES", "Halo"]
 
-_REVERSE_OPS = {"add": lib.HM_SUM, "insert": lib.HM_INSERT, "min": lib.HM_MIN, "max": lib.HM_MAX}
 _WHAT = {FWD: "update", REV: "reverse"}
 _NO_OP = object()   # Halo._arg: the call takes no op (None is an invalid op)
 
@@ -30,12 +28,6 @@ _FN = {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 # Two MPI tags per Halo (one per direction), from an identifier no other live Halo on the
 # HybridComm holds, so Halos never match each other's messages.
 _TAG_BASE = 100
-
-
-def _setting(hc, key, default):
-    """A threshold from the environment as every rank read it when ``hc`` was made."""
-    value = hc.env[key]
-    return default if value is None else value
 
 
 class HaloParts(NamedTuple):
@@ -93,7 +85,7 @@ class Halo(Freed):
         if hc.closed:
             raise FreedError(f"hybridmpi: rank {hc.rank}: Halo on a freed HybridComm")
         self._transport: Any = None
-        dt, block, method, biggest = self._agree_args(pattern, hc, dtype, block, method)
+        dt, block, method, biggest = agree_args(pattern, hc, dtype, block, method)
         self.pattern = pattern
         self.hc = hc
         self.dtype = dt
@@ -122,15 +114,15 @@ class Halo(Freed):
             sends, recvs = (pattern.send, pattern.recv) if d == FWD else (pattern.recv, pattern.send)
             plans.append((list(sends.items()), list(recvs.items())))
         #: what the method is given (frozen): plans, sizes, tag, wait policy, communicators
-        paths = Paths(biggest=biggest, zero_copy_bytes=_setting(hc, "zero_copy_bytes", ZERO_COPY_BYTES),
-                      cma_bytes=_setting(hc, "cma_bytes", CMA_BYTES), cma=hc.env["cma"])
+        paths = Paths(biggest=biggest, zero_copy_bytes=setting(hc, "zero_copy_bytes", ZERO_COPY_BYTES),
+                      cma_bytes=setting(hc, "cma_bytes", CMA_BYTES), cma=hc.env["cma"])
         ctx = hc.context
         self.spec = Spec(ctx=ctx, MPI=mpi(), plans=tuple(plans), esz=self.esz,
                          dtype=self.dtype_code, tag=self.tag, timeout=self.timeout,
                          policy=ctx.policy, neighbors=tuple(pattern.neighbors),
                          pattern=pattern, paths=paths)
         try:
-            self._transport = self._make_transport(method)
+            self._transport, self.method = make_transport(method, self.spec)
         except BaseException:
             hc.context.release_id(ident)   # agreed failure (every rank raises): the id is free again
             raise
@@ -142,66 +134,9 @@ class Halo(Freed):
         # identity test and three cheap checks, then that C call (_fast: per direction, or None).
         self._fast: list[Any] = [self._transport.packed(FWD), self._transport.packed(REV)]
         self._hot_plan: dict[str, tuple] = {}   # what the C hot path of update/reverse calls
-        self._rops = {k: v for k, v in _REVERSE_OPS.items()
+        self._rops = {k: v for k, v in REVERSE_OPS.items()
                       if not (dt.kind == "c" and k in ("min", "max"))}
         hc.context.adopt(self, poison=self._poison, describe_word=self._describe_word)
-
-    @staticmethod
-    def _agree_args(pattern, hc, dtype, block, method):
-        """Check the arguments on every rank and agree (collective): (dtype, block, method, the
-        largest channel inside a node over all ranks in bytes), or the same error everywhere."""
-        problem: Any = None
-        try:
-            dt = np.dtype(dtype)
-        except Exception:   # anything numpy refuses is a problem to agree on, not a raise here
-            dt = None
-        if method is None:
-            method, source = settings.method()
-        else:
-            source = ""
-        broken = hc.context.broken()
-        if broken is not None:   # agreed: ranks whose comm is fine raise too, none waits
-            problem = (f"its HybridComm is unusable after an earlier error "
-                       f"{hc.context.earlier_error()}; free it")
-        elif dt not in DTYPES:
-            problem = f"unsupported dtype {safe_repr(dtype)}; use one of {sorted(d.name for d in DTYPES)}"
-        elif (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
-              or block < 1):
-            problem = f"block must be an int >= 1, got {safe_repr(block)}"
-        elif dt.itemsize * int(block) >= 2**31:  # the C core holds a point's bytes in an int
-            problem = (f"block {int(block)} of {dt.name} makes {dt.itemsize * int(block)} bytes per "
-                       "point; it must be under 2**31")
-        elif type(method) is not str or (method not in METHODS and method != "auto"):
-            problem = (f"unknown method {safe_repr(method)}{source}; use one of {list(METHODS) + ['auto']}"
-                       + ("" if "fence" in METHODS else " (the paper's baselines 'neighbor', 'fence', "
-                          "'pscw' and 'lock': import hybridmpi.tools.baselines first)"))
-        near = 0 if problem else max([ids.size * dt.itemsize * block for p, ids in pattern.send.items()
-                                      if p in pattern.intranode] + [0])
-        if problem is not None:
-            exc = (TypeError if problem.startswith("unsupported dtype")
-                   else RuntimeError if problem.startswith("its HybridComm") else ValueError)
-            problem = exc, f"rank {hc.rank}: {problem}"
-        else:
-            block = int(block)
-        views = agree(hc.comm, problem, "Halo()",
-                      data=None if problem else (str(dt), block, method, near))
-        biggest = max(v[3] for v in views)
-        views = [v[:3] for v in views]
-        if len(set(views)) != 1:
-            raise _errmap.ranks_differ("Halo()", "(dtype, block, method)", views)
-        return dt, block, method, biggest
-
-    def _make_transport(self, method):
-        """The transport of ``method`` ("auto": atomic, else flat with a warning)."""
-        if method == "auto":
-            try:
-                t = METHODS["atomic"](self.spec)
-                self.method = "atomic"
-                return t
-            except MemoryError as e:
-                warnings.warn(f"{e}; using method 'flat'", RuntimeWarning, stacklevel=3)
-                self.method = "flat"
-        return METHODS[self.method](self.spec)
 
     def vector(self) -> np.ndarray:
         """A zeroed vector of this Halo's shape and dtype in shared memory (collective: every
@@ -400,7 +335,7 @@ class Halo(Freed):
         if d is not None and self._state.pending:   # before the checks: a bad call never takes the
             raise self._state_error(what)      # pending call's epoch
         try:
-            return self._check_arg(x, what), (None if op is _NO_OP else self._op(op, self.dtype))
+            return self._check_arg(x, what), (None if op is _NO_OP else reverse_op(op, self.dtype))
         except (TypeError, ValueError) as exc:
             if d is None:
                 raise
@@ -421,16 +356,6 @@ class Halo(Freed):
             raise ValueError(f"hybridmpi: Halo.{what}: x is read-only")
         # a fresh view each call: an array resized in place keeps its identity, not its memory
         return ffi.from_buffer("char[]", x)
-
-    @staticmethod
-    def _op(op, dtype):
-        code = _REVERSE_OPS.get(str(op)) if isinstance(op, str) else None   # numpy's str_ too
-        if code is None:
-            raise ValueError(f"hybridmpi: Halo.reverse: op must be one of {list(_REVERSE_OPS)}, "
-                             f"got {safe_repr(op)}")
-        if dtype.kind == "c" and op in ("min", "max"):
-            raise TypeError("hybridmpi: Halo.reverse: min and max are not defined for complex")
-        return code
 
     # ------------------------------------------------------------ operations
 

@@ -44,8 +44,8 @@ ffibuilder.set_source(
     "hybridmpi._native._core",
     '#include "hm_core.h"',
     sources=[os.path.relpath(os.path.join(HERE, f))
-             for f in ("hm_wait.c", "hm_prof.c", "hm_chaos.c", "hm_coll.c", "hm_ops.c", "hm_net.c",
-                       "hm_halo.c", "hm_gm.c")],
+             for f in ("hm_wait.c", "hm_prof.c", "hm_chaos.c", "hm_coll.c", "hm_coll_node.c", "hm_ops.c",
+                       "hm_net.c", "hm_halo.c", "hm_gm.c")],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-std=gnu11", "-O3", *SANITIZE],
     extra_link_args=SANITIZE,

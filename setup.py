@@ -10,7 +10,7 @@ SANITIZE = runpy.run_path(BUILDER)["SANITIZE"]
 setup(cffi_modules=["cext/build_shim.py:ffibuilder"],
       # the operations as C call objects (cext/hm_calls*.c: one file per object)
       ext_modules=[Extension("hybridmpi._native._calls",
-                             [f"cext/hm_calls{part}.c" for part in ("", "_coll", "_halo", "_near")],
+                             [f"cext/hm_calls{part}.c" for part in ("", "_op", "_coll", "_halo", "_near")],
                              include_dirs=["cext"],
                              extra_compile_args=["-O2", *SANITIZE],
                              extra_link_args=SANITIZE)])

@@ -1,7 +1,7 @@
-/* hybridmpi._native._calls, shared by its files (one per object: hm_calls.c the operations,
- * Op and Calls, and the module; hm_calls_coll.c Coll, the collectives; hm_calls_halo.c State
- * and Hot, the Halo's; hm_calls_near.c Near, global memory's): the helpers and the macros of
- * its types, and what each file gives the others. */
+/* hybridmpi._native._calls, shared by its files (one per object: hm_calls.c the operations'
+ * tables, Calls, and the module; hm_calls_op.c the operations, Op; hm_calls_coll.c Coll, the
+ * collectives; hm_calls_halo.c State and Hot, the Halo's; hm_calls_near.c Near, global
+ * memory's): the helpers and the macros of its types, and what each file gives the others. */
 #ifndef HM_CALLS_H
 #define HM_CALLS_H
 #define PY_SSIZE_T_CLEAN
@@ -92,6 +92,40 @@ static inline PyObject *ref_or_none(PyObject *o)
          "decline every later call (the method serves it)"},                                    \
         {NULL}}
 
+
+/* The most operations one class declares (GlobalMemory: 9). */
+#define CALLS_MAX 12
+
+/* What a profile records of one operation: its log, and how a call's record ends. */
+typedef struct {
+    hm_prof_log *log;     /* NULL: not recorded */
+    PyObject *finish;     /* finish(out, *args, **kw): the call's bytes (None, or NULL: the log's) */
+    PyObject *keep;       /* what owns the log's memory */
+} recording;
+
+/* Calls(names): one object's table of its operations, held in its `_calls` slot: the C call
+ * object that serves each (or none), what runs it otherwise (a method of an object the owner
+ * holds, or the class's method), and what a profile records of each.  The object edits it
+ * (serve, delegate, close); the profile records through it (record, unrecord). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *names;             /* tuple of str, in the operations' index order */
+    Py_ssize_t n;
+    PyObject *fast[CALLS_MAX];   /* serves the operation (returns NotImplemented to decline) */
+    vectorcallfunc own[CALLS_MAX];  /* fast's function when it is this module's (Coll, Hot,
+                                     * Near: called directly; they decline before running Python) */
+    PyObject *then[CALLS_MAX];   /* runs it when nothing serves it, without the object (else
+                                  * the class's method runs it, with the object) */
+    recording rec[CALLS_MAX];
+} Calls;
+
+
+/* hm_calls.c: the tables' type; hm_calls_op.c: the operations' type, set_clock(begin,
+ * end_bytes, abort), the module's function that gives it the profile's clock, and whether it
+ * was given */
+extern PyTypeObject CallsType, OpType;
+PyObject *hm_calls_set_clock(PyObject *module, PyObject *args);
+int hm_calls_clock_set(void);
 
 /* The call objects that serve operations (Calls calls them directly: they decline before
  * running Python), and each file's part of the module's set-up: its types readied and its

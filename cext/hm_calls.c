@@ -15,8 +15,8 @@
  *
  * One file per object: this one the operations' tables (Calls) and the module; hm_calls_op.c
  * the operations (Op) and the profile's clock; hm_calls_coll.c, hm_calls_halo.c,
- * hm_calls_near.c what serves them (hm_calls.h: what they share). */
-#include "hm_calls.h"
+ * hm_calls_near.c what serves them (hm_calls_common.h: what they share). */
+#include "hm_calls_common.h"
 
 
 /* ------------------------------------------------------------------ operations */

@@ -1,6 +1,6 @@
 /* hybridmpi._native._calls: Coll, what serves HybridComm.barrier, allreduce and Allreduce as
- * one C call (hm_calls.h). */
-#include "hm_calls.h"
+ * one C call (hm_calls_common.h). */
+#include "hm_calls_common.h"
 
 static PyObject *dtype_name;   /* "dtype", interned */
 

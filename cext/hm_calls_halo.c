@@ -1,6 +1,6 @@
 /* hybridmpi._native._calls: the Halo's, State (the one owner of its per-call state) and Hot
- * (Halo.update or reverse of the arrays last exchanged, as one C call) (hm_calls.h). */
-#include "hm_calls.h"
+ * (Halo.update or reverse of the arrays last exchanged, as one C call) (hm_calls_common.h). */
+#include "hm_calls_common.h"
 
 /* The C core's calls, passed by address (they live in hybridmpi._native._core), typed by its header. */
 typedef __typeof__(hm_xchg_update) *xchg_update_fn;

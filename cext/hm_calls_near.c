@@ -1,6 +1,6 @@
 /* hybridmpi._native._calls: Near, what serves GlobalMemory.Put and Get on a part of this node
- * (a memcpy); it declines anything else, which the method checks (hm_calls.h). */
-#include "hm_calls.h"
+ * (a memcpy); it declines anything else, which the method checks (hm_calls_common.h). */
+#include "hm_calls_common.h"
 
 typedef struct {
     PyObject_HEAD

@@ -1,6 +1,6 @@
 /* hybridmpi._native._calls: Op, the library's operations as C call objects (hm_calls.c says what
  * they are), and the profile's clock they time recorded calls with. */
-#include "hm_calls.h"
+#include "hm_calls_common.h"
 
 /* The profile's clock: hm_prof_begin, hm_prof_end_bytes and hm_prof_abort of the C core (they
  * live in hybridmpi._native._core), given once by set_clock when the package loads. */

@@ -1,10 +1,11 @@
-/* hybridmpi C core: epoch counters, wait policy, the node's set-up, its waits and errors, its
- * barriers and its tree allreduce; hm_coll_node.c the node's allreduce by recursive doubling,
- * direct and by reduce-scatter and allgather (hm_coll.h: what the two share; the reduction
+/* hybridmpi C core: epoch counters, wait policy, the node's set-up, its waits and errors (the
+ * verdict of a mismatch, an abandoned allreduce, the poisoning of every word), its barriers and
+ * its tree allreduce; hm_coll_node.c the node's allreduce by recursive doubling, direct and by
+ * reduce-scatter and allgather (hm_segment.h: what the two share; the reduction
  * operators they combine with: hm_ops.c).  See hm_core.h for the contract of each exported
  * function. */
 #define _GNU_SOURCE
-#include "hm_coll.h"
+#include "hm_segment.h"
 
 int hm_lock_free(void)
 {
@@ -129,6 +130,19 @@ int coll_other_call(hm_coll *c, int peer)
     c->err.root_dtype = mine[2];
     c->err.root_op = mine[3];
     return 1;
+}
+
+static int coll_abandon(hm_coll *c);
+
+/* A wait on node rank `peer`'s SYNC word (counter `cnt`), and on a round's word. */
+static inline int wait_counter(hm_coll *c, int peer, int cnt, uint64_t value)
+{
+    return coll_wait(c, counter(c, peer, HM_OFF_SYNC), value, peer, cnt);
+}
+
+static inline int wait_round(hm_coll *c, hm_counter *p, int peer, uint64_t e)
+{
+    return coll_wait(c, p, e, peer, HM_CNT_ROUND);
 }
 
 /* While a wait is slow: whether a rank of the node is in this call number with another
@@ -445,3 +459,76 @@ int hm_allreduce_verdict(hm_coll *c, int elsewhere)
     return (int)mine->bad_rank;
 }
 
+/* Ranks of an allreduce of `kind` that saw every rank's signature (recursive doubling, direct)
+ * passed different ones: the largest's rank and arguments in err.bad_*, the smallest's in
+ * err.peer and err.root_*, alike on every rank. */
+int coll_spread_mismatch(hm_coll *c, int kind, const rd_sig *sig)
+{
+    c->err.code = HM_EMISMATCH;
+    c->err.bad_kind = c->err.root_kind = kind;
+    c->err.bad_rank = sig->max_rank;
+    sig_args(sig->max, &c->err.bad_count, &c->err.bad_dtype, &c->err.bad_op);
+    c->err.peer = sig->min_rank;
+    sig_args(-sig->neg, &c->err.root_count, &c->err.root_dtype, &c->err.root_op);
+    return HM_EMISMATCH;
+}
+
+/* Leave allreduce call c->epoch, which ranks of the node entered with algorithms of different
+ * sizes (call_differs): publish this rank's signature in its record of the call, wait for every
+ * rank's, and fail with the same verdict as a mismatch found inside one algorithm
+ * (spread_mismatch: the largest and smallest signatures and their ranks), alike on every rank.
+ * No rank completes such a call (each algorithm reads every rank's part of it), so every rank
+ * reaches this; their words of the call stay as they are (every later wait needs a later call
+ * number, and the algorithms' regions are stamped with it).  A rank in another collective, or
+ * one whose comm broke, breaks it; a rank that never comes, the deadline. */
+static int coll_abandon(hm_coll *c)
+{
+    uint64_t e = c->epoch;
+    const hm_wait_policy *pol = &c->policy;
+    entered *m = ent(c, c->rank);
+    int64_t own = sig_of((uint64_t)atomic_load_explicit(&m->count, memory_order_relaxed),
+                         (int)atomic_load_explicit(&m->dtype, memory_order_relaxed),
+                         (int)atomic_load_explicit(&m->op, memory_order_relaxed));
+    quit_rec *q = quit(c, c->rank, e);
+    atomic_store_explicit(&q->sig, own, memory_order_relaxed);
+    store_rel(&q->stamp, e, pol->order);
+    rd_sig sig = {own, -own, c->rank, c->rank};
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank)
+            continue;
+        quit_rec *h = quit(c, r, e);
+        HM_SLOW(w);
+        slow_start(&w, pol);
+        uint64_t v;
+        while ((v = load_acq(&h->stamp, pol->order)) != e) {
+            uint64_t sync = load_acq(counter(c, r, HM_OFF_SYNC), pol->order);
+            if (sync & HM_FLAGS)   /* its comm broke */
+                return coll_peer_failed(c, r, HM_CNT_ROUND, sync);
+            if (coll_other_call(c, r) && !is_allreduce(c->err.bad_kind))
+                return coll_fail(c, HM_EMISMATCH, HM_ERRBIT | HM_MISBIT);
+            if (slow_tick(&w, pol, &h->stamp, e, v))
+                return coll_timed_out(c, r, HM_CNT_ROUND, v);
+        }
+        rd_head seen = {.sig_max = atomic_load_explicit(&h->sig, memory_order_relaxed),
+                        .max_rank = r, .min_rank = r};
+        seen.sig_neg = -seen.sig_max;
+        rd_merge(&sig, &seen);
+    }
+    return coll_spread_mismatch(c, HM_K_ALLREDUCE_DIRECT, &sig);
+}
+
+void hm_coll_poison(hm_coll *c, uint64_t bits)
+{
+    int n = c->size, r = c->rank;
+    if (n == 1)
+        return;
+    atomic_fetch_or_explicit(counter(c, r, HM_OFF_SYNC), bits, memory_order_seq_cst);
+    atomic_fetch_or_explicit(counter(c, 0, HM_OFF_LINEAR), bits, memory_order_seq_cst);
+    for (int k = 0, d = 1; d < n; k++, d <<= 1)
+        atomic_fetch_or_explicit(diss(c, (r + d) % n, k), bits, memory_order_seq_cst);
+    for (uint64_t par = 0; par < 2; par++) {
+        for (int k = 0; k < HM_STEPS + 2; k++)
+            atomic_fetch_or_explicit(&rd(c, r, k, par)->stamp, bits, memory_order_seq_cst);
+        atomic_fetch_or_explicit(&direct(c, r, par)->stamp, bits, memory_order_seq_cst);
+    }
+}

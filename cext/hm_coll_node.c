@@ -1,48 +1,10 @@
 /* hybridmpi C core: the node's allreduce (hm_core.h, hm_allreduce_node): recursive doubling up
  * to HM_RD_BYTES, the direct allreduce while the node's ranks times the payload is at most
- * HM_DIRECT_TOTAL, else the reduce-scatter and allgather in chunks; and the poisoning of every
- * word of this rank's segment that a peer may wait on (hm_coll_poison). */
+ * HM_DIRECT_TOTAL, else the reduce-scatter and allgather in chunks. */
 #define _GNU_SOURCE
-#include "hm_coll.h"
+#include "hm_segment.h"
 
 /* ------------------------------------------------------------------ recursive doubling */
-
-/* One step's region: the stamp (the call number, stored last with release),
- * the running maximum of the argument signatures and of their negations,
- * then the partial result. */
-typedef struct rd_head {
-    hm_counter stamp;
-    int64_t sig_max, sig_neg;
-    int32_t max_rank, min_rank;
-} rd_head;
-
-/* The running extremes of the argument signatures and who holds them. */
-typedef struct rd_sig {
-    int64_t max, neg;
-    int32_t max_rank, min_rank;
-} rd_sig;
-
-static inline void rd_merge(rd_sig *s, const rd_head *h)
-{
-    if (h->sig_max > s->max || (h->sig_max == s->max && h->max_rank < s->max_rank)) {
-        s->max = h->sig_max;
-        s->max_rank = h->max_rank;
-    }
-    if (h->sig_neg > s->neg || (h->sig_neg == s->neg && h->min_rank < s->min_rank)) {
-        s->neg = h->sig_neg;
-        s->min_rank = h->min_rank;
-    }
-}
-
-_Static_assert(sizeof(rd_head) + HM_RD_BYTES <= HM_REGION, "recursive-doubling region too small");
-
-enum { RD_FOLD = HM_STEPS, RD_RESULT = HM_STEPS + 1 };
-
-static inline rd_head *rd(const hm_coll *c, int rank, int k, uint64_t e)
-{
-    return (rd_head *)(c->seg[rank] + c->extra +
-                       (uint64_t)(HM_STEPS + (e & 1) * (HM_STEPS + 2) + k) * HM_REGION);
-}
 
 static inline void rd_publish(rd_head *h, const void *acc, uint64_t nbytes, const rd_sig *s,
                               uint64_t e, int ord)
@@ -54,76 +16,6 @@ static inline void rd_publish(rd_head *h, const void *acc, uint64_t nbytes, cons
     h->min_rank = s->min_rank;
     memcpy(h + 1, acc, nbytes);
     store_rel(&h->stamp, e, ord);
-}
-
-static inline void sig_args(int64_t sig, int64_t *count, int64_t *dtype, int64_t *op)
-{
-    *count = (int64_t)((uint64_t)sig >> 8);
-    *dtype = (sig >> 4) & 15;
-    *op = sig & 15;
-}
-
-static inline int64_t sig_of(uint64_t count, int dtype, int op)
-{
-    return (int64_t)((count << 8) | ((uint64_t)dtype << 4) | (uint64_t)op);
-}
-
-/* Ranks of an allreduce of `kind` that saw every rank's signature (recursive doubling, direct)
- * passed different ones: the largest's rank and arguments in err.bad_*, the smallest's in
- * err.peer and err.root_*, alike on every rank. */
-static int spread_mismatch(hm_coll *c, int kind, const rd_sig *sig)
-{
-    c->err.code = HM_EMISMATCH;
-    c->err.bad_kind = c->err.root_kind = kind;
-    c->err.bad_rank = sig->max_rank;
-    sig_args(sig->max, &c->err.bad_count, &c->err.bad_dtype, &c->err.bad_op);
-    c->err.peer = sig->min_rank;
-    sig_args(-sig->neg, &c->err.root_count, &c->err.root_dtype, &c->err.root_op);
-    return HM_EMISMATCH;
-}
-
-/* Leave allreduce call c->epoch, which ranks of the node entered with algorithms of different
- * sizes (call_differs): publish this rank's signature in its record of the call, wait for every
- * rank's, and fail with the same verdict as a mismatch found inside one algorithm
- * (spread_mismatch: the largest and smallest signatures and their ranks), alike on every rank.
- * No rank completes such a call (each algorithm reads every rank's part of it), so every rank
- * reaches this; their words of the call stay as they are (every later wait needs a later call
- * number, and the algorithms' regions are stamped with it).  A rank in another collective, or
- * one whose comm broke, breaks it; a rank that never comes, the deadline. */
-int coll_abandon(hm_coll *c)
-{
-    uint64_t e = c->epoch;
-    const hm_wait_policy *pol = &c->policy;
-    entered *m = ent(c, c->rank);
-    int64_t own = sig_of((uint64_t)atomic_load_explicit(&m->count, memory_order_relaxed),
-                         (int)atomic_load_explicit(&m->dtype, memory_order_relaxed),
-                         (int)atomic_load_explicit(&m->op, memory_order_relaxed));
-    quit_rec *q = quit(c, c->rank, e);
-    atomic_store_explicit(&q->sig, own, memory_order_relaxed);
-    store_rel(&q->stamp, e, pol->order);
-    rd_sig sig = {own, -own, c->rank, c->rank};
-    for (int r = 0; r < c->size; r++) {
-        if (r == c->rank)
-            continue;
-        quit_rec *h = quit(c, r, e);
-        HM_SLOW(w);
-        slow_start(&w, pol);
-        uint64_t v;
-        while ((v = load_acq(&h->stamp, pol->order)) != e) {
-            uint64_t sync = load_acq(counter(c, r, HM_OFF_SYNC), pol->order);
-            if (sync & HM_FLAGS)   /* its comm broke */
-                return coll_peer_failed(c, r, HM_CNT_ROUND, sync);
-            if (coll_other_call(c, r) && !is_allreduce(c->err.bad_kind))
-                return coll_fail(c, HM_EMISMATCH, HM_ERRBIT | HM_MISBIT);
-            if (slow_tick(&w, pol, &h->stamp, e, v))
-                return coll_timed_out(c, r, HM_CNT_ROUND, v);
-        }
-        rd_head seen = {.sig_max = atomic_load_explicit(&h->sig, memory_order_relaxed),
-                        .max_rank = r, .min_rank = r};
-        seen.sig_neg = -seen.sig_max;
-        rd_merge(&sig, &seen);
-    }
-    return spread_mismatch(c, HM_K_ALLREDUCE_DIRECT, &sig);
 }
 
 int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, int dtype, int op)
@@ -148,14 +40,14 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
         /* an extra rank: hand the value down, take the result back */
         rd_publish(rd(c, r, RD_FOLD, e), acc, nbytes, &sig, e, ord);
         rd_head *h = rd(c, r - p2, RD_RESULT, e);
-        if ((rc = wait_round(c, &h->stamp, r - p2, e)))
+        if ((rc = coll_wait(c, &h->stamp, e, r - p2, HM_CNT_ROUND)))
             return rc;
         rd_merge(&sig, h);
         memcpy(acc, h + 1, nbytes);
     } else {
         if (r + p2 < n) {
             rd_head *h = rd(c, r + p2, RD_FOLD, e);
-            if ((rc = wait_round(c, &h->stamp, r + p2, e)))
+            if ((rc = coll_wait(c, &h->stamp, e, r + p2, HM_CNT_ROUND)))
                 return rc;
             rd_merge(&sig, h);
             if (sig.max == -sig.neg)
@@ -165,7 +57,7 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
             int peer = r ^ d;
             rd_publish(rd(c, r, k, e), acc, nbytes, &sig, e, ord);
             rd_head *h = rd(c, peer, k, e);
-            if ((rc = wait_round(c, &h->stamp, peer, e)))
+            if ((rc = coll_wait(c, &h->stamp, e, peer, HM_CNT_ROUND)))
                 return rc;
             rd_merge(&sig, h);
             if (sig.max != -sig.neg)
@@ -182,7 +74,7 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
             rd_publish(rd(c, r, RD_RESULT, e), acc, nbytes, &sig, e, ord);
     }
     if (sig.max != -sig.neg)
-        return spread_mismatch(c, HM_K_ALLREDUCE_RD, &sig);
+        return coll_spread_mismatch(c, HM_K_ALLREDUCE_RD, &sig);
     memcpy(recv, acc, nbytes);
     return finish(c, HM_OK);
 }
@@ -199,11 +91,6 @@ double hm_allreduce_rd_f64(hm_coll *c, double x, int op)
 }
 
 /* ------------------------------------------------------------------ the node's allreduce */
-
-static inline direct_head *direct(const hm_coll *c, int rank, uint64_t e)
-{
-    return (direct_head *)(c->seg[rank] + c->extra + DIRECT_AT + (e & 1) * direct_span(c->capacity));
-}
 
 _Static_assert(sizeof(direct_head) % 16 == 0, "the direct value must be 16-byte aligned");
 
@@ -227,13 +114,13 @@ static int allreduce_direct(hm_coll *c, const void *send, void *recv, uint64_t c
     rd_sig sig = {own, -own, c->rank, c->rank};
     for (int r = 0; r < n; r++) {
         direct_head *h = direct(c, r, e);
-        if (r != c->rank && (rc = wait_round(c, &h->stamp, r, e)))
+        if (r != c->rank && (rc = coll_wait(c, &h->stamp, e, r, HM_CNT_ROUND)))
             return rc;
         rd_head seen = {.sig_max = h->sig, .sig_neg = -h->sig, .max_rank = r, .min_rank = r};
         rd_merge(&sig, &seen);
     }
     if (sig.max != -sig.neg)
-        return spread_mismatch(c, HM_K_ALLREDUCE_DIRECT, &sig);
+        return coll_spread_mismatch(c, HM_K_ALLREDUCE_DIRECT, &sig);
     memcpy(recv, direct(c, 0, e) + 1, nbytes);
     for (int r = 1; r < n; r++)
         hm_combine(recv, direct(c, r, e) + 1, count, dtype, op);
@@ -264,7 +151,7 @@ static int allreduce_rsag(hm_coll *c, const void *send, void *recv, uint64_t cou
     store_rel(counter(c, me, HM_OFF_SYNC), 2 * e - 1, ord);
     rd_sig sig = {own, -own, me, me};
     for (int r = 0; r < n; r++) {
-        if (r != me && ((rc = wait_counter(c, r, HM_CNT_ARRIVE, 2 * e - 1)) ||
+        if (r != me && ((rc = coll_wait(c, counter(c, r, HM_OFF_SYNC), 2 * e - 1, r, HM_CNT_ARRIVE)) ||
                         (rc = coll_other_collective(c, r, e, 1))))
             return rc;
         rd_head seen = {.sig_max = hdr(c, r)->count, .sig_neg = -hdr(c, r)->count,
@@ -276,9 +163,9 @@ static int allreduce_rsag(hm_coll *c, const void *send, void *recv, uint64_t cou
          * since a rank's next call writes its header again (outside review) */
         store_rel(counter(c, me, HM_OFF_SYNC), 2 * e, ord);
         for (int r = 0; r < n; r++)
-            if (r != me && (rc = wait_counter(c, r, HM_CNT_RELEASE, 2 * e)))
+            if (r != me && (rc = coll_wait(c, counter(c, r, HM_OFF_SYNC), 2 * e, r, HM_CNT_RELEASE)))
                 return rc;
-        return spread_mismatch(c, HM_K_ALLREDUCE_RSAG, &sig);
+        return coll_spread_mismatch(c, HM_K_ALLREDUCE_RSAG, &sig);
     }
     /* this rank's part: elements [lo, hi) of every rank's chunk, combined in rank order */
     uint64_t lo = count * (uint64_t)me / (uint64_t)n, hi = count * (uint64_t)(me + 1) / (uint64_t)n;
@@ -291,7 +178,7 @@ static int allreduce_rsag(hm_coll *c, const void *send, void *recv, uint64_t cou
     store_rel(counter(c, me, HM_OFF_SYNC), 2 * e, ord);
     for (int k = 1; k < n; k++) {   /* the other parts, from the next rank on */
         int r = (me + k) % n;
-        if ((rc = wait_counter(c, r, HM_CNT_RELEASE, 2 * e)))
+        if ((rc = coll_wait(c, counter(c, r, HM_OFF_SYNC), 2 * e, r, HM_CNT_RELEASE)))
             return rc;
         uint64_t a = count * (uint64_t)r / (uint64_t)n, b = count * (uint64_t)(r + 1) / (uint64_t)n;
         memcpy((char *)recv + a * esz, (char *)hm_coll_slot(c, r) + (e & 1) * half + a * esz,
@@ -338,20 +225,3 @@ int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, 
     }
     return in_chunks(c, send, recv, count, dtype, op, 0);
 }
-
-void hm_coll_poison(hm_coll *c, uint64_t bits)
-{
-    int n = c->size, r = c->rank;
-    if (n == 1)
-        return;
-    atomic_fetch_or_explicit(counter(c, r, HM_OFF_SYNC), bits, memory_order_seq_cst);
-    atomic_fetch_or_explicit(counter(c, 0, HM_OFF_LINEAR), bits, memory_order_seq_cst);
-    for (int k = 0, d = 1; d < n; k++, d <<= 1)
-        atomic_fetch_or_explicit(diss(c, (r + d) % n, k), bits, memory_order_seq_cst);
-    for (uint64_t par = 0; par < 2; par++) {
-        for (int k = 0; k < HM_STEPS + 2; k++)
-            atomic_fetch_or_explicit(&rd(c, r, k, par)->stamp, bits, memory_order_seq_cst);
-        atomic_fetch_or_explicit(&direct(c, r, par)->stamp, bits, memory_order_seq_cst);
-    }
-}
-

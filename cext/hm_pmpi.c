@@ -5,7 +5,7 @@
  * MPI_Barrier, and for Open MPI the Fortran mpi_allreduce_ and mpi_barrier_, and keeps each
  * communicator's state; hm_pmpi_setup.c sets a communicator up, hm_pmpi_tune.c reads the
  * tuning tables, hm_pmpi_ngh*.c are the neighbourhood collectives and the completion calls of
- * their requests (hm_pmpi.h: what they share).  A call goes to
+ * their requests (hm_pmpi_common.h: what they share).  A call goes to
  * the core when its communicator is set up and its arguments qualify; anything else goes to
  * what comes next (dlsym(RTLD_NEXT): another PMPI tool below this one, or the MPI library).
  * Whether a call qualifies depends only on what MPI requires to be equal on every rank (the
@@ -23,7 +23,7 @@
  * it runs (hybridmpi/tools/pmpi.py: SOURCES), all hidden but the MPI entry points: the core inside does not clash with the one
  * that a Python program using hybridmpi loads too. */
 #define _GNU_SOURCE
-#include "hm_pmpi.h"
+#include "hm_pmpi_common.h"
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -45,88 +45,7 @@ void hm_set_progress(void (*fn)(void));   /* hm_wait.c */
 
 /* ------------------------------------------------------------------ settings and counters */
 
-struct pmpi_cfg cfg;
-
-static const char *const counter_names[C_NUM] = {
-    "allreduce fast", "barrier fast", "allreduce passed on", "barrier passed on",
-    "communicators set up", "set-ups that fell back", "calls that failed", "neighbor fast",
-    "neighbor passed on", "allreduce mpi path", "barrier mpi path", "tables taken"};
-_Atomic long counters[C_NUM];
 static int started;   /* start() ran */
-
-/* HYBRIDMPI_TUNE, as the Python library reads it (auto, table, off, mpi; auto and table alike
- * here: a table where one is found, never a calibration); another value is named on stderr and
- * auto is used. */
-static int tune_setting(void)
-{
-    const char *v = getenv("HYBRIDMPI_TUNE");
-    if (v == NULL || *v == '\0' || strcasecmp(v, "auto") == 0 || strcasecmp(v, "table") == 0)
-        return TUNE_AUTO;
-    if (strcasecmp(v, "off") == 0)
-        return TUNE_OFF;
-    if (strcasecmp(v, "mpi") == 0)
-        return TUNE_MPI;
-    fprintf(stderr, "hybridmpi pmpi: HYBRIDMPI_TUNE=%s is not auto, table, off or mpi; using auto\n", v);
-    return TUNE_AUTO;
-}
-
-/* Settings are parsed strictly: a value that is not what the variable takes is named on
- * stderr, and the safe value is used (the default for a number; for HYBRIDMPI_PMPI_OFF, off:
- * a setting that could make calls go fast never does so by mistake). */
-static void bad_setting(const char *name, const char *v, const char *what, const char *kept)
-{
-    fprintf(stderr, "hybridmpi pmpi: %s=%s is not %s; using %s\n", name, v, what, kept);
-}
-
-static long env_long(const char *name, long dflt, long lo, long hi)
-{
-    const char *v = getenv(name);
-    char *end;
-    if (v == NULL || *v == '\0')
-        return dflt;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (*end != '\0' || errno == ERANGE || x < lo || x > hi) {
-        char what[96], kept[32];
-        snprintf(what, sizeof what, "an integer from %ld to %ld", lo, hi);
-        snprintf(kept, sizeof kept, "%ld", dflt);
-        bad_setting(name, v, what, kept);
-        return dflt;
-    }
-    return (long)x;
-}
-
-/* 1/0, true/false, yes/no, on/off (any case); else `bad`. */
-static int env_bool(const char *name, int dflt, int bad)
-{
-    static const char *const yes[] = {"1", "true", "yes", "on"}, *const no[] = {"0", "false", "no", "off"};
-    const char *v = getenv(name);
-    if (v == NULL || *v == '\0')
-        return dflt;
-    for (int i = 0; i < 4; i++) {
-        if (strcasecmp(v, yes[i]) == 0)
-            return 1;
-        if (strcasecmp(v, no[i]) == 0)
-            return 0;
-    }
-    bad_setting(name, v, "one of 1/0, true/false, yes/no, on/off", bad ? "1" : "0");
-    return bad;
-}
-
-static double env_seconds(const char *name)
-{
-    const char *v = getenv(name);
-    char *end;
-    if (v == NULL || *v == '\0')
-        return 0.0;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (*end != '\0' || errno == ERANGE || !(x >= 0.0 && x <= 1e9)) {
-        bad_setting(name, v, "a number of seconds from 0 to 1e9", "0 (no timeout)");
-        return 0.0;
-    }
-    return x;
-}
 
 /* Whether the program runs on the MPI standard ABI (libmpi_abi.so) while this library was
  * built for its MPI's own ABI: its handles would mean nothing here. */
@@ -160,8 +79,6 @@ void *pmpi_next(const char *name, const char *pname)
 }
 
 /* ------------------------------------------------------------------ per-communicator state */
-
-
 
 static int keyval = MPI_KEYVAL_INVALID;
 static int self_keyval = MPI_KEYVAL_INVALID;
@@ -208,44 +125,6 @@ static __thread struct {
 static __thread state *waiting;
 static __thread int64_t idle_polls;
 
-/* The extensions registered (pmpi_extend), in the order they came. */
-enum { MAX_EXTENSIONS = 4 };
-static const pmpi_extension *extensions[MAX_EXTENSIONS];
-static int nextensions;
-
-void pmpi_extend(const pmpi_extension *x)
-{
-    if (nextensions < MAX_EXTENSIONS)
-        extensions[nextensions++] = x;
-}
-
-/* Frees what `s` holds; 0 when it must be kept instead: a call between the nodes failed and
- * left a request that MPI may still complete into the state, the segment and the leaders'
- * communicator (a revoked communicator's, once: it is kept whole, never freed), or an
- * extension keeps it. */
-int pmpi_release(state *s)
-{
-    if (s->leaders != MPI_COMM_NULL && hm_net_pending(&s->net))
-        return 0;
-    for (int i = 0; i < nextensions; i++)
-        if (!extensions[i]->release(s))
-            return 0;
-    if (s->base != NULL)
-        munmap(s->base, s->bytes);
-    s->base = NULL;
-    free(s->seg);
-    s->seg = NULL;
-    free(s->suspect);
-    s->suspect = NULL;
-    if (s->leaders != MPI_COMM_NULL) {
-        hm_net_free_ops(&s->net);
-        PMPI_Comm_free(&s->leaders);
-    }
-    if (s->node != MPI_COMM_NULL)
-        PMPI_Comm_free(&s->node);
-    return 1;
-}
-
 static int delete_state(MPI_Comm comm, int key, void *value, void *extra)
 {
     (void)comm, (void)key, (void)extra;
@@ -264,23 +143,6 @@ static int delete_state(MPI_Comm comm, int key, void *value, void *extra)
     if (pmpi_release(s))
         free(s);
     return MPI_SUCCESS;
-}
-
-static void print_counters(void)
-{
-    int rank = -1, size = 0, world = 0;
-    if (!other_abi_seen)
-        PMPI_Initialized(&world);
-    if (world) {   /* a sessions program has no MPI_COMM_WORLD */
-        PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        PMPI_Comm_size(MPI_COMM_WORLD, &size);
-    }
-    char line[512];
-    int n = snprintf(line, sizeof line, "hybridmpi pmpi: rank %d of %d:", rank, size);
-    for (int k = 0; k < C_NUM && n < (int)sizeof line; k++)
-        n += snprintf(line + n, sizeof line - (size_t)n, "%s %ld %s", k ? "," : "",
-                      atomic_load(&counters[k]), counter_names[k]);
-    fprintf(stderr, "%s\n", line);
 }
 
 /* MPI_Finalize runs this first: every state still alive is freed (its attribute deleted). */
@@ -307,11 +169,10 @@ static int at_finalize(MPI_Comm comm, int key, void *value, void *extra)
         if (stuck)
             break;
     }
-    for (int i = 0; i < nextensions; i++)
-        extensions[i]->drain();
+    pmpi_drain_extensions();
     quiet_close();
     if (cfg.stats)
-        print_counters();
+        pmpi_print_counters(!other_abi_seen);
     return MPI_SUCCESS;
 }
 
@@ -332,17 +193,7 @@ static void start(void)
         return;
     }
 #endif
-    cfg.off = env_bool("HYBRIDMPI_PMPI_OFF", 0, 1);
-    cfg.stats = env_bool("HYBRIDMPI_PMPI_STATS", 0, 0);
-    cfg.after = (int)env_long("HYBRIDMPI_PMPI_AFTER", 5, 0, INT_MAX - 1);
-    cfg.max_bytes = (uint64_t)env_long("HYBRIDMPI_PMPI_MAX_BYTES", 2048, 0, 1 << 20);
-    cfg.node_size = (int)env_long("HYBRIDMPI_PMPI_NODE_SIZE", 0, 0, INT_MAX);
-    cfg.timeout_s = env_seconds("HYBRIDMPI_PMPI_TIMEOUT");
-    cfg.fail_rank = (int)env_long("HYBRIDMPI_PMPI_FAIL_RANK", -1, -1, INT_MAX);
-    cfg.adaptive = env_bool("HYBRIDMPI_PMPI_ADAPTIVE", 1, 1);
-    cfg.ngh_bytes = (uint64_t)env_long("HYBRIDMPI_PMPI_NEIGHBOR_BYTES", 1 << 20, 0, 1L << 30);
-    cfg.ngh_stage = (uint64_t)env_long("HYBRIDMPI_PMPI_NEIGHBOR_STAGE", 12288, 0, 1L << 30);
-    cfg.tune = tune_setting();
+    pmpi_read_settings();
     next.allreduce = (allreduce_fn)pmpi_next("MPI_Allreduce", "PMPI_Allreduce");
     next.barrier = (barrier_fn)pmpi_next("MPI_Barrier", "PMPI_Barrier");
     next.allreduce_c = pmpi_next("MPI_Allreduce_c", "PMPI_Allreduce_c");
@@ -374,13 +225,12 @@ EXPORT int MPI_Finalize(void)
     if (!started) {
         dl_iterate_phdr(find_abi, NULL);
         if (v != NULL && *v != '\0' && strcmp(v, "0") != 0)
-            print_counters();
+            pmpi_print_counters(!other_abi_seen);
     }
     if (!started)
         finalizing = 1;   /* a first call from inside MPI_Finalize goes to MPI */
     return ((finalize_fn)pmpi_next("MPI_Finalize", "PMPI_Finalize"))();
 }
-
 
 /* The state of `comm` when its calls go to the core, else NULL (counting the call).  `now`: a
  * call that sets the communicator up at once (the neighbourhood collectives: a communicator

@@ -34,9 +34,9 @@
  * with a graph, and the extension's part in the base's release.  hm_pmpi_ngh_graph.c sets a
  * communicator's part up (its graph, once), hm_pmpi_ngh_plan.c makes the plans of its calls,
  * hm_pmpi_ngh_op.c moves a call in flight, hm_pmpi_ngh_req.c keeps the requests and defines the
- * completion calls; hm_pmpi_ngh.h is what they share. */
+ * completion calls; hm_ngh.h is what they share. */
 #define _GNU_SOURCE
-#include "hm_pmpi_ngh.h"
+#include "hm_ngh.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,7 +269,7 @@ static int ngh_release(state *s)
     return 1;
 }
 
-/* This extension's part in the base's release and MPI_Finalize (hm_pmpi.h, pmpi_extension). */
+/* This extension's part in the base's release and MPI_Finalize (hm_pmpi_common.h, pmpi_extension). */
 __attribute__((constructor)) static void ngh_register(void)
 {
     static const pmpi_extension ngh_extension = {.release = ngh_release, .drain = ngh_drain};

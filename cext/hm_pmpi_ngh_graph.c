@@ -2,7 +2,7 @@
  * part, set up once in the call that made it (its graph read and checked on every rank, the
  * node's segment of staging slots mapped), and dropped when it is freed. */
 #define _GNU_SOURCE
-#include "hm_pmpi_ngh.h"
+#include "hm_ngh.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,14 +150,6 @@ void ngh_drop(ngh *g, int broken)
     if (g->last)
         ngh_plan_unref(g->last);
     g->last = NULL;
-}
-
-void ngh_unref(ngh *g)
-{
-    if (atomic_fetch_sub(&g->refs, 1) != 1)
-        return;
-    pthread_mutex_destroy(&g->lock);
-    free(g);
 }
 
 /* Sets up s->ngh, collectively over the communicator, in the call that made it (every rank

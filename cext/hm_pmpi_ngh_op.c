@@ -2,7 +2,7 @@
  * (its messages, its pairs staged in the node's slots or buffered, its steps and its failure),
  * and the buffered messages that outlive their communicator. */
 #define _GNU_SOURCE
-#include "hm_pmpi_ngh.h"
+#include "hm_ngh.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +106,15 @@ static int reserve(ngh *g, int slot, uint64_t bytes)
         return 0;
     g->reserved[slot] = bytes;
     return 1;
+}
+
+/* A communicator's part lives while its state or a call holds it. */
+void ngh_unref(ngh *g)
+{
+    if (atomic_fetch_sub(&g->refs, 1) != 1)
+        return;
+    pthread_mutex_destroy(&g->lock);
+    free(g);
 }
 
 void ngh_op_unref(op *o)

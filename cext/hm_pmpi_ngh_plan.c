@@ -2,7 +2,7 @@
  * (its counts, displacements and types per edge, the pairs it stages), kept for the next call
  * with the same arguments; MPI_Type_free, after which a handle may name another type. */
 #define _GNU_SOURCE
-#include "hm_pmpi_ngh.h"
+#include "hm_ngh.h"
 
 #include <stdlib.h>
 #include <string.h>

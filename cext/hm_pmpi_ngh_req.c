@@ -4,7 +4,7 @@
  * MPI_Request_get_status, MPI_Request_free), which drive the library's calls, then hand the
  * requests to the MPI's own. */
 #define _GNU_SOURCE
-#include "hm_pmpi_ngh.h"
+#include "hm_ngh.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,9 +1,10 @@
-/* hybridmpi's PMPI library: a communicator's set-up (hm_pmpi.c says when it happens): its node
- * split and shared segment, the C core's state over it, the layout's path from the tuning
- * tables, and the leaders' communicator with the MPI calls that the core's protocol between the
- * nodes makes (hm_net.c); the named types and operations the core reduces. */
+/* hybridmpi's PMPI library: a communicator's set-up (hm_pmpi.c says when it happens) and its
+ * release: its node split and shared segment, the C core's state over it, the layout's path
+ * from the tuning tables, and the leaders' communicator with the MPI calls that the core's
+ * protocol between the nodes makes (hm_net.c); the extensions' part in a release (pmpi_extend);
+ * the named types and operations the core reduces. */
 #define _GNU_SOURCE
-#include "hm_pmpi.h"
+#include "hm_pmpi_common.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -16,6 +17,51 @@
 #include <unistd.h>
 
 static void set_up_returning(state *s, int rank, int *local, int *all);
+
+/* The extensions registered (pmpi_extend), in the order they came. */
+enum { MAX_EXTENSIONS = 4 };
+static const pmpi_extension *extensions[MAX_EXTENSIONS];
+static int nextensions;
+
+void pmpi_extend(const pmpi_extension *x)
+{
+    if (nextensions < MAX_EXTENSIONS)
+        extensions[nextensions++] = x;
+}
+
+/* Frees what `s` holds; 0 when it must be kept instead: a call between the nodes failed and
+ * left a request that MPI may still complete into the state, the segment and the leaders'
+ * communicator (a revoked communicator's, once: it is kept whole, never freed), or an
+ * extension keeps it. */
+int pmpi_release(state *s)
+{
+    if (s->leaders != MPI_COMM_NULL && hm_net_pending(&s->net))
+        return 0;
+    for (int i = 0; i < nextensions; i++)
+        if (!extensions[i]->release(s))
+            return 0;
+    if (s->base != NULL)
+        munmap(s->base, s->bytes);
+    s->base = NULL;
+    free(s->seg);
+    s->seg = NULL;
+    free(s->suspect);
+    s->suspect = NULL;
+    if (s->leaders != MPI_COMM_NULL) {
+        hm_net_free_ops(&s->net);
+        PMPI_Comm_free(&s->leaders);
+    }
+    if (s->node != MPI_COMM_NULL)
+        PMPI_Comm_free(&s->node);
+    return 1;
+}
+
+/* At MPI_Finalize, once every state is freed: each extension's messages still on their way. */
+void pmpi_drain_extensions(void)
+{
+    for (int i = 0; i < nextensions; i++)
+        extensions[i]->drain();
+}
 
 /* ------------------------------------------------------------------ named types and operations */
 

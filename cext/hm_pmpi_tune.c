@@ -13,7 +13,7 @@
  * a table edited by hand into something else that keeps them is taken by both or by this one
  * only, and either path gives the same results. */
 #define _GNU_SOURCE
-#include "hm_pmpi.h"
+#include "hm_pmpi_common.h"
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -1,10 +1,10 @@
 /* hybridmpi's PMPI library, the neighbourhood collectives: what the files of the extension
  * share (hm_pmpi_ngh.c says how it works and which file does what).  Internal: every name
  * outside the MPI entry points is hidden in the library (-fvisibility=hidden). */
-#ifndef HM_PMPI_NGH_H
-#define HM_PMPI_NGH_H
+#ifndef HM_NGH_H
+#define HM_NGH_H
 
-#include "hm_pmpi.h"
+#include "hm_pmpi_common.h"
 #include "hm_wait.h"
 
 #include <pthread.h>
@@ -166,7 +166,6 @@ static inline int idle(int64_t *polls, hm_slow *w, const hm_wait_policy *pol)
 /* hm_pmpi_ngh_graph.c: a communicator's part, set up in the call that made it, and dropped */
 void ngh_set_up(state *s);
 void ngh_drop(ngh *g, int broken);
-void ngh_unref(ngh *g);
 
 /* hm_pmpi_ngh_plan.c: the plan of a call's arguments (NULL: a type MPI does not know, or no
  * memory), and the counts and displacement of its edge i */
@@ -176,7 +175,8 @@ void ngh_plan_unref(plan *p);
 void ngh_edge_args(int form, int big, int send, int i, const void *c, const void *d, int64_t n,
                    int64_t *cnt, int64_t *dsp);
 
-/* hm_pmpi_ngh_op.c: a call in flight */
+/* hm_pmpi_ngh_op.c: a call in flight; a communicator's part let go */
+void ngh_unref(ngh *g);
 int ngh_post(op *o);
 int ngh_fail(op *o, int code, int peer);
 void ngh_retire(ngh *g, op *o);

@@ -1,8 +1,10 @@
-/* hybridmpi's PMPI library, internal: what its two files share.  hm_pmpi.c holds the
- * settings, the per-communicator state and its set-up, the barrier and the allreduce;
- * hm_pmpi_ngh.c the neighbourhood collectives and the completion calls of their requests. */
-#ifndef HM_PMPI_H
-#define HM_PMPI_H
+/* hybridmpi's PMPI library, internal: what its files share.  hm_pmpi.c holds the
+ * per-communicator state, the barrier and the allreduce; hm_pmpi_cfg.c the settings and the
+ * counters; hm_pmpi_setup.c a communicator's set-up and release; hm_pmpi_tune.c the tuning
+ * tables; hm_pmpi_ngh*.c the neighbourhood collectives and the completion calls of their
+ * requests. */
+#ifndef HM_PMPI_COMMON_H
+#define HM_PMPI_COMMON_H
 
 #include <mpi.h>
 #include "hm_core.h"
@@ -27,6 +29,10 @@ struct pmpi_cfg {
                           * core), TUNE_MPI */
 };
 enum { TUNE_AUTO, TUNE_OFF, TUNE_MPI };
+/* hm_pmpi_cfg.c: the settings read (once, at start), and the counters printed (world_usable:
+ * MPI_COMM_WORLD may be asked for its rank) */
+void pmpi_read_settings(void);
+void pmpi_print_counters(int world_usable);
 enum { TUNE_PATH_NONE = -1, TUNE_PATH_CORE, TUNE_PATH_MPI };
 extern struct pmpi_cfg cfg;
 
@@ -67,7 +73,6 @@ typedef struct state {
 /* hm_pmpi.c */
 state *pmpi_state(MPI_Comm comm, int now);
 void *pmpi_next(const char *name, const char *pname);   /* what comes next: RTLD_NEXT, else PMPI */
-int pmpi_release(state *s);   /* frees what `s` holds; 0: it must be kept (a pending request) */
 int pmpi_failed(state *s, const char *call, int rc);
 int pmpi_revoked(state *s);
 void pmpi_poke(MPI_Comm fallback);
@@ -78,6 +83,8 @@ int pmpi_gone(state *s, int node_rank);
  * types of this MPI, once at start-up; the node split and shared segment (the neighbourhood
  * collectives' set-up too) */
 void pmpi_set_up(state *s);
+int pmpi_release(state *s);   /* frees what `s` holds; 0: it must be kept (a pending request) */
+void pmpi_drain_extensions(void);   /* at MPI_Finalize, once every state is freed */
 int pmpi_type_code(MPI_Datatype t);
 int pmpi_op_code(MPI_Op op, int dtype);
 void pmpi_types_init(void);

@@ -2,8 +2,8 @@
  * tables, Calls, and the module; hm_calls_op.c the operations, Op; hm_calls_coll.c Coll, the
  * collectives; hm_calls_halo.c State and Hot, the Halo's; hm_calls_near.c Near, global
  * memory's): the helpers and the macros of its types, and what each file gives the others. */
-#ifndef HM_CALLS_H
-#define HM_CALLS_H
+#ifndef HM_CALLS_COMMON_H
+#define HM_CALLS_COMMON_H
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>

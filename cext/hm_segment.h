@@ -1,10 +1,10 @@
 /* hybridmpi C core: what the files of the node's collectives share (hm_coll.c: the set-up, the
  * waits and errors, the barriers and the tree allreduce; hm_coll_node.c: the node's allreduce
- * by recursive doubling, direct and by reduce-scatter and allgather, and the poisoning of every
- * word): the segment's layout and its accessors, and the waits and errors of hm_coll.c.
- * Internal: hidden from the library's users. */
-#ifndef HM_COLL_H
-#define HM_COLL_H
+ * by recursive doubling, direct and by reduce-scatter and allgather): the layout of a rank's
+ * segment and its accessors, the signatures of allreduce calls, and the waits and errors of
+ * hm_coll.c.  Internal: hidden from the library's users. */
+#ifndef HM_SEGMENT_H
+#define HM_SEGMENT_H
 
 #include "hm_wait.h"
 
@@ -53,7 +53,6 @@ _Static_assert(HM_OFF_HEADER + sizeof(header) <= HM_OFF_DATA, "header overlaps d
 _Static_assert(HM_OFF_DATA % 16 == 0, "data slot must be 16-byte aligned");
 
 static inline header *hdr(const hm_coll *c, int rank) { return (header *)(c->seg[rank] + HM_OFF_HEADER); }
-
 
 /* A rank's signature of its current call, after the call number in its
  * ENTERED region (docs/protocol.md). */
@@ -124,6 +123,60 @@ static inline void enter(hm_coll *c, uint64_t e, int kind, uint64_t count, int d
     atomic_store_explicit(&m->call, e, memory_order_release);
 }
 
+/* One step's region: the stamp (the call number, stored last with release),
+ * the running maximum of the argument signatures and of their negations,
+ * then the partial result. */
+typedef struct rd_head {
+    hm_counter stamp;
+    int64_t sig_max, sig_neg;
+    int32_t max_rank, min_rank;
+} rd_head;
+
+/* The running extremes of the argument signatures and who holds them. */
+typedef struct rd_sig {
+    int64_t max, neg;
+    int32_t max_rank, min_rank;
+} rd_sig;
+
+static inline void rd_merge(rd_sig *s, const rd_head *h)
+{
+    if (h->sig_max > s->max || (h->sig_max == s->max && h->max_rank < s->max_rank)) {
+        s->max = h->sig_max;
+        s->max_rank = h->max_rank;
+    }
+    if (h->sig_neg > s->neg || (h->sig_neg == s->neg && h->min_rank < s->min_rank)) {
+        s->neg = h->sig_neg;
+        s->min_rank = h->min_rank;
+    }
+}
+
+_Static_assert(sizeof(rd_head) + HM_RD_BYTES <= HM_REGION, "recursive-doubling region too small");
+
+enum { RD_FOLD = HM_STEPS, RD_RESULT = HM_STEPS + 1 };
+
+static inline rd_head *rd(const hm_coll *c, int rank, int k, uint64_t e)
+{
+    return (rd_head *)(c->seg[rank] + c->extra +
+                       (uint64_t)(HM_STEPS + (e & 1) * (HM_STEPS + 2) + k) * HM_REGION);
+}
+
+static inline void sig_args(int64_t sig, int64_t *count, int64_t *dtype, int64_t *op)
+{
+    *count = (int64_t)((uint64_t)sig >> 8);
+    *dtype = (sig >> 4) & 15;
+    *op = sig & 15;
+}
+
+static inline int64_t sig_of(uint64_t count, int dtype, int op)
+{
+    return (int64_t)((count << 8) | ((uint64_t)dtype << 4) | (uint64_t)op);
+}
+
+static inline direct_head *direct(const hm_coll *c, int rank, uint64_t e)
+{
+    return (direct_head *)(c->seg[rank] + c->extra + DIRECT_AT + (e & 1) * direct_span(c->capacity));
+}
+
 /* hm_coll.c: fail with `code`, poisoning the node's words with `bits`; a wait that timed out;
  * a peer's word that carried error bits; whether `peer` is in this call number with another
  * kind of call; wait until *p >= value (written by node rank `peer`, -1: by several); whether
@@ -134,24 +187,14 @@ HM_INTERNAL int coll_peer_failed(hm_coll *c, int peer, int cnt, uint64_t seen);
 HM_INTERNAL int coll_other_call(hm_coll *c, int peer);
 HM_INTERNAL int coll_wait(hm_coll *c, const hm_counter *p, uint64_t value, int peer, int cnt);
 HM_INTERNAL int coll_other_collective(hm_coll *c, int child, uint64_t e, int in_allreduce);
-/* hm_coll_node.c: this rank abandons the allreduce it is in (ranks in allreduces of different
- * algorithms: a count mismatch) */
-HM_INTERNAL int coll_abandon(hm_coll *c);
-
-static inline int wait_counter(hm_coll *c, int peer, int cnt, uint64_t value)
-{
-    return coll_wait(c, counter(c, peer, HM_OFF_SYNC), value, peer, cnt);
-}
+/* hm_coll.c: ranks of an allreduce of `kind` that saw every rank's signature passed different
+ * ones (sig: the extremes and their ranks): the verdict, alike on every rank */
+HM_INTERNAL int coll_spread_mismatch(hm_coll *c, int kind, const rd_sig *sig);
 
 /* Region k of `rank`'s dissemination signals (written by rank - 2^k only). */
 static inline hm_counter *diss(const hm_coll *c, int rank, int k)
 {
     return (hm_counter *)(c->seg[rank] + c->extra + (uint64_t)k * HM_REGION);
-}
-
-static inline int wait_round(hm_coll *c, hm_counter *p, int peer, uint64_t e)
-{
-    return coll_wait(c, p, e, peer, HM_CNT_ROUND);
 }
 
 #endif

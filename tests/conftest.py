@@ -54,7 +54,7 @@ if SELECT not in ("", "mpi"):
 
 #: HYBRIDMPI_TEST_DEEP=1 (run by hand before a release: docs/development.md) runs everything.  Without it (the
 #: README's test command) the suite runs each layout and method once, at up to 4 ranks, in about
-#: 13 minutes on a 2-core machine, and leaves to the deep run the 8-rank runs (oversubscribed four
+#: 13-16 minutes on a 2-core machine, and leaves to the deep run the 8-rank runs (oversubscribed four
 #: to a core: 10-20 s each), the second size of a layout already run at another (the Halo's
 #: cliques at 3 when 4 runs; global memory's cliques, the Halo's one-rank nodes, the memory order
 #: and uneven virtual nodes at 4 when 3 runs), the longer soaks (17,000 Halos' lifecycle, which the

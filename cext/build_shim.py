@@ -21,15 +21,20 @@ SANITIZE = (["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-wr
 _CONSTANT = re.compile(r"#define (HM_[A-Z0-9_]+) +(\S.*)$")
 
 
-def _cdef():
+_PART = re.compile(r'#include "(hm_core_[a-z_]+\.h)"')
+
+
+def _cdef(name="hm_core.h"):
     """hm_core.h without its preprocessor lines, but for its object-like ``#define HM_*``
     constants: a number as it is, an expression as ``#define HM_X ...`` (cffi takes its value
-    from the compiler)."""
+    from the compiler); its parts (``#include "hm_core_*.h"``) read in their place."""
     out = []
-    with open(os.path.join(HERE, "hm_core.h")) as f:
+    with open(os.path.join(HERE, name)) as f:
         for line in f:
             if not line.lstrip().startswith("#"):
                 out.append(line)
+            elif part := _PART.match(line.strip()):
+                out.append(_cdef(part.group(1)))
             elif m := _CONSTANT.match(line):   # a number stays (array sizes use it)
                 value = m.group(2).strip()
                 out.append(line if re.fullmatch(r"-?[0-9]+", value) else f"#define {m.group(1)} ...\n")

@@ -28,7 +28,7 @@ from .. import settings
 SOURCES = ("hm_pmpi.c", "hm_pmpi_cfg.c", "hm_pmpi_setup.c", "hm_pmpi_tune.c", "hm_pmpi_ngh.c",
            "hm_pmpi_ngh_graph.c", "hm_pmpi_ngh_plan.c", "hm_pmpi_ngh_op.c", "hm_pmpi_ngh_req.c", "hm_coll.c",
            "hm_coll_node.c", "hm_ops.c", "hm_net.c", "hm_halo.c", "hm_wait.c", "hm_prof.c", "hm_chaos.c")
-HEADERS = ("hm_core.h", "hm_wait.h", "hm_segment.h", "hm_pmpi_common.h", "hm_ngh.h")
+HEADERS = ("hm_core.h", "hm_core_halo.h", "hm_wait.h", "hm_segment.h", "hm_pmpi_common.h", "hm_ngh.h")
 #: the MPI families: MPICH's ABI (MPICH, Intel MPI: libmpi.so.12), Open MPI's (libmpi.so.40)
 FAMILIES = ("mpich", "openmpi")
 

@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _HOME = {
     "Coarray": "globalmem", "GlobalMemory": "globalmem", "Request": "globalmem",
-    "waitall": "globalmem",
+    "waitall": "globalmem", "Shared": "globalmem", "share": "globalmem",
     "FreedError": "errors", "PatternError": "errors", "PeerArgumentError": "errors",
     "PeerError": "errors", "SyncTimeout": "errors", "abort_on_error": "errors",
     "GhostPattern": "ghost.pattern", "Halo": "ghost.halo", "HybridComm": "comm.hybridcomm",
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .errors import FreedError, PatternError, PeerArgumentError, PeerError, SyncTimeout, abort_on_error
     from .ghost.halo import Halo
     from .ghost.pattern import GhostPattern
-    from .globalmem import Coarray, GlobalMemory, Request, waitall
+    from .globalmem import Coarray, GlobalMemory, Request, Shared, share, waitall
     from .profiling.profile import profile
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
            "PatternError",
            "PeerArgumentError",
            "PeerError",
+           "Shared",
            "SyncTimeout",
            "__version__",
            "abort_on_error",
@@ -57,6 +58,7 @@ __all__ = [
            "barrier",
            "hybrid",
            "profile",
+           "share",
            "waitall",
 ]
 

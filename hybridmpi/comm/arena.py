@@ -89,23 +89,28 @@ class Block:
         #: the detached pages under its arrays, once its chunk was freed (see the module)
         self.detached: list[int] = []
 
-    def array(self, dtype, count, rank=None):
+    def array(self, dtype, count, rank=None, *, offset=0, readonly=False):
         """A numpy array of ``count`` elements of ``dtype`` over rank ``rank``'s part (this
-        rank's by default; a rank of this node), which owns its memory: its ``base`` pins
-        this block, whose bytes are neither reused nor unmapped while the array or anything
-        made from it lives."""
+        rank's by default; a rank of this node), from byte ``offset`` of it, which owns its
+        memory: its ``base`` pins this block, whose bytes are neither reused nor unmapped while
+        the array or anything made from it lives.  ``readonly``: over a read-only buffer, so
+        that numpy refuses to make it (or anything made from it) writeable."""
         rank = self.rank if rank is None else rank
         node_rank = self.arena.ctx.node_index[rank]
         nbytes = count * dtype.itemsize
         if nbytes == 0:
-            return np.zeros(count, dtype=dtype)
-        if nbytes > self.sizes[rank]:
-            raise AssertionError(f"hybridmpi: arena: {nbytes} bytes over a part of {self.sizes[rank]}")
+            out = np.zeros(count, dtype=dtype)
+            out.flags.writeable = not readonly
+            return out
+        if offset < 0 or offset + nbytes > self.sizes[rank]:
+            raise AssertionError(f"hybridmpi: arena: {nbytes} bytes at {offset} over a part of "
+                                 f"{self.sizes[rank]}")
         self.pins += 1
         self.arena.viewed[self.serial] = self
         # the destructor only counts (it may run inside any allocation): the arena sweeps
-        ptr = ffi.gc(ffi.cast("char *", self.addr(node_rank, rank)), self._unpin, size=0)
-        return np.frombuffer(ffi.buffer(ptr, nbytes), dtype=dtype)
+        ptr = ffi.gc(ffi.cast("char *", self.addr(node_rank, rank) + offset), self._unpin, size=0)
+        buf = ffi.buffer(ptr, nbytes)
+        return np.frombuffer(memoryview(buf).toreadonly() if readonly else buf, dtype=dtype)
 
     def _unpin(self, _ptr):
         self.pins -= 1

@@ -9,11 +9,13 @@ facade.
 
 Modules, each importing only those before it: ``sync`` (the sync_images
 state of a HybridComm), ``requests`` (non-blocking operations), ``memory``
-(:class:`GlobalMemory`, whose one put/get path decides locality), ``coarray``.
+(:class:`GlobalMemory`, whose one put/get path decides locality), ``coarray``; beside them
+``shared`` (:func:`share`: read-only arrays with one copy per node).
 """
 
 from .coarray import Coarray
 from .memory import GlobalMemory
 from .requests import Request, waitall
+from .shared import Shared, share
 
-__all__ = ["Coarray", "GlobalMemory", "Request", "waitall"]
+__all__ = ["Coarray", "GlobalMemory", "Request", "Shared", "share", "waitall"]

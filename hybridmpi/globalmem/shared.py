@@ -344,9 +344,11 @@ class Shared(Freed):
             except Exception as e:  # noqa: BLE001 - the user's function: every rank hears of it
                 problem = _raised(e, hc.rank, "fill")
         agree(hc.comm, problem, "share()")
-        if made is not None and scratch:
-            for dst, src in zip(self._writable("node"), made, strict=True):
+        if scratch and form == "fill":   # every filler succeeded: the values go in now
+            for dst, src in zip(self._writable("node") if made else (), made or (), strict=True):
                 np.copyto(dst, src, casting="no")
+            # whole before the node's leader sends them (the root may not be the leader)
+            barrier(ctx, hc.node_comm, "share()")
         del made
         if hc.num_nodes > 1 and hc.is_leader and spec.nbytes and (form == "data" or self.fill_on == "root"):
             MPI = mpi()

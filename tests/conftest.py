@@ -46,7 +46,7 @@ MAX_RANKS = int(os.environ.get("HYBRIDMPI_TEST_MAX_RANKS") or 0)
 PER_MPI = ("test_collectives.py", "test_halo.py", "test_globalmem.py", "test_views.py",
            "test_faults.py", "test_signals.py", "test_resources.py", "test_limits.py",
            "test_agreement.py", "test_onerank.py", "test_pmpi.py", "test_tuning.py", "test_drift.py",
-           "test_interop.py", "test_docs.py")
+           "test_interop.py", "test_docs.py", "test_share.py")
 SELECT = os.environ.get("HYBRIDMPI_TEST_SELECT", "")
 if SELECT not in ("", "mpi"):
     raise pytest.UsageError(f"HYBRIDMPI_TEST_SELECT={SELECT!r}: 'mpi' or unset")

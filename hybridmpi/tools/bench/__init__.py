@@ -5,7 +5,7 @@ and the ratio to it, and writes a JSON document (schema in bench/README.md,
 checked by :func:`validate`).
 """
 
-from . import apps, cg, collectives, dolfinx_heat, dot, ghost, mesh, profile, rma
+from . import apps, cg, collectives, dolfinx_heat, dot, ghost, mesh, profile, rma, share
 from ._common import SCHEMA, print_table, set_ratios, validate, write_json
 
 #: kind -> (add its arguments to a parser, run it: (hc, comm, args) -> document,
@@ -43,6 +43,8 @@ KINDS = {
              "mesh pipeline: gmsh generation, cached read, METIS partition, distribute"),
     "profile": (profile.arguments, profile.run, (("+us", "overhead_us"),),
                 "Halo.update with hybridmpi.profile off and on; a sleeping rank's imbalance"),
+    "share": (share.arguments, share.run, (("node MB", "node_mb"), ("MB/rank", "per_rank_mb")),
+              "hybridmpi.share vs a copy per rank (MPI Bcast, comm.bcast): time and node memory"),
     "rma": (rma.arguments, rma.run, (("MB/s", "mb_per_s"), ("overlap%", "overlap_pct")),
             "one-sided put/get latency, bandwidth, overlap and coarray ping-pong vs mpi4py RMA"),
 }

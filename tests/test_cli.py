@@ -27,6 +27,7 @@ TINY = {
     "dolfinx": ["--reps", "2", "--steps", "2", "--n", "6"],
     "profile": ["--reps", "2", "--iters", "20", "--kb", "4", "--calls", "5", "--sleep-ms", "0.5"],
     "mesh": ["--reps", "2", "--h", "0.3"],
+    "share": ["--reps", "2", "--mb", "0.01,2"],
 }
 
 

@@ -148,8 +148,18 @@ def shm_dir() -> str:
 
 
 def shm_limit() -> int | None:
+    """HYBRIDMPI_SHM_LIMIT in bytes, None when unset; ValueError when not a whole number >= 0."""
     value = raw("HYBRIDMPI_SHM_LIMIT")
-    return int(value) if value else None
+    if not value:
+        return None
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise ValueError(f"hybridmpi: environment variable HYBRIDMPI_SHM_LIMIT={value!r} is not a "
+                         "whole number of bytes")
+    return limit
 
 
 def context_ids() -> int | None:

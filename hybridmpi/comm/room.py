@@ -137,8 +137,11 @@ def check_room(hc, nbytes, what, hint="", *, window=True, ids=0):
     """
     node = allgather(context_of(hc.comm), hc.node_comm, nbytes, what)
     need = window_bytes(node) if window else sum(page_up(n) + PAGE for n in node)
-    room, where = shm_room()
     problem = ids_problem(hc, ids, what) if ids else None
+    try:
+        room, where = shm_room()
+    except ValueError as e:   # a malformed HYBRIDMPI_SHM_LIMIT, maybe on this rank alone
+        room, where, problem = None, "", (ValueError, f"rank {hc.rank}: {str(e).removeprefix('hybridmpi: ')}")
     if problem is None and room is not None and need > room:
         problem = MemoryError, (f"rank {hc.rank}: {what} needs {need / 2**20:.2f} MiB of shared "
                                 f"memory on its node (its segments in pages and the MPI's own), "

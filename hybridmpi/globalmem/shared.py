@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import pickle
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -130,16 +129,27 @@ def _is_shape(s: Any) -> bool:
     return dim(s) or isinstance(s, tuple) and all(dim(n) for n in s)
 
 
+def _sized(dtype: Any, dims: tuple, path: str) -> tuple[tuple, np.dtype]:
+    """The shape and dtype of an array of ``dims`` elements of ``dtype`` as numpy makes it: a
+    subarray dtype's dimensions join the shape; a string or void dtype needs its size."""
+    dt = _leaf_dtype(dtype, path)
+    if dt.subdtype is not None:
+        base, sub = dt.subdtype
+        dims, dt = dims + tuple(sub), base
+    if dt.itemsize == 0 and dt.kind in "SUV" and dt.names is None:
+        raise TypeError(f"{path}: dtype {dt.str} has no size (give one: S16, U8, V4)")
+    return dims, dt
+
+
 def _shapes(shape: Any, dtype: Any, path: str, depth: int, leaves: list) -> Any:
-    per = isinstance(dtype, (dict, list))   # one dtype per array, in the shapes' structure
     if _is_shape(shape):
         dims = (int(shape),) if not isinstance(shape, tuple) else tuple(int(n) for n in shape)
         if any(n < 0 for n in dims):
             raise ValueError(f"shape{path}: a negative dimension in {dims}")
-        if per:
-            raise TypeError(f"dtype{path} is a {type(dtype).__name__} where shape{path} is one shape")
-        leaves.append((dims, _leaf_dtype(dtype, f"dtype{path}")))
+        # (a list where the shape is one: numpy's spelling of a record, [("a", "f8"), ...])
+        leaves.append(_sized(dtype, dims, f"dtype{path}"))
         return ("a", len(leaves) - 1)
+    per = isinstance(dtype, (dict, list))   # one dtype per array, in the shapes' structure
     _deeper(f"shape{path}", depth)
     kind, children = _container(shape, f"shape{path}")
     if per:
@@ -168,15 +178,16 @@ def _build(template: Any, arrays: list) -> Any:
 
 
 def _raised(e: Exception, rank: int, what: str) -> tuple[type[Exception], str]:
-    """A user's exception as a problem every rank raises: its class where the class can be
-    sent and made from a message, else RuntimeError."""
+    """A user's exception as a problem every rank raises: its class where it is Python's own
+    (every rank can load it) and can be made from a message, else RuntimeError."""
     cls: type[Exception] = type(e)
     try:
         cls("probe")
-        pickle.dumps(cls)
-    except Exception:  # noqa: BLE001 - a class that needs other arguments, or a local one
+        if cls.__module__ != "builtins":   # a class of a module some rank may not have
+            cls = RuntimeError
+    except Exception:  # noqa: BLE001 - a class that needs other arguments
         cls = RuntimeError
-    return cls, f"rank {rank}: {what} raised {type(e).__name__}: {e}"
+    return cls, f"rank {rank}: {what} raised {type(e).__name__}: {safe_repr(e, 400)}"
 
 
 def comm_of(comm: Any) -> HybridComm:
@@ -325,25 +336,35 @@ class Shared(Freed):
         return [self._block.array(dt, math.prod(shape), leader, offset=off).reshape(shape)
                 for (shape, dt), off in zip(spec.leaves, spec.offsets, strict=True)]
 
+    def _write(self, form: str, x: Any, fill: Any, scratch: bool) -> tuple[Any, list | None]:
+        """This rank's part of writing the values: the root's arrays copied in, or ``fill``
+        run where it runs.  Returns (the problem, or None; the private arrays it filled)."""
+        hc, spec = self.hc, self._spec
+        fills = form == "fill" and (self.fill_on == "node" and hc.is_leader or
+                                    self.fill_on == "root" and hc.rank == self.root)
+        made = None
+        try:
+            if form == "data" and hc.rank == self.root:
+                for dst, src in zip(self._writable("node"), data_spec(x)[1], strict=True):
+                    np.copyto(dst, src, casting="no")
+            elif fills:
+                made = self._writable("private" if scratch else "node")
+                fill(_build(spec.template, made))
+        except Exception as e:  # noqa: BLE001 - the user's function or input: every rank hears
+            return _raised(e, hc.rank, "fill" if fills else "copying x"), made
+        except BaseException as e:   # an interrupt, an exit: this rank's own; the peers
+            hc.context.break_comm(f"an exception on this rank ({type(e).__name__})")  # hear
+            raise
+        return None, made
+
     def _move(self, form: str, x: Any, fill: Any, *, scratch: bool) -> None:
         """The values into every node's copy (collective): the root's arrays copied in, or
         ``fill`` run on its ranks (into private arrays first when ``scratch``: an update that
         raises leaves the old values), then the leaders' broadcast, then every rank waits."""
         hc, spec = self.hc, self._spec
         ctx = hc.context
-        fills = form == "fill" and (self.fill_on == "node" and hc.is_leader or
-                                    self.fill_on == "root" and hc.rank == self.root)
-        problem, made = None, None
-        if form == "data" and hc.rank == self.root:
-            for dst, src in zip(self._writable("node"), data_spec(x)[1], strict=True):
-                np.copyto(dst, src, casting="no")
-        elif fills:
-            made = self._writable("private" if scratch else "node")
-            try:
-                fill(_build(spec.template, made))
-            except Exception as e:  # noqa: BLE001 - the user's function: every rank hears of it
-                problem = _raised(e, hc.rank, "fill")
-        agree(hc.comm, problem, "share()")
+        problem, made = self._write(form, x, fill, scratch)
+        agree(hc.comm, problem, "share() writing the values")
         if scratch and form == "fill":   # every filler succeeded: the values go in now
             for dst, src in zip(self._writable("node") if made else (), made or (), strict=True):
                 np.copyto(dst, src, casting="no")

@@ -315,9 +315,97 @@ def case_large_in_pieces(comm, rng, **cfg):
         shared_module.PIECE_BYTES = old
 
 
+class ReaderError(Exception):
+    """A user's exception class (not Python's own)."""
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+    __repr__ = __str__
+
+
+def case_outside_review_findings(comm, rng, **cfg):
+    """What an outside review of share found (F1-F8), each the same outcome on every rank:
+    a fill's exception that cannot be printed, or whose class is the user's; a record or
+    subarray dtype and an unsized string in the fill form; a malformed HYBRIDMPI_SHM_LIMIT on
+    one rank; the pages under arrays kept past free() of a large share given back."""
+    with make_hc(comm, cfg) as hc:
+        me, last = hc.rank, hc.size - 1
+
+        def unprintable(out):
+            raise Unprintable()
+
+        def reader(out):
+            raise ReaderError("table.h5 is corrupt")
+        raises_everywhere(comm, RuntimeError, "Unprintable",
+                          lambda: share(shape=(3,), fill=unprintable, root=last, comm=hc))
+        raises_everywhere(comm, RuntimeError, "ReaderError",
+                          lambda: share(shape=(3,), fill=reader, root=last, comm=hc))
+        got = share(shape=(4,), dtype=("<f8", (3,)), fill=lambda o: o.__setitem__(..., 2.0), comm=hc)
+        check_same(got, np.full((4, 3), 2.0), "a subarray dtype")
+        rec = np.dtype([("a", "<f8"), ("b", "<i4")])
+        got = share(shape=(5,), dtype=[("a", "<f8"), ("b", "<i4")],
+                    fill=lambda o: o.__setitem__(..., (1.5, 3)), comm=hc)
+        assert got.dtype == rec and (got["b"] == 3).all() and (got["a"] == 1.5).all()
+        raises_everywhere(comm, TypeError, "has no size", lambda: share(shape=(2,), dtype="S", fill=print,
+                                                                        comm=hc))
+        os.environ["HYBRIDMPI_SHM_LIMIT"] = "lots" if me == last else str(2**40)
+        try:   # (8 MB: a chunk of its own, whose room is checked)
+            raises_everywhere(comm, ValueError, "HYBRIDMPI_SHM_LIMIT='lots'",
+                              lambda: share(np.zeros(2**20) if me == 0 else None, comm=hc))
+        finally:
+            del os.environ["HYBRIDMPI_SHM_LIMIT"]
+        for _ in range(30):   # warm: MPI's caches
+            s = Shared(np.zeros(600_000) if me == 0 else None, comm=hc)   # 4.8 MB: its own chunk
+            keep = s.value
+            s.free()
+            del keep
+        gc.collect()
+        rss = rss_kib()
+        for _ in range(40):
+            s = Shared(np.zeros(600_000) if me == 0 else None, comm=hc)
+            keep = s.value
+            s.free()
+            del keep
+        gc.collect()
+        grown = rss_kib() - rss   # (190 KiB a share when pages went back one by one through libc)
+        assert grown < 3000, f"RSS grew by {grown} KiB over 40 large shares kept past free()"
+
+
+def case_interrupted_fill(comm, rng, **cfg):
+    """A fill interrupted on the root (KeyboardInterrupt) raises it there and PeerError on every
+    other rank, which waited for the values: nobody hangs; the comm is unusable, as documented."""
+    hc = make_hc(comm, cfg)
+
+    def interrupted(out):
+        raise KeyboardInterrupt
+    try:
+        share(shape=(3,), fill=interrupted, root=hc.size - 1, comm=hc)
+    except KeyboardInterrupt:
+        got = "KeyboardInterrupt"
+    except hybridmpi.PeerError:
+        got = "PeerError"
+    else:
+        got = "nothing"
+    everyone = comm.allgather(got)
+    assert everyone == ["PeerError"] * (hc.size - 1) + ["KeyboardInterrupt"], everyone
+    hc.free()
+
+
+def case_many_live(comm, rng, **cfg):
+    """Thousands of shares alive at once (the deep run: the 10,001st), each with its values."""
+    n = 10_001 if DEEP else 1_500
+    with make_hc(comm, cfg) as hc:
+        live = [share(np.array([i, -i]) if hc.rank == 0 else None, comm=hc) for i in range(n)]
+        assert all(a[0] == i and a[1] == -i for i, a in enumerate(live))
+
+
 CASES = [case_every_dtype_and_shape, case_one_copy_per_node, case_structures,
          case_fill_on_root_and_on_nodes, case_bad_input_same_error_everywhere,
-         case_lifetime_and_cycles, case_update_free_running, case_large_in_pieces]
+         case_lifetime_and_cycles, case_update_free_running, case_large_in_pieces,
+         case_outside_review_findings, case_interrupted_fill, case_many_live]
 
 if __name__ == "__main__":
     main(CASES)

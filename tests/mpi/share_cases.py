@@ -226,8 +226,9 @@ def case_bad_input_same_error_everywhere(comm, rng, **cfg):
 
 #: share/free cycles of the soak below, on one node and across nodes (where each of a cycle's
 #: agreements crosses the MPI's network path: 50 ms a cycle at 4 ranks on 2 cores); the deep run's
+#: 10,000 on one node
 DEEP = os.environ.get("HYBRIDMPI_TEST_DEEP") == "1"
-CYCLES = (5000, 1000) if DEEP else (400, 60)
+CYCLES = (10000, 1000) if DEEP else (400, 60)
 
 
 def case_lifetime_and_cycles(comm, rng, **cfg):

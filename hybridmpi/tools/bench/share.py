@@ -25,6 +25,21 @@ def pss_kib():
         return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
 
 
+def _peak_reset():
+    """Start this process's peak RSS (VmHWM) afresh (Linux: ``clear_refs`` 5); its RSS in KiB."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _status_kib("VmRSS")
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
 def _node_mb(hc, before):
     """MB the node's ranks hold more than ``before`` (their PSS summed, on every rank)."""
     return hc.node_comm.allreduce(pss_kib() - before) * 1024 / 1e6
@@ -37,6 +52,7 @@ def _one(hc, series, x, n):
     comm, root = hc.comm, 0
     gc.collect()
     before = pss_kib()
+    rss = _peak_reset()
     comm.Barrier()
     t0 = time.perf_counter()
     keep = None
@@ -45,20 +61,24 @@ def _one(hc, series, x, n):
         comm.Bcast([keep, MPI.BYTE], root=root)
     elif series == "comm.bcast":
         keep = comm.bcast(x if hc.rank == root else None, root=root)
+    elif series == "share fill":   # written in place on the root: it never holds a private copy
+        keep = Shared(shape=(n,), dtype=np.uint8, fill=lambda out: out.fill(7), root=root, comm=hc)
     else:
         keep = Shared(x if hc.rank == root else None, root=root, comm=hc)
     dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) * 1e6
-    got = keep.value if series == "share" else keep
+    peak = (_status_kib("VmHWM") - rss) * 1024 / 1e6   # this rank's peak RSS growth, MB
+    shared = series.startswith("share")
+    got = keep.value if shared else keep
     ok = comm.allreduce(int(got[n // 2] == 7 and got[-1] == 7), op=MPI.MIN)
     mb = _node_mb(hc, before)
-    if series == "share":
+    if shared:
         del got
         keep.free()
     del keep
     gc.collect()
     if not ok:
         raise AssertionError(f"{series}: a rank did not get the root's values")
-    return dt, mb
+    return dt, mb, comm.bcast(peak, root=root)
 
 
 def run(hc, comm, a):
@@ -69,18 +89,20 @@ def run(hc, comm, a):
     for mb in [float(m) for m in a.mb.split(",") if m]:
         n = int(mb * 1e6)
         x = np.full(n, 7, dtype=np.uint8) if hc.rank == 0 else None
-        series = ["MPI Bcast", "share"] + (["comm.bcast"] if mb <= a.pickle_mb else [])
+        series = ["MPI Bcast", "share", "share fill"] + (["comm.bcast"] if mb <= a.pickle_mb else [])
         times = {s: [] for s in series}
-        memory = dict.fromkeys(series, 0.0)
+        memory = {s: (0.0, 0.0) for s in series}
         for rep in range(a.reps):
             for s in series[rep % len(series):] + series[:rep % len(series)]:
-                dt, node_mb = _one(hc, s, x, n)
+                dt, node_mb, peak = _one(hc, s, x, n)
                 times[s].append(dt)
-                memory[s] = node_mb
+                memory[s] = node_mb, peak
         for s in series:
-            add(doc, s, mb, times[s], baseline=s == "MPI Bcast", node_mb=memory[s],
-                per_rank_mb=memory[s] / hc.node_size)
+            add(doc, s, mb, times[s], baseline=s == "MPI Bcast", node_mb=memory[s][0],
+                per_rank_mb=memory[s][0] / hc.node_size, root_peak_mb=memory[s][1])
         del x
     doc["notes"] = [f"node {hc.node_id}: {hc.node_size} ranks; node MB: PSS grown while the "
-                    "arrays live, summed over the node's ranks (a copy per rank: ranks x size)"]
+                    "arrays live, summed over the node's ranks (a copy per rank: ranks x size); "
+                    "root peak: the root's peak RSS grown during the call (shared pages it "
+                    "touched count in full); share fill: written in place on the root"]
     return doc

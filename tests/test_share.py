@@ -16,10 +16,11 @@ CONFIGS = {
     "cliques2": ([], {"MPIR_CVAR_NUM_CLIQUES": "2"}),
 }
 #: each layout once, at the size where it differs most from one node
-QUICK = [("node", 1), ("node", 2), ("node_size1", 3), ("node_size2", 4), ("cliques2", 4)]
+#: (nodes of one rank: the hosts leg's 2-1-1 layout, test_hosts.py, and the deep run)
+QUICK = [("node", 1), ("node", 2), ("node_size2", 4), ("cliques2", 4)]
 #: the deep run's (HYBRIDMPI_TEST_DEEP=1, run by hand): second sizes, uneven nodes, 8 ranks
-SECOND = [("node", 3), ("node", 4), ("node_size1", 2), ("node_size1", 4), ("node_size3", 4), ("cliques2", 3),
-          ("node", 8), ("node_size3", 8)]
+SECOND = [("node", 3), ("node", 4), ("node_size1", 2), ("node_size1", 3), ("node_size1", 4),
+          ("node_size3", 4), ("cliques2", 3), ("node", 8), ("node_size3", 8)]
 
 
 @pytest.mark.parametrize(("config", "ranks"), [pytest.param(c, n, id=f"{c}-{n}") for c, n in QUICK + SECOND])

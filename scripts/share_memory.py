@@ -17,8 +17,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 
 
-def run(ranks, mb, reps, out, mpi):
+def run(ranks, mb, reps, out, mpi, again=True):
     path = os.path.join(out, f"share-{ranks}ranks-{mpi}.json")
+    if not again:
+        with open(path) as f:
+            return json.load(f)
     cmd = [os.path.join(BIN, "mpiexec"), "-n", str(ranks), os.path.join(BIN, "hybridmpi"), "bench", "share",
            "--mb", str(mb), "--reps", str(reps), "--pickle-mb", "0", "--json", path]
     print("#", " ".join(cmd), flush=True)
@@ -34,12 +37,13 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--mpi", default="mpich", help="a label for the file names")
     ap.add_argument("--out", default=os.path.join(HERE, "..", "bench", "results"))
+    ap.add_argument("--plot-only", action="store_true", help="the table and figure of the JSON kept")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
     print(f"{'ranks':>5} {'series':>11} {'node MB':>9} {'MB/rank':>8} {'median ms':>10} {'root peak MB':>13}")
     for n in [int(r) for r in a.ranks.split(",")]:
-        doc = run(n, a.mb, a.reps, a.out, a.mpi)
+        doc = run(n, a.mb, a.reps, a.out, a.mpi, again=not a.plot_only)
         for r in doc["results"]:
             med = sorted(r["samples"])[len(r["samples"]) // 2] / 1e3
             rows.append((n, r["series"], r["node_mb"], med, r["root_peak_mb"]))
@@ -58,7 +62,8 @@ def main():
         ax.plot([p[0] for p in pts], [p[1] / 1e3 for p in pts], style,
                 label="a copy per rank (MPI Bcast)" if series == "MPI Bcast" else "hybridmpi.share")
     ax.set_xlabel("ranks on the node")
-    ax.set_ylabel(f"node memory for a {a.mb / 1e3:g} GB array (GB of PSS)")
+    ax.set_ylabel("GB the node holds more (PSS)")
+    ax.set_title(f"a {a.mb / 1e3:g} GB array on every rank (the root's own aside)", fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3)
     png = os.path.join(a.out, "share-memory.png")

@@ -200,7 +200,12 @@ def _views_of(blocks):
             if b.sizes[r] > 0:
                 lo = b.home.base[nr] + b.offsets[r]
                 pages.update(range(lo // PAGE * PAGE, page_up(lo + b.sizes[r]), PAGE))
-    runs = []
+    return _page_runs(pages)
+
+
+def _page_runs(pages):
+    """(first page, bytes) of each run of adjacent pages among ``pages``, in address order."""
+    runs: list[list[int]] = []
     for p in sorted(pages):
         if runs and runs[-1][0] + runs[-1][1] == p:
             runs[-1][1] += PAGE
@@ -272,13 +277,7 @@ def _undetach(pages):
         else:
             _DETACHED.pop(p, None)
             gone.append(p)
-    runs: list[list[int]] = []
-    for p in sorted(gone):
-        if runs and runs[-1][0] + runs[-1][1] == p:
-            runs[-1][1] += PAGE
-        else:
-            runs.append([p, PAGE])
-    for lo, n in runs:
+    for lo, n in _page_runs(gone):
         _libc.syscall(_SYS_MUNMAP, lo, n, 0, 0, None)
 
 

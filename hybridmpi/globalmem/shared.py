@@ -298,7 +298,6 @@ class Shared(Freed):
                                                                      fill, root, fill_on)
         self._spec = spec
         self.nbytes = spec.nbytes
-        leader = hc.node_ranks[0]
         self._block = hc.arena.alloc(spec.nbytes if hc.is_leader else 0, "share()")
         try:
             self._move(form, x, fill, scratch=False)
@@ -306,9 +305,7 @@ class Shared(Freed):
             if is_agreed(e):   # every rank is here: the memory goes back (collective)
                 self._block.free()
             raise
-        self._value = _build(spec.template, [
-            self._block.array(dt, math.prod(shape), leader, offset=off, readonly=True).reshape(shape)
-            for (shape, dt), off in zip(spec.leaves, spec.offsets, strict=True)])
+        self._value = _build(spec.template, self._over("read"))
         self.closed = False
         ctx = hc.context
         #: its number among the comm's shared arrays, the same on every rank (made collectively,
@@ -328,12 +325,14 @@ class Shared(Freed):
             raise FreedError(f"hybridmpi: rank {self.hc.rank}: Shared.value after free()")
         return self._value
 
-    def _writable(self, arrays_of: str) -> list:
-        """Writable arrays over this node's copy (``"node"``) or private ones (``"private"``)."""
+    def _over(self, kind: str) -> list:
+        """The arrays, in the template's order: over this node's copy, read-only (``"read"``)
+        or writable (``"node"``), or private ones to fill (``"private"``)."""
         spec, leader = self._spec, self.hc.node_ranks[0]
-        if arrays_of == "private":
+        if kind == "private":
             return [np.empty(shape, dtype=dt) for shape, dt in spec.leaves]
-        return [self._block.array(dt, math.prod(shape), leader, offset=off).reshape(shape)
+        return [self._block.array(dt, math.prod(shape), leader, offset=off,
+                                  readonly=kind == "read").reshape(shape)
                 for (shape, dt), off in zip(spec.leaves, spec.offsets, strict=True)]
 
     def _write(self, form: str, x: Any, fill: Any, scratch: bool) -> tuple[Any, list | None]:
@@ -345,10 +344,10 @@ class Shared(Freed):
         made = None
         try:
             if form == "data" and hc.rank == self.root:
-                for dst, src in zip(self._writable("node"), data_spec(x)[1], strict=True):
+                for dst, src in zip(self._over("node"), data_spec(x)[1], strict=True):
                     np.copyto(dst, src, casting="no")
             elif fills:
-                made = self._writable("private" if scratch else "node")
+                made = self._over("private" if scratch else "node")
                 fill(_build(spec.template, made))
         except Exception as e:  # noqa: BLE001 - the user's function or input: every rank hears
             return _raised(e, hc.rank, "fill" if fills else "copying x"), made
@@ -366,7 +365,7 @@ class Shared(Freed):
         problem, made = self._write(form, x, fill, scratch)
         agree(hc.comm, problem, "share() writing the values")
         if scratch and form == "fill":   # every filler succeeded: the values go in now
-            for dst, src in zip(self._writable("node") if made else (), made or (), strict=True):
+            for dst, src in zip(self._over("node") if made else (), made or (), strict=True):
                 np.copyto(dst, src, casting="no")
             # whole before the node's leader sends them (the root may not be the leader)
             barrier(ctx, hc.node_comm, "share()")

@@ -15,7 +15,7 @@ loads the C core (``clib.py``) names them.
   :func:`describe_word_value`.
 
 A function here builds the exception and says why the comm breaks (the ``why`` that the
-caller passes to its ``_break``); it breaks nothing itself.
+caller passes to ``Context.break_comm``); it breaks nothing itself.
 """
 
 from __future__ import annotations

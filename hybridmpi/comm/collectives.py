@@ -102,7 +102,7 @@ class Collectives:
         st: the C core's collective state over the node's segments ``segs``.
         plan: how the calls run (:class:`Plan`).
         leaders: each node's leader and host, by node id.
-        break_comm, peer_error: the comm's (its ``_break`` and ``_peer_error``).
+        break_comm, peer_error: its Context's (``Context.break_comm`` and ``Context.peer_error``).
     """
 
     __slots__ = ("rank", "size", "num_nodes", "node_size", "node_id", "node_ranks", "is_leader",

@@ -20,10 +20,9 @@ from .. import settings
 from .._native import errmap as _errmap
 from .._native.clib import Calls, ffi, lib, operations
 from .._native.tables import mpi as _mpi
-from ..errors import PeerError, SyncTimeout, agreed
 from . import tuning
 from ._agree import agree, register, safe_repr, unregister
-from ._context import Context
+from ._context import KEPT, Context, describe
 from ._env import (
     FOREVER_S,
     LIVE,
@@ -37,7 +36,7 @@ from ._env import (
     seconds_ns,
 )
 from ._hooks import START_ENV_PROFILE
-from ._notice import Notices, new_nonce
+from ._notice import new_nonce
 from ._resource import leave_on_error
 from ._waits import progress_off, progress_on
 from .arena import Arena, allocate_shared
@@ -51,8 +50,6 @@ _COLLECTIVES = ("auto", "core", "mpi")
 
 DEFAULT_RADIX = 4
 
-#: communicators of broken HybridComms, never freed (HybridComm._free_comm)
-_KEPT: list[Any] = []
 _SERIALS = itertools.count()  # HybridComms made by this process, in order
 
 
@@ -64,7 +61,7 @@ def _by_collectives(name: str) -> Any:
     impl = getattr(Collectives, name)
 
     def method(self, *args, **kwargs):
-        return getattr(self._coll, name)(*args, **kwargs)
+        return getattr(self.context.collectives, name)(*args, **kwargs)
     method.__name__, method.__qualname__, method.__doc__ = name, f"HybridComm.{name}", impl.__doc__
     method.__signature__ = inspect.signature(impl)  # type: ignore[attr-defined]
     return method
@@ -134,7 +131,7 @@ class HybridComm:
                  allreduce: str = "recursive_doubling", collectives: str = "auto") -> None:
         MPI = _mpi()
         self._calls = Calls(self.OPERATIONS)  # what serves and records barrier and allreduce
-        self._coll: Any = None   # its Collectives, once made
+        self.context: Any = None   # its runtime state, once its node is set up
         self._MPI = MPI
         self._st = None
         #: True before the comm is made and once it is freed (an attribute: one dictionary
@@ -295,31 +292,18 @@ class HybridComm:
         self.comm.Free()
 
     def _init_state(self, MPI, st, allreduce):
-        """The state of a new comm over the C core's ``st``: children, identifiers, failure
-        notices, Context, arena, and its Collectives with their Plan."""
+        """The state of a new comm over the C core's ``st``: its Context (children,
+        identifiers, failure notices), arena, and its Collectives with their Plan."""
         self._st = st
         self.closed = False
         self.allreduce_method = allreduce
-        self._broken = None
-        self._broken_by: int | None = None   # the peer whose error broke it here, when known
-        self._broken_as: str | None = None   # the class this rank raised then, when known
-        self._children: dict[int, Any] = {}  # Halos and global memory built on this comm, freed with it
-        self._tags = TagIds()   # the identifiers of its live Halos
-        self._notices = Notices(self.comm, self._nonce, MPI)  # this rank's and the peers' (_break)
-        self._services: dict[str, Any] = {}  # other layers' state per comm (_service)
-        #: what the transports, the waits and the arena see of this comm
-        self.context = Context(self, MPI, st, self._notices, serial=next(_SERIALS),
-                               children=self._children, hooks=dict(
-                                   service=self._service, free_comm=self._free_comm,
-                                   broken=lambda: self._broken,
-                                   take_id=lambda: self._tags.take(self.context, self.comm, self._MPI),
-                                   broken_cause=lambda: (self._broken_by, self._broken_as),
-                                   release_id=self._tags.release, break_comm=self._break,
-                                   peer_error=self._peer_error, describe_word=self._where_word,
-                                   calls=self._calls,
-                                   agree_free=self._agree_free, agree_views=self._agree_views))
-        self.arena = self.context.arena = Arena(self.context)  # shared memory of Halos, global memory
-        register(self.comm, self.context)  # agreements over it poll its notices, keep its deadline
+        #: the comm's runtime state, which the transports, the waits and the arena see of it
+        ctx = self.context = Context(self, MPI, st, segs=self._segs,
+                                     seg_bytes=lib.hm_coll_segment_bytes(SLOT_BYTES),
+                                     nonce=self._nonce, serial=next(_SERIALS), calls=self._calls,
+                                     tags=TagIds())
+        self.arena = ctx.arena = Arena(ctx)  # shared memory of Halos, global memory
+        register(self.comm, ctx)  # agreements over it poll its notices, keep its deadline
         if self.size > 1:
             progress_on(self.comm)   # the C core's slow waits drive MPI's progress
             # SIGTERM left at its default: inside a wait it raises SystemExit(143), which breaks
@@ -328,9 +312,9 @@ class HybridComm:
         #: how barrier and allreduce run, chosen once
         self.plan = Plan.of(self.num_nodes, self.node_size, self.is_leader, allreduce,
                             mpi=self.collective_path == "mpi")
-        self._coll = Collectives(self, st, self._segs, self.plan, self._leaders,
-                                 break_comm=self._break, peer_error=self._peer_error)
-        self._coll.serve(self._calls)
+        ctx.collectives = Collectives(self, st, self._segs, self.plan, self._leaders,
+                                      break_comm=ctx.break_comm, peer_error=ctx.peer_error)
+        ctx.collectives.serve(self._calls)
 
     def _tuned(self, MPI, collectives):
         """The path of this comm's barrier and allreduce, ``"core"`` or ``"mpi"``, where the
@@ -352,19 +336,20 @@ class HybridComm:
         (made here) on every rank (collective: :func:`hybridmpi.comm.tuning.calibrate`), keep
         the faster path's and free the other's; the choice is cached as a table.  A failure
         (a peer's error, the deadline) frees this comm and raises on every rank."""
-        core = self._coll
+        ctx = self.context
+        core = ctx.collectives
         plan = Plan.of(self.num_nodes, self.node_size, self.is_leader, allreduce, mpi=True)
         mpi = None
         try:
             mpi = Collectives(self, st, self._segs, plan, self._leaders,
-                              break_comm=self._break, peer_error=self._peer_error)
+                              break_comm=ctx.break_comm, peer_error=ctx.peer_error)
             with ctrl_c_deferred():
                 rows, seconds = tuning.calibrate(core, mpi)
         except BaseException as e:
             # the peers stop waiting on this rank (those in MPI's own call without a deadline
             # wait as in any MPI program) and raise PeerError
-            self._break(f"rank {self.rank} failed in HybridComm()'s calibration "
-                        f"({type(e).__name__})", raised=type(e).__name__)
+            ctx.break_comm(f"rank {self.rank} failed in HybridComm()'s calibration "
+                           f"({type(e).__name__})", raised=type(e).__name__)
             if mpi is not None:
                 self._drop_collectives(mpi)
             with contextlib.suppress(Exception):
@@ -374,7 +359,7 @@ class HybridComm:
         # (self.tuning: why no table was taken)
         self.collective_path, self.tuning = choice.path, f"{choice.source}; {self.tuning}"
         if self.collective_path == "mpi":
-            self.plan, self._coll = plan, mpi
+            self.plan, ctx.collectives = plan, mpi
             self._drop_collectives(core)
             mpi.serve(self._calls)
         else:
@@ -387,11 +372,11 @@ class HybridComm:
         own = coll.own_comm()
         pending = coll.pending_between_nodes()
         if pending is not None:
-            _KEPT.append((pending, own))
+            KEPT.append((pending, own))
             return
         coll.free_between_nodes()
         if own is not None:
-            self._free_comm(own)
+            self.context.free_comm(own)
 
     # ------------------------------------------------------------------ life
 
@@ -400,120 +385,48 @@ class HybridComm:
         if self._st is None:
             LIVE.pop(id(self), None)
             return
+        ctx = self.context
         # the collective frees below run only when every rank frees this comm (else it breaks)
         if not self._MPI.Is_finalized():
-            self._agree_free(f"HybridComm {self._nonce:x}")
+            ctx.agree_free(f"HybridComm {self._nonce:x}")
         LIVE.pop(id(self), None)
         unregister(self.comm)
         progress_off(self.comm)
-        ctx = self.context
         if ctx.env_profile is not None:
             ctx.env_profile.end_env()
         elif ctx.profile is not None:
             ctx.profile.owner.abandon()
-        for child in list(self._children.values()):
-            child.free()
-        services, self._services = self._services, {}
-        for s in services.values():
-            free = getattr(s, "free", None)
-            if free is not None:
-                free()
+        ctx.free_children()
         self.arena.free()
-        self._stop(None)   # every later call raises FreedError
+        ctx.mark_freed()   # every later call raises FreedError
         self._st = None
         self.closed = True
+        if not self._MPI.Is_finalized():
+            self._free_mpi(ctx)
+
+    def _free_mpi(self, ctx):
+        """Free the comm's window and communicators (collective), or keep those that a broken
+        comm or a pending request may still use."""
         MPI = self._MPI
-        if MPI.Is_finalized():
-            return
-        if self._broken is not None:   # MPI_Win_free is collective: a peer may never come
-            _KEPT.append(self._win)
+        if ctx.broken() is not None:   # MPI_Win_free is collective: a peer may never come
+            KEPT.append(self._win)
         else:
             self._win.Unlock_all()
             self._win.Free()
-        pending = self._coll.pending_between_nodes() if self._coll is not None else None
-        own = self._coll.own_comm() if self._coll is not None else None
+        coll = ctx.collectives   # None where the comm's making failed before them
+        pending = coll.pending_between_nodes() if coll is not None else None
+        own = coll.own_comm() if coll is not None else None
         if pending is not None:   # MPI may still complete it: its buffers, ops and comms stay
-            _KEPT.append((pending, self.leader_comm, own))
-        elif self._coll is not None:
-            self._coll.free_between_nodes()
-        if pending is None:
-            if self.leader_comm != MPI.COMM_NULL:
-                self._free_comm(self.leader_comm)
-            if own is not None:   # MPI's own calls' duplicate: as the comm's own
-                self._free_comm(own)
-        self._free_comm(self.node_comm)
-        self._free_comm(self.comm)
-
-    def _agree_free(self, what):
-        """Whether the collective MPI frees of ``what`` (an object of this comm, named the same
-        on every rank) may run: every rank frees it now.  A bounded agreement first, so that a
-        rank never waits in MPI_Win_free for a peer that broke (its notice ends the agreement:
-        this comm breaks too, False; also when a peer did not come within the timeout) or that
-        frees another object (RuntimeError on every rank, before anything is freed).  False at
-        once when this comm broke."""
-        return self._agree_views(what, None) is not None
-
-    def _agree_views(self, what, mine):
-        """:meth:`_agree_free` that also gathers ``mine`` from every rank: their list, or None
-        where _agree_free is False."""
-        if self._broken is not None or self._st is None:
-            return None
-        if self.size == 1:
-            return [mine]
-        try:   # one call name: the objects compared below
-            views = agree(self.comm, None, "free()", data=(what, mine))
-        except (PeerError, SyncTimeout):   # the comm broke (a peer's notice, or none came in
-            return None                    # time): nothing collective follows, and free goes on
-        names = [v[0] for v in views]
-        if len(set(names)) != 1:
-            raise agreed(_errmap.frees_differ(self.rank, names))
-        return [v[1] for v in views]
-
-    def _free_comm(self, c):
-        """Free an MPI communicator of this HybridComm, unless a failed call broke it: messages
-        of that call may still be in flight on it, and MPI may give a freed communicator's
-        context to a new one, whose calls would then receive them.  Those are kept (one set
-        per failure)."""
-        if self._broken is not None:
-            _KEPT.append(c)
-        else:
-            c.Free()
-
-    def _service(self, name, make):
-        """The state that another layer keeps once per HybridComm (global memory's sync_images
-        counters, the cross-memory attach probe), made by ``make(self)`` on first use.  Its
-        ``poison(bits)`` runs when the comm breaks, its ``free()`` after the children's, and
-        its ``describe_word(addr)`` names the words a hang waits on, where it has them."""
-        s = self._services.get(name)
-        if s is None:
-            s = self._services[name] = make(self)
-        return s
-
-    def _where_word(self, addr):
-        """What a wait on the word at ``addr`` waits for, in words, if the word is one of this
-        comm's collective segments or of its children or services; else None."""
-        st = self._st
-        if st is None:
-            return None
-        where = None
-        size = lib.hm_coll_segment_bytes(SLOT_BYTES)
-        for nr in range(self.node_size):
-            base = int(ffi.cast("uintptr_t", self._segs[nr]))
-            if base <= addr < base + size:
-                where = (f"collective call {st.epoch} of {self!r}, on a word of rank "
-                         f"{self.node_ranks[nr]}; ranks that have not entered it: "
-                         f"{self._coll.not_entered()}")
-        for describe in self._hooks("describe_word"):
-            what = describe(addr)
-            if what:
-                where = what
-        return where
-
-    def _hooks(self, name):
-        """The children's ``name`` hooks (given to ``context.adopt``), then the services'
-        (their method ``name``): ``poison`` or ``describe_word``."""
-        hooks = [h[name] for h in self.context.hooks.values() if h.get(name) is not None]
-        return hooks + [getattr(s, name) for s in self._services.values() if hasattr(s, name)]
+            KEPT.append((pending, self.leader_comm, own))
+            return
+        if coll is not None:
+            coll.free_between_nodes()
+        if self.leader_comm != MPI.COMM_NULL:
+            ctx.free_comm(self.leader_comm)
+        if own is not None:   # MPI's own calls' duplicate: as the comm's own
+            ctx.free_comm(own)
+        ctx.free_comm(self.node_comm)
+        ctx.free_comm(self.comm)
 
     def __copy__(self) -> Any:
         raise TypeError("hybridmpi: a HybridComm cannot be copied (it owns shared memory and "
@@ -527,47 +440,7 @@ class HybridComm:
             self.free()   # collective unless the comm broke (then nothing waits on a peer)
 
     def __repr__(self):
-        state = "freed" if self._st is None else f"{self.num_nodes} node(s)"
-        return (f"<HybridComm rank {self.rank}/{self.size} node {self.node_id} "
-                f"rank {self.node_rank}/{self.node_size}, {state}>")
-
-    # ------------------------------------------------------------ errors
-
-    def _peer_error(self, what, peer, seen=None, also=""):
-        """The error of a rank that found a peer's error bits ``seen`` (None: got its failure
-        notice); ``also`` is appended to the message.  The comm breaks."""
-        exc = _errmap.peer_error(self.rank, what, peer, seen, also)
-        self._break(_errmap.breaks(exc), notify=False, by=peer, raised=type(exc).__name__)
-        return exc
-
-    def _stop(self, why):
-        """No C call object serves this comm's operations any more, and its collectives raise:
-        it broke (``why``) or was freed (None)."""
-        self._calls.close()
-        if self._coll is not None:
-            self._coll.stop(why, self._broken_by, self._broken_as)
-
-    def _break(self, why, notify=True, by=None, raised=None):
-        """Make this comm unusable, and make every peer that waits on this rank raise instead of
-        waiting: error bits in every word this rank writes on its node (collectives, every
-        Halo, sync_images) and, with ``notify`` (this rank's own failure rather than one passed
-        on from a peer, whose notice every rank already has), a failure notice to every other
-        rank, which the waits on MPI requests poll.  ``by``: the peer whose error this rank met,
-        when known (the comm's later errors name it; it may have passed on another's);
-        ``raised``: the class this rank raised, when known (they name it too)."""
-        first = self._broken is None
-        self._broken = self._broken or why
-        if first:
-            self._broken_by, self._broken_as = by, raised
-        self._stop(why)
-        if not first or self._st is None or self._MPI.Is_finalized():
-            return
-        bits = _errmap.poison_bits(why)
-        lib.hm_coll_poison(self._st, bits)
-        for poison in self._hooks("poison"):
-            poison(bits)
-        # across nodes a notice passed on is needed too: a rank on another node may wait on this
-        # one alone, and the peer whose error this rank passes on may not be its neighbour
-        if (notify or self.num_nodes > 1) and self.size > 1:
-            self._notices.send()
-
+        if self.context is not None:
+            return repr(self.context)
+        return describe(self.rank, self.size, self.node_id, self.node_rank, self.node_size,
+                        "not made")

@@ -51,6 +51,14 @@ int hm_coll_set_radix(hm_coll *c, int radix)
     return HM_OK;
 }
 
+int hm_coll_set_direct_total(hm_coll *c, int64_t bytes)
+{
+    if (bytes < 0 || bytes > HM_DIRECT_TOTAL_MAX)
+        return HM_EARG;
+    c->direct_total = (uint64_t)bytes;
+    return HM_OK;
+}
+
 int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t capacity)
 {
     /* a capacity near 2^64 would wrap the segment's size (extra_offset) */
@@ -64,6 +72,7 @@ int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg, uint64_t
     c->capacity = capacity;
     c->extra = extra_offset(capacity);
     hm_coll_set_radix(c, radix);
+    c->direct_total = HM_DIRECT_TOTAL;
     hm_policy_init(&c->policy, 0);
     memset(seg[rank], 0, hm_coll_segment_bytes(capacity));
     return HM_OK;

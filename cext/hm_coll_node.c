@@ -1,6 +1,7 @@
 /* hybridmpi C core: the node's allreduce (hm_core.h, hm_allreduce_node): recursive doubling up
  * to HM_RD_BYTES, the direct allreduce while the node's ranks times the payload is at most
- * HM_DIRECT_TOTAL, else the reduce-scatter and allgather in chunks. */
+ * the comm's gate (HM_DIRECT_TOTAL unless a table chose another), else the reduce-scatter
+ * and allgather in chunks. */
 #define _GNU_SOURCE
 #include "hm_segment.h"
 
@@ -219,7 +220,7 @@ int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, 
     if (any && c->size > 1) {
         if (nbytes <= HM_RD_BYTES)
             return hm_allreduce_rd(c, send, recv, count, dtype, op);
-        if (nbytes <= direct_bytes(c->capacity) && nbytes * (uint64_t)c->size <= HM_DIRECT_TOTAL)
+        if (nbytes <= direct_bytes(c->capacity) && nbytes * (uint64_t)c->size <= c->direct_total)
             return allreduce_direct(c, send, recv, count, dtype, op);
         return in_chunks(c, send, recv, count, dtype, op, 1);
     }

@@ -82,8 +82,9 @@ enum { HM_STEPS = 16, HM_RD_BYTES = 96 };
 
 /* The direct allreduce (hm_allreduce_node): each rank's buffer (two, by epoch parity) holds
  * up to HM_DIRECT_BYTES (at most the slot's capacity), and a call takes it while the node's
- * ranks times the payload is at most HM_DIRECT_TOTAL bytes. */
-enum { HM_DIRECT_BYTES = 16384, HM_DIRECT_TOTAL = 32768 };
+ * ranks times the payload is at most its gate, HM_DIRECT_TOTAL bytes unless a tuning table
+ * chose another (hm_coll_set_direct_total, at most HM_DIRECT_TOTAL_MAX). */
+enum { HM_DIRECT_BYTES = 16384, HM_DIRECT_TOTAL = 32768, HM_DIRECT_TOTAL_MAX = 1 << 30 };
 
 /* Wait policy: spin `spin` polls with a pause instruction, then
  * sched_yield until `yield_ns` have passed since the wait began, then
@@ -153,6 +154,7 @@ typedef struct hm_coll {
     hm_wait_policy policy;
     hm_error err;
     void *net;                /* MPI's own calls: their hm_net (hm_barrier_mpi), else NULL */
+    uint64_t direct_total;    /* the direct allreduce's gate (hm_coll_set_direct_total) */
 } hm_coll;
 
 /* The profile clock (hybridmpi.profile): while hm_prof[2] is nonzero, each synchronizing
@@ -218,6 +220,11 @@ int hm_coll_init(hm_coll *c, int rank, int size, int radix, char **seg,
  * library takes a tuning table's after its set-up has read the table). */
 int hm_coll_set_radix(hm_coll *c, int radix);
 
+/* The direct allreduce's gate: node ranks times bytes at most `bytes` (0..HM_DIRECT_TOTAL_MAX,
+ * else HM_EARG; HM_DIRECT_TOTAL by hm_coll_init; 0: never direct).  Changed only before the
+ * first collective call, to the same value on every node rank (a tuning table's). */
+int hm_coll_set_direct_total(hm_coll *c, int64_t bytes);
+
 /* Barrier over the node.  `part` = HM_BOTH for a whole barrier; the root
  * may split it into HM_GATHER (returns once every rank arrived) and
  * HM_RELEASE (lets everyone go).  Guarantees: every write made by any
@@ -250,8 +257,8 @@ int hm_allreduce_rd(hm_coll *c, const void *send, void *recv, uint64_t count, in
 /* The node's whole allreduce of `count` elements, the algorithm chosen by size: with `any`
  * set (one node; the Python library's allreduce="recursive_doubling", and the PMPI library on
  * one node), recursive doubling up to HM_RD_BYTES, the direct allreduce while node ranks times
- * bytes is at most HM_DIRECT_TOTAL, else the reduce-scatter and allgather in chunks of half
- * the slot; with `any` 0 the tree (hm_allreduce) in slot-sized chunks only (a rank of a node
+ * bytes is at most the gate (hm_coll_set_direct_total), else the reduce-scatter and allgather
+ * in chunks of half the slot; with `any` 0 the tree (hm_allreduce) in slot-sized chunks only (a rank of a node
  * whose leader joins other nodes between its phases).  Direct: every rank publishes its value
  * and signature in its own buffer (two, by epoch parity, so one round of stamps is the whole
  * synchronization) and combines every rank's value in rank order, so every rank computes the

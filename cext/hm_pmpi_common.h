@@ -93,16 +93,21 @@ char *pmpi_map_segment(MPI_Comm node, size_t bytes, int inject, const char **why
 
 /* hm_pmpi_tune.c: a communicator's layout as a tuning table's key names it, and the path the
  * table for it chose on this host and MPI (HYBRIDMPI_TUNE_FILE, else the cache folder), or
- * TUNE_PATH_NONE; `where`: the file looked at last; `radix`: the node tree's arity the table
- * chose, 0 where it chose none.  `rank`: the communicator's (0 says on
- * stderr why a named table is not taken, once per process). */
+ * TUNE_PATH_NONE; `where`: the file looked at last; `t`: the node tree's arity the table
+ * chose (0 where it chose none) and the direct allreduce's gate (-1 where it chose none).
+ * `rank`: the communicator's (0 says on stderr why a named table is not taken, once per
+ * process). */
 typedef struct pmpi_layout {
     int ranks, nodes;
     int lo, hi;          /* ranks per node, the fewest and the most */
     int cores;           /* cores a physical node's ranks may run on, the fewest */
     int oversubscribed;  /* some physical node has more ranks than cores */
 } pmpi_layout;
-int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n, int *radix);
+typedef struct pmpi_tuned {
+    int radix;
+    int direct_total;
+} pmpi_tuned;
+int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n, pmpi_tuned *t);
 
 /* An extension of the base (hm_pmpi_ngh.c: the neighbourhood collectives), registered by the
  * extension when the library is loaded (pmpi_extend, from a constructor), so that the base

@@ -368,8 +368,8 @@ static int layout_path(state *s, int rank, int leader, const int *all)
     pmpi_layout l = {.ranks = size, .nodes = all[0], .lo = -most[1], .hi = most[0],
                      .cores = -most[2], .oversubscribed = all[2] != 0};
     char where[4096] = "";
-    int radix = 0;
-    int got = pmpi_tune_table(&l, rank, where, sizeof where, &radix);
+    pmpi_tuned t;
+    int got = pmpi_tune_table(&l, rank, where, sizeof where, &t);
     mine[0] = got == TUNE_PATH_CORE, mine[1] = got == TUNE_PATH_MPI, mine[2] = got == TUNE_PATH_NONE;
     if (PMPI_Allreduce(mine, views, 3, MPI_INT, MPI_SUM, s->comm) != MPI_SUCCESS)
         views[0] = views[1] = 0, views[2] = 1;
@@ -377,16 +377,23 @@ static int layout_path(state *s, int rank, int leader, const int *all)
              : views[1] == size ? TUNE_PATH_MPI : TUNE_PATH_CORE;
     if (views[2] == 0)
         COUNT(C_TABLES);
-    /* the node tree's radix: the tables' where every rank took one and they agree on it */
-    int r[2] = {radix, -radix}, most_r[2] = {0, 1};
+    /* the node tree's radix and the direct allreduce's gate: the tables' where every rank
+     * took one and they agree on it (the gate by one more: 0 names none) */
+    int r[4] = {t.radix, -t.radix, t.direct_total + 1, -(t.direct_total + 1)};
+    int most_r[4] = {0, 1, 0, 1};
     if (views[2] == 0 && (views[0] == size || views[1] == size) &&
-        PMPI_Allreduce(r, most_r, 2, MPI_INT, MPI_MAX, s->comm) == MPI_SUCCESS &&
-        most_r[0] == -most_r[1] && most_r[0] > 0)
-        hm_coll_set_radix(&s->c, most_r[0]);
+        PMPI_Allreduce(r, most_r, 4, MPI_INT, MPI_MAX, s->comm) == MPI_SUCCESS) {
+        if (most_r[0] == -most_r[1] && most_r[0] > 0)
+            hm_coll_set_radix(&s->c, most_r[0]);
+        if (most_r[2] == -most_r[3] && most_r[2] > 0)
+            hm_coll_set_direct_total(&s->c, most_r[2] - 1);
+    }
     if (cfg.stats && rank == 0)
         fprintf(stderr, "hybridmpi pmpi: a communicator of %d ranks, %d node(s) of %d-%d ranks: "
-                "barrier and allreduce on %s, node tree of radix %d (%s)\n", size, l.nodes, l.lo,
-                l.hi, path == TUNE_PATH_MPI ? "MPI's own calls" : "the core", s->c.radix,
+                "barrier and allreduce on %s, node tree of radix %d, direct allreduce to %llu "
+                "bytes (%s)\n", size, l.nodes, l.lo, l.hi,
+                path == TUNE_PATH_MPI ? "MPI's own calls" : "the core", s->c.radix,
+                (unsigned long long)s->c.direct_total,
                 views[2] ? "the layout's default: not every rank has a table" :
                 views[0] == size || views[1] == size ? where : "the ranks' tables differ");
     return path;

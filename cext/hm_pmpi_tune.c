@@ -5,8 +5,8 @@
  * layout.  This file reads the same files without a JSON parser: a table carries its key as one
  * line of printable ASCII (`key_line`, hybridmpi/comm/tuning.py key_line), which is built here
  * the same way from what this process sees, and found in the file with its `format` and `path`
- * fields, each a plain string field of the outermost object that must occur once (and `radix`,
- * a number, at most once); the cache file is the one whose name holds the key line's FNV-1a
+ * fields, each a plain string field of the outermost object that must occur once (and `radix`
+ * and `direct_total`, numbers, at most once); the cache file is the one whose name holds the key line's FNV-1a
  * hash (tuning.file_name).  Anything else (a missing folder, a
  * foreign or damaged table, a named pipe, a file over 1 MiB) is no table; the library never
  * calibrates.  It does not check the JSON around the four fields (the Python library does):
@@ -208,20 +208,37 @@ static int field(const char *buf, const char *name, char *out, size_t n, int *nu
     return count;
 }
 
-/* The path a table's text chose for `line`: TUNE_PATH_CORE or TUNE_PATH_MPI, and its node
- * tree's radix (0 where it names none); else TUNE_PATH_NONE and *why. */
-static int table_path(const char *buf, const char *line, int *radix, const char **why)
+/* A number field of the table, at most once: 1 and *out where it is one integer from lo to hi
+ * (decimal digits, no leading zero), 0 where it is absent, -1 otherwise. */
+static int number_field(const char *buf, const char *name, long long lo, long long hi, long long *out)
 {
     char value[4096];
-    int number, escaped, count = field(buf, "radix", value, sizeof value, &number, &escaped);
-    *radix = 0;
+    int number, escaped, count = field(buf, name, value, sizeof value, &number, &escaped);
+    if (count == 0)
+        return 0;
+    if (count > 1 || !number || strlen(value) > 18 || (value[0] == '0' && value[1]))
+        return -1;
+    *out = atoll(value);
+    return *out >= lo && *out <= hi ? 1 : -1;
+}
+
+/* The path a table's text chose for `line`: TUNE_PATH_CORE or TUNE_PATH_MPI, its node tree's
+ * radix (0 where it names none) and its direct allreduce's gate (-1 where it names none); else
+ * TUNE_PATH_NONE and *why. */
+static int table_path(const char *buf, const char *line, pmpi_tuned *t, const char **why)
+{
+    char value[4096];
+    int escaped;
+    long long radix = 0, direct = -1;
+    t->radix = 0, t->direct_total = -1;
+    field(buf, "format", value, sizeof value, NULL, &escaped);
     if (escaped)
         return *why = "a field of its own is named with escapes", TUNE_PATH_NONE;
-    if (count > 1 || (count == 1 && (!number || strlen(value) > 2 || value[0] == '0' ||
-                                     atoi(value) < 2 || atoi(value) > HM_MAX_RADIX)))
+    if (number_field(buf, "radix", 2, HM_MAX_RADIX, &radix) < 0)
         return *why = "its radix is not one integer from 2 to 16", TUNE_PATH_NONE;
-    if (count == 1)
-        *radix = atoi(value);
+    if (number_field(buf, "direct_total", 0, HM_DIRECT_TOTAL_MAX, &direct) < 0)
+        return *why = "its direct_total is not one integer from 0 to 2^30", TUNE_PATH_NONE;
+    t->radix = (int)radix, t->direct_total = (int)direct;
     if (field(buf, "format", value, sizeof value, NULL, &escaped) != 1 || strcmp(value, TABLE_FORMAT) != 0)
         return *why = "it is not a table of format " TABLE_FORMAT " (run hybridmpi tune again)",
                TUNE_PATH_NONE;
@@ -232,12 +249,12 @@ static int table_path(const char *buf, const char *line, int *radix, const char 
     return strcmp(value, "mpi") == 0 ? TUNE_PATH_MPI : TUNE_PATH_CORE;
 }
 
-static int file_path(const char *path, const char *line, int *radix, const char **why)
+static int file_path(const char *path, const char *line, pmpi_tuned *t, const char **why)
 {
     char *buf = slurp(path, why);
     if (buf == NULL)
         return TUNE_PATH_NONE;
-    int got = table_path(buf, line, radix, why);
+    int got = table_path(buf, line, t, why);
     free(buf);
     return got;
 }
@@ -288,7 +305,7 @@ static uint64_t fnv1a64(const char *s)
 }
 
 /* The table of the cache folder for `line`: the file that tuning.file_name names. */
-static int from_cache(const pmpi_layout *l, const char *line, char *where, size_t n, int *radix)
+static int from_cache(const pmpi_layout *l, const char *line, char *where, size_t n, pmpi_tuned *t)
 {
     char dir[4096];
     const char *why;
@@ -296,20 +313,20 @@ static int from_cache(const pmpi_layout *l, const char *line, char *where, size_
         snprintf(where, n, "%s/%dr-%dn-%016llx.json", dir, l->ranks, l->nodes,
                  (unsigned long long)fnv1a64(line)) >= (int)n)
         return TUNE_PATH_NONE;
-    return file_path(where, line, radix, &why);
+    return file_path(where, line, t, &why);
 }
 
-int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n, int *radix)
+int pmpi_tune_table(const pmpi_layout *l, int rank, char *where, size_t n, pmpi_tuned *t)
 {
     static int said;   /* a named table that cannot be taken is said once per process */
     char line[4096], named[4096];
     const char *why = NULL;
-    *radix = 0;
+    t->radix = 0, t->direct_total = -1;
     key_line(l, line, sizeof line);
     if (!env_trimmed("HYBRIDMPI_TUNE_FILE", named, sizeof named))
-        return from_cache(l, line, where, n, radix);
+        return from_cache(l, line, where, n, t);
     snprintf(where, n, "%s", named);
-    int got = file_path(named, line, radix, &why);
+    int got = file_path(named, line, t, &why);
     if (got == TUNE_PATH_NONE && rank == 0 && !said) {
         said = 1;
         fprintf(stderr, "hybridmpi pmpi: the tuning table HYBRIDMPI_TUNE_FILE=%s is not taken: %s; "

@@ -176,7 +176,7 @@ def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
 
     got, seen, err = paths()
     assert got == {flipped} and all(c["tables taken"] >= 1 for c in seen.values()), err
-    assert "node tree of radix 3 (" in err and "node tree of radix 4" not in err, err
+    assert "node tree of radix 3, " in err and "node tree of radix 4" not in err, err
     copy = where.with_name(f"{t['key']['ranks']}r-{t['key']['nodes']}n-copy.json")
     where.rename(copy)   # another name in the cache: not this key's file (nor Python's)
     assert paths()[0] == {default}
@@ -208,12 +208,13 @@ def test_tables_that_python_writes_are_taken(built, tmp_path, node_size):
         got, seen, err = paths(HYBRIDMPI_TUNE_FILE=str(target))
         assert got == {default} and all(c["tables taken"] == 0 for c in seen.values()), (name, err)
         assert err.count("is not taken") == 1 and why in err, (name, err)
-        assert "node tree of radix 4 (" in err, (name, err)
+        assert "node tree of radix 4, " in err, (name, err)
 
 
 def test_a_table_s_radix_shapes_the_node_tree(built, tmp_path):
     """A table's radix is the node tree's arity at 4 ranks on one node (radix 2: a tree of
-    depth 2; 3: flat), results right by the matrix's checks."""
+    depth 2; 3: flat), and its direct_total the direct allreduce's gate (refused where it is
+    not an int from 0 to 2^30), results right by the matrix's checks."""
     lib, progs = built
     env = {"HYBRIDMPI_TUNE": "auto", "HYBRIDMPI_TUNE_DIR": str(tmp_path)}
     launch(4, ["-m", "hybridmpi", "tune", "--reps", "1", "--sizes", "1", "--thread-level",
@@ -225,12 +226,27 @@ def test_a_table_s_radix_shapes_the_node_tree(built, tmp_path):
         where.write_text(json.dumps(dict(t, path="core", radix=radix)))
         rc, out, err = run(4, lib, [progs["matrix"], "quick"], env)
         assert rc == 0 and "matrix ok" in out, f"rc={rc}\n{out}\n{err}"
-        assert f"node tree of radix {radix} (" in err and _paths(err, 4)[0] == {"core"}, err
+        assert f"node tree of radix {radix}, " in err and _paths(err, 4)[0] == {"core"}, err
     # a "radix" inside a row is the row's, not the table's (outside review)
     rows = [dict(r, radix=8) for r in t["rows"]]
     where.write_text(json.dumps(dict({k: v for k, v in t.items() if k != "radix"}, path="core", rows=rows)))
     rc, out, err = run(4, lib, [progs["matrix"], "quick"], env)
-    assert rc == 0 and "node tree of radix 4 (" in err and "tables taken" in err, f"rc={rc}\n{out}\n{err}"
+    assert rc == 0 and "node tree of radix 4, " in err and "tables taken" in err, f"rc={rc}\n{out}\n{err}"
+    # the direct allreduce's gate that the command measured, and any gate a table gives: the
+    # matrix's results right with payloads past the direct allreduce on the core
+    assert 0 <= t["direct_total"] <= 4 * 16384 and len(t["direct_rows"]) == 4, t
+    big = {**env, "HYBRIDMPI_PMPI_MAX_BYTES": "131072"}
+    for gate in (0, 1 << 30):
+        where.write_text(json.dumps(dict(t, path="core", direct_total=gate)))
+        rc, out, err = run(4, lib, [progs["matrix"], "quick"], big)
+        assert rc == 0 and "matrix ok" in out, f"rc={rc}\n{out}\n{err}"
+        assert f"direct allreduce to {gate} bytes (" in err, err
+    named = tmp_path / "named.json"
+    for bad in (-1, (1 << 30) + 1, "64", 1.5):
+        named.write_text(json.dumps(dict(t, path="core", direct_total=bad)))
+        rc, out, err = run(4, lib, [progs["matrix"], "quick"], {**env, "HYBRIDMPI_TUNE_FILE": str(named)})
+        assert rc == 0 and "its direct_total is not one integer" in err, f"{bad!r}: rc={rc}\n{err}"
+        assert "direct allreduce to 32768 bytes (" in err, err
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -44,17 +44,53 @@ def test_check_refuses_what_is_not_a_table(bad):
     assert "\n" not in str(e.value) and "t.json" in str(e.value)
 
 
-def test_a_table_s_radix_is_an_int_from_2_to_16():
+def test_a_table_s_radix_is_an_int_from_2_to_16(tmp_path):
     """The node tree's radix a table chose (None where it chose none); anything but an int from
     2 to 16 (a bool, a float, text) refuses the table in one line, naming it."""
-    assert tuning.radix_of(table()) is None
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table()))
+    assert tuning.taken(path, KEY, "t").radix is None
     for radix in (2, 16):
         assert tuning.check(table(radix=radix), KEY, "t.json") == "mpi"
-        assert tuning.radix_of(table(radix=radix)) == radix
+        path.write_text(json.dumps(table(radix=radix)))
+        assert tuning.taken(path, KEY, "t").radix == radix
     for bad in (0, 1, 17, -4, True, 3.0, "3", [3]):
         with pytest.raises(tuning.TableError) as e:
             tuning.check(table(radix=bad), KEY, "t.json")
         assert "\n" not in str(e.value) and "radix" in str(e.value) and "t.json" in str(e.value)
+
+
+def test_a_table_s_direct_gate_is_an_int_from_0_to_2_to_the_30(tmp_path):
+    """The direct allreduce's gate a table chose (None where it chose none); anything but an int
+    from 0 to 2^30 (a bool, a float, text, null) refuses the table in one line, naming it."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table()))
+    assert tuning.taken(path, KEY, "t").direct_total is None
+    for gate in (0, 4096, 1 << 30):
+        path.write_text(json.dumps(table(direct_total=gate)))
+        assert tuning.taken(path, KEY, "t").direct_total == gate
+    for bad in (-1, (1 << 30) + 1, True, 1024.0, "1024", None, [1024]):
+        with pytest.raises(tuning.TableError) as e:
+            tuning.check(table(direct_total=bad), KEY, "t.json")
+        assert "\n" not in str(e.value) and "direct_total" in str(e.value) and "t.json" in str(e.value)
+
+
+def test_tune_sets_the_gate_of_the_lowest_geometric_mean():
+    """The gate is node ranks times the size below which the direct allreduce and above which
+    the reduce-scatter give the lowest geometric mean of the times (the smaller gate on a tie);
+    one size's noise moves it by that size only."""
+    from hybridmpi.tools import tune
+
+    def rows(*pairs):
+        return [{"bytes": b, "direct_us": d, "rsag_us": r}
+                for b, (d, r) in zip((256, 1024, 4096, 16384), pairs)]
+    assert tune.gate_of(rows((1, 2), (2, 2.5), (5, 4), (12, 10)), 4) == 4 * 1024
+    assert tune.gate_of(rows((3, 2), (3, 2), (5, 4), (12, 10)), 4) == 0
+    assert tune.gate_of(rows((1, 2), (1, 2), (1, 2), (1, 2)), 3) == 3 * 16384
+    # direct a hair slower at 1 KiB (noise) and clearly faster at 4 KiB: the gate past both
+    assert tune.gate_of(rows((1.7, 2.3), (2.80, 2.77), (4.0, 4.7), (10.8, 10.2)), 2) == 2 * 4096
+    assert tune.gate_of(rows((2, 2), (2, 2), (2, 2), (2, 2)), 2) == 0
+    assert tune.gate_of([], 2) == 0
 
 
 def test_a_table_s_own_fields_once_and_without_escapes(tmp_path):
@@ -67,15 +103,18 @@ def test_a_table_s_own_fields_once_and_without_escapes(tmp_path):
              "path twice": good.replace('"path": "mpi"', '"path": "core", "path": "mpi"'),
              "null": json.dumps(table(radix=None)),
              "escaped": good.replace('"radix"', '"rad\\u0069x"'),
-             "escaped path": good.replace('"path"', '"pa\\u0074h"')}
+             "escaped path": good.replace('"path"', '"pa\\u0074h"'),
+             "gate twice": good.replace('"radix": 8', '"radix": 8, "direct_total": 0, "direct_total": 64'),
+             "gate escaped": good.replace('"radix": 8', '"radix": 8, "direct\\u005ftotal": 64')}
     for name, text in cases.items():
         (tmp_path / "t.json").write_text(text)
         with pytest.raises(tuning.TableError) as e:
             tuning.check(tuning.read(tmp_path / "t.json"), KEY, "t.json")
         assert "\n" not in str(e.value), (name, str(e.value))
-    (tmp_path / "t.json").write_text(json.dumps(table(rows=[{"radix": 9, "radix_us": {"2": 1.0}}])))
-    t = tuning.read(tmp_path / "t.json")
-    assert tuning.check(t, KEY, "t.json") == "mpi" and tuning.radix_of(t) is None
+    (tmp_path / "t.json").write_text(json.dumps(table(rows=[{"radix": 9, "radix_us": {"2": 1.0},
+                                                             "direct_total": -1}])))
+    t = tuning.taken(tmp_path / "t.json", KEY, "t")
+    assert t.path == "mpi" and t.radix is None and t.direct_total is None
 
 
 def test_tune_times_the_trees_that_differ():

@@ -90,9 +90,11 @@ class HybridComm:
             a core of its own and 16 when ranks outnumber cores.
         allreduce: ``"recursive_doubling"`` (the default: on one node the
             C core chooses by size: up to 96 bytes a butterfly with no
-            release phase, up to 32 KiB over the node's ranks the direct
-            allreduce, larger ones the tree) or ``"tree"`` (the paper's
-            Algorithm 3 for every size).
+            release phase, the direct allreduce while the node's ranks
+            times the bytes are at most :attr:`direct_total` (32 KiB, or a
+            tuning table's gate), larger ones the reduce-scatter and
+            allgather) or ``"tree"`` (the paper's Algorithm 3 for every
+            size).
         collectives: the path of barrier and allreduce: ``"auto"`` (the
             default: a tuning table's choice for this host, MPI and layout
             where ``hybridmpi tune`` wrote one, else MPI's own calls where
@@ -106,6 +108,8 @@ class HybridComm:
         node_rank, node_size, node_id, num_nodes, is_leader, rank, size;
         collective_path (``"core"`` or ``"mpi"``) and tuning (where that
         choice came from, in words); layout (what a tuning table is keyed by);
+        radix and direct_total (the node tree's arity and the direct
+        allreduce's gate, node ranks times bytes, that this comm took);
         node_ranks (the ranks of this node, by node rank) and node_index
         (their node ranks, by rank); closed (True once :meth:`free` was
         called); context (what the other layers use of the comm: a
@@ -149,17 +153,22 @@ class HybridComm:
             spin = env["spin"]
         spin = self._split(MPI, comm, node_size, spin)
         try:
+            tuned = self._tuned(MPI, collectives)
             #: the path of barrier and allreduce, "core" or "mpi", and where the choice came from
-            self.collective_path, self.tuning, tuned_radix = self._tuned(MPI, collectives)
+            self.collective_path, self.tuning = tuned.path, tuned.source
         except Exception:
             self._free_split()
             raise
         if radix is None:
-            radix = tuned_radix or DEFAULT_RADIX
+            radix = tuned.radix or DEFAULT_RADIX
         self.memory_order = memory_order
         self.timeout = timeout if timeout and timeout < FOREVER_S else None
         self.radix = radix
         st = self._init_core(MPI, radix, spin, memory_order, env)
+        if tuned.direct_total is not None:   # (checked: tuning.check)
+            lib.hm_coll_set_direct_total(st, tuned.direct_total)
+        #: the direct allreduce's gate on one node: node ranks times bytes at most this
+        self.direct_total = int(st.direct_total)
         self._init_state(MPI, st, allreduce)
         if self.collective_path == "calibrate":
             self._calibrate(MPI, st, allreduce)
@@ -318,8 +327,8 @@ class HybridComm:
 
     def _tuned(self, MPI, collectives):
         """The path of this comm's barrier and allreduce, ``"core"`` or ``"mpi"``, where the
-        choice came from, and the table's radix (None: none, or the ranks' differ):
-        ``collectives`` when it names one, else the tuning
+        choice came from, and the tables' radix and direct allreduce gate (a
+        :class:`~hybridmpi.comm.tuning.Tuned`): ``collectives`` when it names one, else the tuning
         (:func:`hybridmpi.comm.tuning.choose`), alike on every rank (collective): a table that
         one rank cannot take raises ValueError on every rank; ranks whose views differ (tables
         of different hosts) take the core.  Sets :attr:`layout`."""
@@ -328,7 +337,7 @@ class HybridComm:
         #: what a tuning table's choice depends on besides the host and the MPI
         self.layout = tuning.Layout.of(facts, self.num_nodes)
         if collectives != "auto":
-            return collectives, f"collectives={collectives!r}", None
+            return tuning.Tuned(collectives, f"collectives={collectives!r}")
         return tuning.agreed(self.comm, MPI, self.layout)
 
     def _calibrate(self, MPI, st, allreduce):

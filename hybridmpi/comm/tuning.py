@@ -175,6 +175,10 @@ def check(table: Any, key: dict[str, Any], where: str) -> str:
     if type(radix) is not int or not 2 <= radix <= lib.HM_MAX_RADIX:
         raise TableError(f"tuning table {where} chose radix {radix!r}, not an int from 2 to "
                          f"{lib.HM_MAX_RADIX}")
+    direct = table.get("direct_total", 0)
+    if type(direct) is not int or not 0 <= direct <= lib.HM_DIRECT_TOTAL_MAX:
+        raise TableError(f"tuning table {where} chose direct_total {direct!r}, not an int from 0 "
+                         f"to {lib.HM_DIRECT_TOTAL_MAX}")
     return str(path)
 
 
@@ -241,19 +245,32 @@ def read(path: Path | str) -> Any:
 class Choice(NamedTuple):
     """The path this rank's view chose, and where the choice came from, in words; ``calibrate``:
     no table was found, and the comm should time both paths (:func:`calibrate`); ``radix``: the
-    node tree's arity a table chose (None: the comm's default)."""
+    node tree's arity a table chose; ``direct_total``: the direct allreduce's gate it chose
+    (node ranks times bytes; None: the comm's default)."""
 
     path: str
     source: str
     calibrate: bool = False
     radix: int | None = None
+    direct_total: int | None = None
 
 
-def radix_of(table: dict[str, Any]) -> int | None:
-    """The node tree's radix a table (already :func:`check`-ed) chose, None where it chose
-    none (a calibration's, or a layout of at most 2 ranks per node)."""
-    radix = table.get("radix")
-    return int(radix) if radix is not None else None
+class Tuned(NamedTuple):
+    """What every rank of a comm takes (:func:`agreed`): the path (``"calibrate"``: time both),
+    where it came from, in words, and the tables' node-tree radix and direct allreduce gate
+    (None: none, or the ranks' differ: the comm's defaults)."""
+
+    path: str
+    source: str
+    radix: int | None = None
+    direct_total: int | None = None
+
+
+def _param(table: dict[str, Any], name: str) -> int | None:
+    """A number a table (already :func:`check`-ed) chose, None where it chose none (a
+    calibration's; a layout where ``hybridmpi tune`` had no candidates to time)."""
+    value = table.get(name)
+    return int(value) if value is not None else None
 
 
 def taken(path: Path | str, key: dict[str, Any], source: str) -> Choice:
@@ -263,7 +280,8 @@ def taken(path: Path | str, key: dict[str, Any], source: str) -> Choice:
         TableError: it cannot be taken here.
     """
     table = read(path)
-    return Choice(check(table, key, str(path)), source, radix=radix_of(table))
+    return Choice(check(table, key, str(path)), source, radix=_param(table, "radix"),
+                  direct_total=_param(table, "direct_total"))
 
 
 #: what calibrations chose in this process, by a key's file name (also when no table could be
@@ -317,11 +335,10 @@ def choose(MPI: Any, layout: Layout) -> Choice:
         return _default(layout, key, mode, str(e))
 
 
-def agreed(comm: Any, MPI: Any, layout: Layout) -> tuple[str, str, int | None]:
-    """The path every rank of ``comm`` takes (``"calibrate"``: time both), where the choice came
-    from, and the tables' radix (None: none, or the ranks' differ), from each rank's
-    :func:`choose` (collective): a table that one rank cannot take raises ValueError on every
-    rank; ranks whose views differ (tables of different hosts) take the core."""
+def agreed(comm: Any, MPI: Any, layout: Layout) -> Tuned:
+    """What every rank of ``comm`` takes, from each rank's :func:`choose` (collective): a table
+    that one rank cannot take raises ValueError on every rank; ranks whose views differ (tables
+    of different hosts) take the core; a radix or gate the ranks' tables differ on is None."""
     try:
         mine: tuple[Choice, str | None] = choose(MPI, layout), None
     except Exception as e:  # noqa: BLE001 - whatever it is, every rank must hear of it
@@ -334,15 +351,18 @@ def agreed(comm: Any, MPI: Any, layout: Layout) -> tuple[str, str, int | None]:
         r, p = problems[0]
         raise ValueError(f"hybridmpi: HybridComm(): rank {r}: {p}")
     if any(c.calibrate for c, _ in views):   # some rank has no table: every rank times both
-        return "calibrate", next(c.source for c, _ in views if c.calibrate), None
+        return Tuned("calibrate", next(c.source for c, _ in views if c.calibrate))
     if len({c.path for c, _ in views}) != 1:
-        return "core", ("the default (the ranks' tuning tables differ: "
-                        f"{sorted({c.source for c, _ in views})})"), None
-    radices = {c.radix for c, _ in views}
+        return Tuned("core", ("the default (the ranks' tuning tables differ: "
+                              f"{sorted({c.source for c, _ in views})})"))
     first = views[0][0]
-    if len(radices) > 1:
-        return first.path, f"{first.source} (the ranks' radices differ: the default)", None
-    return first.path, first.source, radices.pop()
+    source, params = first.source, {}
+    for name, words in (("radix", "radices"), ("direct_total", "direct allreduce gates")):
+        values = {getattr(c, name) for c, _ in views}
+        if len(values) > 1:
+            source += f" (the ranks' {words} differ: the default)"
+        params[name] = values.pop() if len(values) == 1 else None
+    return Tuned(first.path, source, **params)
 
 
 def core_over_mpi(rows: list[dict[str, Any]]) -> float:
@@ -358,11 +378,13 @@ def path_of(rows: list[dict[str, Any]]) -> str:
 
 
 def make_table(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: float,
-               made_by: str, version: str | None = None, radix: int | None = None) -> dict[str, Any]:
+               made_by: str, version: str | None = None, radix: int | None = None,
+               direct_total: int | None = None) -> dict[str, Any]:
     """A table of ``rows`` (each: call, bytes, core_us, mpi_us, and mpi4py's MPI_us where
     measured) for this host, MPI and ``layout``; ``made_by``: ``"hybridmpi tune"`` or
     ``"calibration"``; ``version``: the library's, where the caller knows it (the command);
-    ``radix``: the core's node tree chosen, where one was (``hybridmpi tune``)."""
+    ``radix``, ``direct_total``: the core's node tree and direct allreduce gate chosen, where
+    they were (``hybridmpi tune``)."""
     path = path_of(rows)
     for r in rows:
         r["chosen_us"] = r[f"{path}_us"]
@@ -371,7 +393,9 @@ def make_table(MPI: Any, layout: Layout, rows: list[dict[str, Any]], seconds: fl
         r["ratio_to_mpi4py"] = r["chosen_us"] / mpi4py if mpi4py else None
     key = key_of(MPI, layout)
     return {"format": FORMAT, "key": key, "key_line": key_line(key), "path": path,
-            **({"radix": radix} if radix is not None else {}), "made_by": made_by, "layout": layout.words(),
+            **({"radix": radix} if radix is not None else {}),
+            **({"direct_total": direct_total} if direct_total is not None else {}),
+            "made_by": made_by, "layout": layout.words(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "seconds": round(seconds, 4), "hybridmpi": version, "rows": rows}
 

@@ -9,7 +9,10 @@ median of the blocks' times (each the slowest rank's) taken; mpi4py's own call (
 per size (docs/guide/tuning.md): the one whose times' geometric mean over the calls is lower
 (:func:`hybridmpi.comm.tuning.path_of`).  Where a node has more than 3 ranks, the core is timed
 with each radix of :func:`radices` (a ``HybridComm`` each) and the radix of the lowest geometric
-mean is the table's, and the core's times in it.
+mean is the table's, and the core's times in it.  On one node of 2 or more ranks, the core's
+array allreduce is also timed with the direct allreduce and with the reduce-scatter and
+allgather at the per-rank sizes of :data:`GATE_BYTES` (:func:`direct_gate`): the table's
+``direct_total`` is where the direct one stops winning.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import math
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,6 +34,9 @@ from ..comm.hybridcomm import HybridComm
 SIZES = (1, 8, 64, 512, 4096, 32768)
 #: seconds one block of calls lasts, about
 BLOCK_S = 0.01
+#: per-rank bytes at which the direct allreduce is timed against the reduce-scatter and
+#: allgather (above recursive doubling's 96 bytes, up to the direct buffer's 16 KiB)
+GATE_BYTES = (256, 1024, 4096, 16384)
 
 
 def arguments(p: Any) -> None:
@@ -78,11 +84,22 @@ def _block(comm: Any, call: Any, iters: int) -> float:
     return float(comm.allreduce((time.perf_counter() - t0) / iters * 1e6, op=MPI.MAX))
 
 
+class Measured(NamedTuple):
+    """What :func:`measure` found: the core comm's layout, the rows of a table, the radix
+    chosen (None where :func:`radices` gives none: the core's default), the direct allreduce's
+    gate (None off one node of 2 or more ranks) and the rows it was chosen from."""
+
+    layout: Any
+    rows: list[dict[str, Any]]
+    radix: int | None
+    direct_total: int | None
+    direct_rows: list[dict[str, Any]]
+
+
 def measure(comm: Any, node_size: int | None, sizes: list[int], reps: int,
-            say: Any = print) -> tuple[Any, list[dict[str, Any]], int | None]:
+            say: Any = print) -> Measured:
     """The rows of a table: each call's median time by the core, by MPI's own call through the
-    library, and by mpi4py's call (µs); the core comm's HybridComm facts (its layout); and the
-    radix chosen (None where :func:`radices` gives none: the core's default)."""
+    library, and by mpi4py's call (µs), with what else the table chooses (:class:`Measured`)."""
     core = HybridComm(comm, node_size=node_size, collectives="core")
     comms = {"mpi": HybridComm(comm, node_size=node_size, collectives="mpi")}
     layout = core.layout
@@ -95,6 +112,12 @@ def measure(comm: Any, node_size: int | None, sizes: list[int], reps: int,
                      {**({} if trees else {"core": lambda c=call: c(core)}),
                       **{w: lambda c=call, h=h: c(h) for w, h in comms.items()}})
                 for name, nbytes, call, raw in _calls(core, comm, sizes)]
+        gate: int | None = None
+        gate_rows: list[dict[str, Any]] = []
+        if layout.nodes == 1 and layout.ranks >= 2:
+            gate, gate_rows = direct_gate(comm, core, reps, say)
+            say(f"# direct allreduce gate {gate} bytes (node ranks times bytes; the default "
+                f"{lib.HM_DIRECT_TOTAL})")
     finally:
         for h in reversed(comms.values()):
             h.free()
@@ -105,7 +128,54 @@ def measure(comm: Any, node_size: int | None, sizes: list[int], reps: int,
         for r in rows:
             r["core_us"] = r["radix_us"][str(radix)]
         say(f"# radix {radix} chosen of {trees} (the lowest geometric mean of the core's times)")
-    return layout, rows, radix
+    return Measured(layout, rows, radix, gate, gate_rows)
+
+
+def direct_gate(comm: Any, hc: Any, reps: int, say: Any = print) -> tuple[int, list[dict[str, Any]]]:
+    """The direct allreduce's gate for ``hc`` (one node of 2 or more ranks, the core's path):
+    ``hc.Allreduce`` timed at each of :data:`GATE_BYTES` per rank with the gate open (the direct
+    allreduce) and shut (the reduce-scatter and allgather), in alternating blocks, and the gate
+    (node ranks times bytes) of :func:`gate_of`, with the rows timed.  Every rank sets the gate
+    alike before each block (``_block`` starts with a barrier).  The comm's own gate is
+    restored after."""
+    coll, n = hc.context.coll, hc.node_size
+    rows: list[dict[str, Any]] = []
+    saved = int(coll.direct_total)
+    gates = {"direct": lib.HM_DIRECT_TOTAL_MAX, "rsag": 0}
+    try:
+        for nbytes in GATE_BYTES:
+            x, y = np.full(nbytes // 8, 1.0), np.empty(nbytes // 8)
+
+            def call(x: Any = x, y: Any = y) -> None:
+                hc.Allreduce(x, y)
+            times: dict[str, list[float]] = {k: [] for k in gates}
+            iters = 0
+            for gate in gates.values():   # warm up, and the block's length
+                lib.hm_coll_set_direct_total(coll, gate)
+                t1 = _block(comm, call, 3)
+                iters = max(iters, 3, min(20000, int(BLOCK_S * 1e6 / max(t1, 0.05))))
+            for _ in range(reps):
+                for k, gate in gates.items():
+                    lib.hm_coll_set_direct_total(coll, gate)
+                    times[k].append(_block(comm, call, iters))
+            med = {k: statistics.median(v) for k, v in times.items()}
+            rows.append({"bytes": nbytes, "direct_us": med["direct"], "rsag_us": med["rsag"]})
+            say(f"# direct allreduce {nbytes:>6d} B a rank: direct {med['direct']:9.3f} us, "
+                f"reduce-scatter and allgather {med['rsag']:9.3f} us")
+    finally:
+        lib.hm_coll_set_direct_total(coll, saved)
+    return gate_of(rows, n), rows
+
+
+def gate_of(rows: list[dict[str, Any]], per_node: int) -> int:
+    """The direct allreduce's gate from :func:`direct_gate`'s rows (by size): of the gates that
+    split the sizes (0, and ``per_node`` times each size), the one whose times have the lowest
+    geometric mean (the direct allreduce's at the sizes it lets through, the reduce-scatter's
+    above), the smaller on a tie; a single size's noise moves it one size at most."""
+    def cost(k: int) -> float:
+        return sum(math.log(r["direct_us"] if i < k else r["rsag_us"]) for i, r in enumerate(rows))
+    best = min(range(len(rows) + 1), key=lambda k: (cost(k), k))
+    return per_node * rows[best - 1]["bytes"] if best else 0
 
 
 def _row(comm: Any, name: str, nbytes: int, raw: Any, reps: int, say: Any,
@@ -143,6 +213,8 @@ def print_table(t: dict[str, Any], where: str, out: Any = None) -> None:
     print(f"# host {k['host']}; {k['mpi']}, thread level {k['thread_level']}; {t['layout']}",
           file=out)
     tree = f"; the core's node tree of radix {t['radix']}" if t.get("radix") else ""
+    if t.get("direct_total") is not None:
+        tree += f"; the direct allreduce to {t['direct_total']} bytes over the node's ranks"
     print(f"# path chosen: {t['path']}{tree} (made by {t.get('made_by', 'hybridmpi tune')} "
           f"{t['created']} in {t['seconds']} s)", file=out)
     print(f"{'# call':<12}{'bytes':>9}{'core us':>11}{'mpi us':>11}{'mpi4py us':>11}"
@@ -203,11 +275,13 @@ def run(args: Any) -> None:
     t0 = time.perf_counter()
     say(f"# hybridmpi tune: {comm.size} ranks, {len(sizes) + 1} calls, {args.reps} blocks each "
         "of the core, MPI's call and mpi4py's, alternating")
-    layout, rows, radix = measure(comm, args.node_size, sizes, args.reps, say)
+    m = measure(comm, args.node_size, sizes, args.reps, say)
     from .. import __version__
 
-    t = tuning.make_table(MPI, layout, rows, time.perf_counter() - t0, "hybridmpi tune", __version__,
-                          radix=radix)
+    t = tuning.make_table(MPI, m.layout, m.rows, time.perf_counter() - t0, "hybridmpi tune",
+                          __version__, radix=m.radix, direct_total=m.direct_total)
+    if m.direct_rows:
+        t["direct_rows"] = m.direct_rows
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)   # each host writes it to its own cache
     where = tuning.write(t) if local.Get_rank() == 0 else None
     local.Free()

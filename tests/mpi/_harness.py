@@ -98,5 +98,13 @@ def main(cases, **options):
     for name, default in options.items():
         ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     config = vars(ap.parse_args())
+    program = sys.modules["__main__"].__dict__
+    left_out = sorted(k for k, v in program.items() if k.startswith("case_") and callable(v)
+                      and v not in cases)
+    if left_out:   # a case written but never run holds nothing
+        if MPI.COMM_WORLD.rank == 0:
+            print(f"ERROR: cases defined but not in the program's list: {left_out}", flush=True)
+        MPI.COMM_WORLD.Barrier()
+        sys.exit(2)
     only = config.pop("only")
     run(cases, config, only=None if only is None else set(filter(None, only.split(","))))

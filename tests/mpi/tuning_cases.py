@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _harness import main, skip
 
 import hybridmpi
+from hybridmpi._native.clib import lib
 from hybridmpi.comm import tuning
 
 
@@ -211,6 +212,58 @@ def case_table_radix(comm, rng, **cfg):
             assert "radix '2'" in str(e) and "\n" not in str(e), str(e)
         else:
             raise AssertionError("a table of radix '2' was taken")
+
+
+def case_table_direct_gate(comm, rng, **cfg):
+    """A table's ``direct_total`` is the direct allreduce's gate of the comms that take it
+    (``hc.direct_total``); the results of an allreduce are the same bits whichever side of the
+    gate it falls, free-running (no barrier between the calls); ranks whose tables give
+    different gates take the default (``tuning`` says so); a gate that is not an int from 0 to
+    2^30 is passed over in the cache (the reason in ``tuning``) and refused on every rank when
+    named."""
+    default = lib.HM_DIRECT_TOTAL
+    clear(comm)
+    with hc_of(comm, cfg) as hc:
+        table = _table(hc, hc.collective_path)
+        assert hc.direct_total == default, hc.direct_total
+    folder = tuning.settings.tune_dir()
+    sizes = (13, 128, 512, 2048)   # doubles: past recursive doubling, up to the direct buffer
+    xs = [rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n) for n in sizes]
+    got = {}
+    for gate in (0, 1 << 30):
+        comm.Barrier()
+        if comm.rank == 0:
+            tuning.write(dict(table, direct_total=gate))
+        comm.Barrier()
+        with hc_of(comm, cfg) as hc:
+            assert agreed(comm, (hc.direct_total, hc.tuning)) == \
+                (gate, f"table {tuning.cached_path(table['key'])}"), (hc.direct_total, hc.tuning)
+            got[gate] = [hc.allreduce(x).tobytes() for x in xs for _ in range(3)]
+    assert got[0] == got[1 << 30], "the direct allreduce and the reduce-scatter differ"
+    own = folder / f"rank{comm.rank}"
+    with env(HYBRIDMPI_TUNE_DIR=str(own)):
+        tuning.write(dict(table, direct_total=1024 * (1 + comm.rank % 2)))
+        comm.Barrier()
+        with hc_of(comm, cfg) as hc:
+            want = default if comm.size > 1 else 1024
+            assert agreed(comm, hc.direct_total) == want, hc.direct_total
+            assert comm.size == 1 or "gates differ" in hc.tuning, hc.tuning
+    comm.Barrier()
+    for bad in (-1, (1 << 30) + 1, 2.0, True, "1024", None):
+        if comm.rank == 0:
+            tuning.write(dict(table, direct_total=bad))
+            (folder / "named-gate.json").write_text(json.dumps(dict(table, direct_total=bad)))
+        comm.Barrier()
+        with hc_of(comm, cfg) as hc:
+            assert hc.direct_total == default and "direct_total" in hc.tuning, (bad, hc.tuning)
+        with env(HYBRIDMPI_TUNE_FILE=str(folder / "named-gate.json")):
+            try:
+                hc_of(comm, cfg).free()
+            except ValueError as e:
+                assert "direct_total" in str(e) and "\n" not in str(e), str(e)
+            else:
+                raise AssertionError(f"a table of direct_total {bad!r} was taken")
+        comm.Barrier()
 
 
 def case_mpi_path_one_rank_errors(comm, rng, **cfg):
@@ -503,6 +556,7 @@ def case_calibration_one_rank_fails(comm, rng, **cfg):
 
 
 CASES = [case_default_choice, case_table_taken_and_refused, case_ranks_that_see_different_tables,
+         case_table_radix, case_table_direct_gate,
          case_mpi_path_one_rank_errors, case_mpi_path_peer_failure, case_mpi_path_free_running,
          case_mpi_path_nan_bits_alike, case_named_table_that_breaks_the_parser, case_calibration,
          case_calibration_where_one_rank_has_a_table, case_calibration_one_rank_fails]

@@ -166,6 +166,18 @@ def case_ranks_that_see_different_tables(comm, rng, **cfg):
             assert "differ" in hc.tuning, hc.tuning
 
 
+def refused_when_named(comm, cfg, path, words):
+    """A HybridComm with HYBRIDMPI_TUNE_FILE=path raises ValueError on every rank, one line
+    that says ``words``."""
+    with env(HYBRIDMPI_TUNE_FILE=str(path)):
+        try:
+            hc_of(comm, cfg).free()
+        except ValueError as e:
+            assert words in str(e) and "\n" not in str(e), str(e)
+        else:
+            raise AssertionError(f"the table {path} was taken ({words})")
+
+
 def case_table_radix(comm, rng, **cfg):
     """A table's radix is the node tree's arity of the comms that take it (results right on the
     tree's allreduce, past the direct one's sizes); an explicit ``radix`` wins, and
@@ -205,13 +217,7 @@ def case_table_radix(comm, rng, **cfg):
     comm.Barrier()
     with hc_of(comm, cfg) as hc:
         assert hc.radix == 4 and "radix 17" in hc.tuning, hc.tuning
-    with env(HYBRIDMPI_TUNE_FILE=str(folder / "named-radix.json")):
-        try:
-            hc_of(comm, cfg).free()
-        except ValueError as e:
-            assert "radix '2'" in str(e) and "\n" not in str(e), str(e)
-        else:
-            raise AssertionError("a table of radix '2' was taken")
+    refused_when_named(comm, cfg, folder / "named-radix.json", "radix '2'")
 
 
 def case_table_direct_gate(comm, rng, **cfg):
@@ -256,13 +262,7 @@ def case_table_direct_gate(comm, rng, **cfg):
         comm.Barrier()
         with hc_of(comm, cfg) as hc:
             assert hc.direct_total == default and "direct_total" in hc.tuning, (bad, hc.tuning)
-        with env(HYBRIDMPI_TUNE_FILE=str(folder / "named-gate.json")):
-            try:
-                hc_of(comm, cfg).free()
-            except ValueError as e:
-                assert "direct_total" in str(e) and "\n" not in str(e), str(e)
-            else:
-                raise AssertionError(f"a table of direct_total {bad!r} was taken")
+        refused_when_named(comm, cfg, folder / "named-gate.json", "direct_total")
         comm.Barrier()
 
 

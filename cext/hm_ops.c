@@ -139,3 +139,49 @@ int hm_combine(void *dst, const void *src, uint64_t n, int dtype, int op)
     default: combine_c128(dst, src, n, op); return HM_OK;
     }
 }
+
+/* hm_same_nans (hm_core.h): which NaN's payload and sign survive where NaNs meet in a sum or
+ * product depends on the order of the operands (MPI's algorithms choose it by rank, and a
+ * vectorized loop and its scalar tail may take them either way round). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define VECTORIZED __attribute__((optimize("O3")))   /* (-O2 leaves these loops scalar) */
+#else
+#define VECTORIZED
+#endif
+
+/* Whether any of m doubles (floats) at u is a NaN: its magnitude's bits above infinity's; one
+ * pass without branches, about 0.2 ns an element where the loop is vectorized (1.5 with a
+ * branch per element: 25 us on 128 KiB, a third of MPI's allreduce of it). */
+static VECTORIZED int any_nan64(const uint64_t *u, uint64_t m)
+{
+    uint64_t acc = 0;
+    for (uint64_t i = 0; i < m; i++)
+        acc |= 0x7ff0000000000000ULL - (u[i] & 0x7fffffffffffffffULL);
+    return (int)(acc >> 63);
+}
+
+static VECTORIZED int any_nan32(const uint32_t *u, uint64_t m)
+{
+    uint32_t acc = 0;
+    for (uint64_t i = 0; i < m; i++)
+        acc |= 0x7f800000U - (u[i] & 0x7fffffffU);
+    return (int)(acc >> 31);
+}
+
+void hm_same_nans(void *p, uint64_t count, int dtype)
+{
+    if (dtype == HM_F32) {
+        float *x = p;
+        if (any_nan32(p, count))
+            for (uint64_t i = 0; i < count; i++)
+                if (x[i] != x[i])
+                    x[i] = __builtin_nanf("");
+    } else if (dtype == HM_F64 || dtype == HM_PYINT || dtype == HM_C128) {
+        double *x = p;
+        uint64_t m = dtype == HM_C128 ? 2 * count : count;
+        if (any_nan64(p, m))
+            for (uint64_t i = 0; i < m; i++)
+                if (x[i] != x[i])
+                    x[i] = __builtin_nan("");
+    }
+}

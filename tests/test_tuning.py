@@ -105,7 +105,13 @@ def test_a_table_s_own_fields_once_and_without_escapes(tmp_path):
              "escaped": good.replace('"radix"', '"rad\\u0069x"'),
              "escaped path": good.replace('"path"', '"pa\\u0074h"'),
              "gate twice": good.replace('"radix": 8', '"radix": 8, "direct_total": 0, "direct_total": 64'),
-             "gate escaped": good.replace('"radix": 8', '"radix": 8, "direct\\u005ftotal": 64')}
+             "gate escaped": good.replace('"radix": 8', '"radix": 8, "direct\\u005ftotal": 64'),
+             # the plain name elsewhere, as a value or a row's key, hides no escape (review)
+             "escaped, plain elsewhere": good.replace(
+                 '"radix": 8', '"note": "direct_total", "rows2": [{"direct_total": 1}], '
+                 '"radix": 8, "direct\\u005ftotal": 64'),
+             "gate minus zero": good.replace('"radix": 8', '"radix": 8, "direct_total": -0'),
+             "radix minus zero": good.replace('"radix": 8', '"radix": -0')}
     for name, text in cases.items():
         (tmp_path / "t.json").write_text(text)
         with pytest.raises(tuning.TableError) as e:
@@ -303,6 +309,7 @@ def test_tuning_cases(ranks, node_size, tmp_path):
 ON_MPI = ("case_layout,case_values_match_mpi4py,case_min_max_one_rule,"
           "case_complex_product_c99,case_python_scalars,case_stress_interleaved,"
           "case_barrier_orders_memory,case_c_fast_paths,case_waits_let_other_threads_run,"
+          "case_nan_sums_one_rule,"
           "case_free_and_reuse,case_dropins,case_same_bits_on_every_rank")
 
 

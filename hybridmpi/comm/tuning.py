@@ -199,17 +199,52 @@ def _fields(pairs: list[tuple[str, Any]]) -> _Fields:
     return out
 
 
+#: the table's number fields, which the PMPI library reads as a run of decimal digits
+NUMBER_FIELDS = ("radix", "direct_total")
+
+
+def _outer_fields(text: str) -> list[tuple[str, str]]:
+    """The outermost object's fields as written: (the key between its quotes, escapes and all;
+    the value's text up to the next ``,`` or ``}`` where it is not a string, object or array),
+    found as the PMPI library finds them (a key is a string at depth 1 followed by ``:``)."""
+    out, depth, i = [], 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        if ch != '"':
+            i += 1
+            continue
+        j = i + 1
+        while j < len(text) and text[j] != '"':
+            j += 2 if text[j] == "\\" else 1
+        key, rest = text[i + 1:j], text[j + 1:].lstrip()
+        if depth == 1 and rest.startswith(":"):
+            value = rest[1:].lstrip()
+            end = min((k for k in (value.find(","), value.find("}")) if k >= 0), default=len(value))
+            out.append((key, value[:end].strip()))
+        i = j + 1
+    return out
+
+
 def _plain(table: Any, text: bytes, path: Path | str) -> Any:
     """``table`` if its own fields are written as the PMPI library reads them: each once, its
-    name without escapes (the library finds ``"radix"``, not ``"rad\u0069x"``); else
-    TableError.  Nested objects are not the table's fields (a row's keys are its own)."""
+    name without escapes (the library finds ``"radix"``, not ``"rad\u0069x"``), a number
+    field as decimal digits (``-0`` is not the library's 0); else TableError.  Nested objects
+    are not the table's fields (a row's keys are its own)."""
     if isinstance(table, _Fields):
         if table.repeated:
             raise TableError(f"tuning table {path} has the field {table.repeated[0]!r} twice")
-        for name in table:
-            if f'"{name}"'.encode("utf-8", "replace") not in text:
-                raise TableError(f"tuning table {path} writes the name of its field {name!r} with "
+        for key, value in _outer_fields(text.decode("utf-8", "replace")):
+            if "\\" in key:
+                raise TableError(f"tuning table {path} writes the name of its field {key!r} with "
                                  "escapes")
+            if key in NUMBER_FIELDS and type(table.get(key)) is int and \
+                    not (value.isdigit() and value.isascii()):   # (check() words the others)
+                raise TableError(f"tuning table {path} writes its {key} as {value[:40]!r}, not "
+                                 "as decimal digits")
     return table
 
 

@@ -455,7 +455,7 @@ double hm_allreduce_f64(hm_coll *c, double x, int op)
             c->err.code = HM_EARG;
         return __builtin_nan("");
     }
-    return r != r && (op == HM_SUM || op == HM_PROD) ? __builtin_nan("") : r;   /* hm_same_nans */
+    return r;
 }
 
 int hm_allreduce_verdict(hm_coll *c, int elsewhere)

@@ -88,7 +88,7 @@ double hm_allreduce_rd_f64(hm_coll *c, double x, int op)
             c->err.code = HM_EARG;
         return __builtin_nan("");
     }
-    return r != r && (op == HM_SUM || op == HM_PROD) ? __builtin_nan("") : r;   /* hm_same_nans */
+    return r;
 }
 
 /* ------------------------------------------------------------------ the node's allreduce */
@@ -217,17 +217,12 @@ int hm_allreduce_node(hm_coll *c, const void *send, void *recv, uint64_t count, 
     if (!hm_op_valid(dtype, op) || count > (uint64_t)INT64_MAX / esz)
         return HM_EARG;
     uint64_t nbytes = count * esz;
-    int rc;
-    if (!any || c->size == 1)
-        rc = in_chunks(c, send, recv, count, dtype, op, 0);
-    else if (nbytes <= HM_RD_BYTES)
-        rc = hm_allreduce_rd(c, send, recv, count, dtype, op);
-    else if (nbytes <= direct_bytes(c->capacity) && nbytes * (uint64_t)c->size <= c->direct_total)
-        rc = allreduce_direct(c, send, recv, count, dtype, op);
-    else
-        rc = in_chunks(c, send, recv, count, dtype, op, 1);
-    /* every algorithm gives the same bits, a NaN's too (hm_same_nans) */
-    if (rc == HM_OK && (op == HM_SUM || op == HM_PROD))
-        hm_same_nans(recv, count, dtype);
-    return rc;
+    if (any && c->size > 1) {
+        if (nbytes <= HM_RD_BYTES)
+            return hm_allreduce_rd(c, send, recv, count, dtype, op);
+        if (nbytes <= direct_bytes(c->capacity) && nbytes * (uint64_t)c->size <= c->direct_total)
+            return allreduce_direct(c, send, recv, count, dtype, op);
+        return in_chunks(c, send, recv, count, dtype, op, 1);
+    }
+    return in_chunks(c, send, recv, count, dtype, op, 0);
 }

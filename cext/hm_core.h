@@ -225,13 +225,6 @@ int hm_coll_set_radix(hm_coll *c, int radix);
  * first collective call, to the same value on every node rank (a tuning table's). */
 int hm_coll_set_direct_total(hm_coll *c, int64_t bytes);
 
-/* Every NaN of `count` elements of a float type (HM_F32, HM_F64, HM_PYINT, HM_C128: each
- * part) at p made the default quiet NaN (+, no payload); other types untouched.  Every
- * allreduce's sum or product goes through it (the node's algorithms, the leaders' step, MPI's
- * own calls), so that which NaN survives where NaNs meet depends on no algorithm, radix, gate
- * or MPI. */
-void hm_same_nans(void *p, uint64_t count, int dtype);
-
 /* Barrier over the node.  `part` = HM_BOTH for a whole barrier; the root
  * may split it into HM_GATHER (returns once every rank arrived) and
  * HM_RELEASE (lets everyone go).  Guarantees: every write made by any

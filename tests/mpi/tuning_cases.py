@@ -235,8 +235,10 @@ def case_table_direct_gate(comm, rng, **cfg):
     folder = tuning.settings.tune_dir()
     sizes = (13, 128, 512, 1366, 2048)   # doubles: past recursive doubling, to the direct buffer
     xs = [rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n) for n in sizes]
-    # NaNs of this rank's own payloads and signs where the ranks' NaNs meet (outside review: the
-    # payload that survived depended on the gate), in sums, products and float32 too
+    # NaNs of this rank's own payloads and signs where the ranks' NaNs meet, in sums, products
+    # and float32 too: the same NaNs and values either side of the gate, and the same bits on
+    # every rank; which payload survives may differ (docs/guide/tuning.md, outside review)
+    n_plain = len(xs)
     for x in list(xs):
         nans = x.copy()
         at = np.arange(comm.rank % 3, x.size, 7)
@@ -252,13 +254,13 @@ def case_table_direct_gate(comm, rng, **cfg):
         with hc_of(comm, cfg) as hc:
             assert agreed(comm, (hc.direct_total, hc.tuning)) == \
                 (gate, f"table {tuning.cached_path(table['key'])}"), (hc.direct_total, hc.tuning)
-            got[gate] = [hc.allreduce(x, op).tobytes() for x in xs for op in ops for _ in range(2)]
-            agreed(comm, got[gate])
-    differ = [i for i, (a, b) in enumerate(zip(got[0], got[1 << 30])) if a != b]
+            got[gate] = [hc.allreduce(x, op) for x in xs for op in ops for _ in range(2)]
+            agreed(comm, [g.tobytes() for g in got[gate]])
+    plain = len(ops) * 2 * n_plain   # the results of the arrays without NaNs
+    differ = [i for i, (a, b) in enumerate(zip(got[0], got[1 << 30]))
+              if (a.tobytes() != b.tobytes() if i < plain else
+                  not np.array_equal(a, b, equal_nan=True))]
     assert not differ, f"the direct allreduce and the reduce-scatter differ in {differ[:8]}"
-    nan_sum = np.frombuffer(got[0][ops.index("sum") * 2 + 2 * len(ops) * len(sizes)], np.float64)
-    assert comm.size == 1 or nan_sum.view(np.uint64)[np.isnan(nan_sum)].tolist() == \
-        [0x7FF8000000000000] * int(np.isnan(nan_sum).sum()), "a NaN sum is not the default NaN"
     own = folder / f"rank{comm.rank}"
     with env(HYBRIDMPI_TUNE_DIR=str(own)):
         tuning.write(dict(table, direct_total=1024 * (1 + comm.rank % 2)))

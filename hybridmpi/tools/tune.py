@@ -12,7 +12,7 @@ with each radix of :func:`radices` (a ``HybridComm`` each) and the radix of the 
 mean is the table's, and the core's times in it.  On one node of 2 or more ranks, the core's
 array allreduce is also timed with the direct allreduce and with the reduce-scatter and
 allgather at the per-rank sizes of :data:`GATE_BYTES` (:func:`direct_gate`): the table's
-``direct_total`` is where the direct one stops winning.
+``direct_total`` is the gate of the lowest geometric mean of those times (:func:`gate_of`).
 """
 
 from __future__ import annotations
@@ -131,6 +131,11 @@ def measure(comm: Any, node_size: int | None, sizes: list[int], reps: int,
     return Measured(layout, rows, radix, gate, gate_rows)
 
 
+def _iters(us: float) -> int:
+    """Calls in a block of about :data:`BLOCK_S` where one call takes ``us`` (3 to 20,000)."""
+    return max(3, min(20000, int(BLOCK_S * 1e6 / max(us, 0.05))))
+
+
 def direct_gate(comm: Any, hc: Any, reps: int, say: Any = print) -> tuple[int, list[dict[str, Any]]]:
     """The direct allreduce's gate for ``hc`` (one node of 2 or more ranks, the core's path):
     ``hc.Allreduce`` timed at each of :data:`GATE_BYTES` per rank with the gate open (the direct
@@ -153,7 +158,7 @@ def direct_gate(comm: Any, hc: Any, reps: int, say: Any = print) -> tuple[int, l
             for gate in gates.values():   # warm up, and the block's length
                 lib.hm_coll_set_direct_total(coll, gate)
                 t1 = _block(comm, call, 3)
-                iters = max(iters, 3, min(20000, int(BLOCK_S * 1e6 / max(t1, 0.05))))
+                iters = max(iters, _iters(t1))
             for _ in range(reps):
                 for k, gate in gates.items():
                     lib.hm_coll_set_direct_total(coll, gate)
@@ -188,7 +193,7 @@ def _row(comm: Any, name: str, nbytes: int, raw: Any, reps: int, say: Any,
             f()
     first = next(k for k in cands if k != "mpi")   # the core, or its first radix
     t1 = _block(comm, cands[first], 3) + _block(comm, cands["mpi"], 3)
-    iters = max(3, min(20000, int(BLOCK_S * 1e6 / max(t1 / 2, 0.05))))
+    iters = _iters(t1 / 2)
     times: dict[str, list[float]] = {k: [] for k in cands}
     for _ in range(reps):   # alternating blocks
         for k, f in cands.items():
